@@ -1,0 +1,37 @@
+# jupyter-podman-hpc: the commands a developer and CI run.
+# Run as root on a fresh machine: the stack installs and starts what it needs
+# and the tests run as its unprivileged user. Run as that user, the stack
+# must already be up.
+
+SHELL := /bin/bash
+STACK := ./dev/stack
+AS_USER := ./dev/as-user
+PYTEST_ARGS ?=
+
+.PHONY: help stack-up stack-down stack-status test test-unit demo
+
+help:
+	@echo "make demo    bring the stack up and start JupyterLab on 127.0.0.1"
+	@echo "make test    bring the stack up and run the whole test suite"
+	@echo "make stack-up | stack-down | stack-status"
+
+stack-up:
+	@if [ "$$(id -u)" = 0 ]; then $(STACK) up; else $(STACK) status >/dev/null || { $(STACK) status; echo "the stack is down: run 'make stack-up' as root" >&2; exit 1; }; fi
+
+stack-down:
+	$(STACK) down
+
+stack-status:
+	$(STACK) status
+
+# STACK_REQUIRED: a test that needs the stack fails instead of skipping.
+# pytest's exit code 5 (nothing collected) fails like any other non-zero code.
+test: stack-up
+	STACK_REQUIRED=1 $(AS_USER) python -m pytest $(PYTEST_ARGS); \
+	status=$$?; [ $$status -ne 5 ] || echo "pytest collected no tests" >&2; exit $$status
+
+test-unit:
+	$(AS_USER) python -m pytest tests/unit $(PYTEST_ARGS)
+
+demo: stack-up
+	$(AS_USER) ./dev/demo

@@ -1,0 +1,56 @@
+"""The stack's components in the order `up` brings them up."""
+
+from . import host, image, layout, registry, slurm, venv
+from .proc import say
+
+
+def up() -> None:
+    host.install_packages()
+    host.configure_podman()
+    host.create_user()
+    host.make_checkout_readable()
+    host.scratch()
+    host.build_bind_shim()
+    slurm.up()
+    registry.up()
+    image.up()
+    venv.up()
+    say("up")
+
+
+def down() -> None:
+    """Stop the daemons `up` started; configuration, caches and data stay."""
+    registry.down()
+    slurm.down()
+    say("down")
+
+
+def status() -> dict[str, bool]:
+    result = {
+        "packages": not host.missing_packages(),
+        "podman config": host.podman_configured(),
+        "user": host.user_ready(),
+        "scratch": layout.SCRATCH.is_dir(),
+    }
+    result.update(slurm.status())
+    result.update(registry.status())
+    result.update(image.status())
+    result.update(venv.status())
+    return result
+
+
+def env() -> dict[str, str]:
+    """What tests and users need to reach the stack."""
+    return {
+        "SLURM_CONF": str(layout.SLURM_CONF),
+        "STACK_USER": layout.USER,
+        "STACK_USER_HOME": str(layout.USER_HOME),
+        "STACK_VENV": str(layout.VENV),
+        "STACK_REGISTRY": layout.REGISTRY,
+        "STACK_BASE_IMAGE": layout.BASE_IMAGE,
+        "STACK_SCRATCH": str(layout.SCRATCH),
+        "STACK_NODES": " ".join(layout.NODES),
+        "STACK_PARTITION": layout.PARTITION,
+        "STACK_RUNTIME_DIR": str(host.runtime_dir()),
+        "STACK_LOG": str(layout.LOG),
+    }

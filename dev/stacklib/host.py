@@ -1,0 +1,193 @@
+"""Host preparation: Debian packages, podman's host settings, the stack user."""
+
+import os
+import pwd
+import shutil
+import stat
+from pathlib import Path
+
+from . import layout
+from .proc import run, say, succeeds, write_if_changed
+
+PACKAGES = [
+    # containers
+    "podman", "buildah", "skopeo", "runc", "conmon", "fuse-overlayfs",
+    "squashfuse", "squashfs-tools", "uidmap", "catatonit", "containernetworking-plugins",
+    # Slurm and its accounting database
+    "slurm-wlm", "slurmctld", "slurmd", "slurmdbd", "slurm-client", "munge",
+    "mariadb-server",
+    # MPI
+    "openmpi-bin", "libopenmpi-dev", "libpmix-dev", "python3-mpi4py",
+    # registry, base image, browser tests, build tools
+    "docker-registry", "debootstrap", "chromium", "python3-venv", "python3-dev",
+    "gcc", "libc6-dev", "iproute2", "procps", "psmisc", "curl",
+]
+
+# podman reads drop-ins from here; our file only says what this host needs.
+CONTAINERS_DROPIN = Path("/etc/containers/containers.conf.d/50-jph-stack.conf")
+REGISTRIES_DROPIN = Path("/etc/containers/registries.conf.d/50-jph-stack.conf")
+STORAGE_CONF = Path("/etc/containers/storage.conf")
+
+
+def missing_packages() -> list[str]:
+    result = run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Status}\n"], check=False)
+    installed = {line.split()[0] for line in result.stdout.splitlines() if line.endswith(" installed")}
+    return [p for p in PACKAGES if p not in installed]
+
+
+def install_packages() -> None:
+    missing = missing_packages()
+    if not missing:
+        return
+    say(f"installing Debian packages: {' '.join(missing)}")
+    policy = Path("/usr/sbin/policy-rc.d")
+    had_policy = policy.exists()
+    if not had_policy:
+        # Keep the packages' own services (registry on every interface,
+        # a system mariadb, ...) from starting: the stack starts its own.
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+    try:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(["apt-get", "update"], env=env)
+        run(["apt-get", "install", "-y", "--no-install-recommends", *missing], env=env)
+    finally:
+        if not had_policy:
+            policy.unlink(missing_ok=True)
+
+
+def configure_podman() -> None:
+    settings = {"containers": [], "engine": []}
+    if not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        # cgroups v1/hybrid: crun refuses to run, systemd is not managing cgroups.
+        settings["engine"] += ['runtime = "runc"', 'cgroup_manager = "cgroupfs"', 'events_logger = "file"']
+    tun = Path("/dev/net/tun")
+    if not tun.exists() or not tun.stat().st_mode & stat.S_IROTH:
+        # Rootless slirp4netns needs /dev/net/tun; HPC sites use the host network anyway.
+        settings["containers"].append('netns = "host"')
+    text = "# Written by jupyter-podman-hpc's dev/stack for this host.\n"
+    for section, lines in settings.items():
+        if lines:
+            text += f"[{section}]\n" + "".join(f"{line}\n" for line in lines)
+    write_if_changed(CONTAINERS_DROPIN, text)
+    write_if_changed(REGISTRIES_DROPIN, (
+        "# The stack's local registry speaks plain HTTP on loopback.\n"
+        f'[[registry]]\nlocation = "{layout.REGISTRY}"\ninsecure = true\n'
+    ))
+    if not STORAGE_CONF.exists():
+        # Without it rootless podman may pick vfs, which refuses a mount_program.
+        write_if_changed(STORAGE_CONF, '[storage]\ndriver = "overlay"\n')
+    fuse = Path("/dev/fuse")
+    if fuse.exists() and (fuse.stat().st_mode & 0o666) != 0o666:
+        fuse.chmod(0o666)  # rootless fuse-overlayfs and squashfuse need it
+    mqueue = Path("/dev/mqueue")
+    if not os.path.ismount(mqueue):
+        # --ipc=host (used by MPI modules) statfs()es /dev/mqueue.
+        mqueue.mkdir(exist_ok=True)
+        run(["mount", "-t", "mqueue", "mqueue", str(mqueue)])
+
+
+def podman_configured() -> bool:
+    fuse_ok = (Path("/dev/fuse").stat().st_mode & 0o666) == 0o666
+    return CONTAINERS_DROPIN.exists() and REGISTRIES_DROPIN.exists() and fuse_ok \
+        and os.path.ismount("/dev/mqueue")
+
+
+def _free_subid_start(path: Path) -> int:
+    start = 200000
+    for line in path.read_text().splitlines() if path.exists() else []:
+        parts = line.split(":")
+        if len(parts) == 3:
+            start = max(start, int(parts[1]) + int(parts[2]))
+    return start
+
+
+def _has_subids(user: str, path: Path) -> bool:
+    return path.exists() and any(line.startswith(f"{user}:") for line in path.read_text().splitlines())
+
+
+def create_user() -> None:
+    try:
+        pwd.getpwnam(layout.USER)
+    except KeyError:
+        say(f"creating user {layout.USER}")
+        run(["useradd", "--create-home", "--shell", "/bin/bash", layout.USER])
+    for kind, path in (("subuids", Path("/etc/subuid")), ("subgids", Path("/etc/subgid"))):
+        if not _has_subids(layout.USER, path):
+            start = _free_subid_start(path)
+            run(["usermod", f"--add-{kind}", f"{start}-{start + 65535}", layout.USER])
+    entry = pwd.getpwnam(layout.USER)
+    runtime = runtime_dir()
+    # What logind would create at login: podman keeps its pause process here.
+    runtime.mkdir(parents=True, exist_ok=True)
+    os.chown(runtime, entry.pw_uid, entry.pw_gid)
+    runtime.chmod(0o700)
+
+
+def user_ready() -> bool:
+    try:
+        pwd.getpwnam(layout.USER)
+    except KeyError:
+        return False
+    return _has_subids(layout.USER, Path("/etc/subuid")) and runtime_dir().is_dir()
+
+
+def runtime_dir() -> Path:
+    try:
+        return Path(f"/run/user/{pwd.getpwnam(layout.USER).pw_uid}")
+    except KeyError:
+        return Path("/nonexistent")
+
+
+def user_env() -> dict[str, str]:
+    """The environment a login of the stack user would have."""
+    return {
+        "HOME": str(layout.USER_HOME),
+        "USER": layout.USER,
+        "LOGNAME": layout.USER,
+        "PATH": f"{layout.VENV}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "XDG_RUNTIME_DIR": str(runtime_dir()),
+        "SLURM_CONF": str(layout.SLURM_CONF),
+        "LANG": "C.UTF-8",
+    }
+
+
+def build_bind_shim() -> None:
+    source = layout.CHECKOUT / "dev" / "bind_loopback.c"
+    target = layout.BIND_SHIM
+    if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(tmp), str(source), "-ldl"])
+    os.replace(tmp, target)
+
+
+def make_checkout_readable() -> None:
+    """The stack user runs tests and the editable install from the checkout."""
+    if succeeds(["runuser", "-u", layout.USER, "--", "test", "-r", str(layout.CHECKOUT / "pyproject.toml")]):
+        return
+    for parent in [layout.CHECKOUT, *layout.CHECKOUT.parents]:
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            say(f"making {parent} traversable for {layout.USER}")
+            parent.chmod(mode | stat.S_IXOTH)
+    if not succeeds(["runuser", "-u", layout.USER, "--", "test", "-r", str(layout.CHECKOUT / "pyproject.toml")]):
+        raise SystemExit(f"[stack] {layout.USER} cannot read {layout.CHECKOUT}: clone it somewhere world-readable")
+
+
+def scratch() -> None:
+    """The shared file system all nodes and the login side see."""
+    entry = pwd.getpwnam(layout.USER)
+    layout.SCRATCH.mkdir(parents=True, exist_ok=True)
+    layout.SCRATCH.chmod(0o1777)
+    user_dir = layout.SCRATCH / layout.USER
+    user_dir.mkdir(exist_ok=True)
+    os.chown(user_dir, entry.pw_uid, entry.pw_gid)
+
+
+def which(program: str) -> str:
+    path = shutil.which(program, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if path is None:
+        raise SystemExit(f"[stack] {program} is not installed")
+    return path

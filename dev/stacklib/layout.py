@@ -1,0 +1,53 @@
+"""Names, paths and ports of the stack: the one place they are defined."""
+
+from pathlib import Path
+
+STATE = Path("/var/lib/jph-stack")
+CACHE = Path("/var/cache/jph-stack")
+RUN = STATE / "run"
+LOG = STATE / "log"
+LIB = STATE / "lib"
+
+USER = "hpcuser"
+USER_HOME = Path("/home") / USER
+
+SLURM_DIR = STATE / "slurm"
+SLURM_CONF = SLURM_DIR / "slurm.conf"
+SLURMDBD_CONF = SLURM_DIR / "slurmdbd.conf"
+CLUSTER = "jph"
+PARTITION = "debug"
+NODES = ["n1", "n2", "n3", "n4"]
+NODES_EXPR = "n[1-4]"
+NODE_CPUS = 8
+SLURMCTLD_PORT = 16817
+SLURMDBD_PORT = 16819
+SLURMD_FIRST_PORT = 17001
+SRUN_PORT_RANGE = "60001-63000"
+NODE_ROOT = STATE / "nodes"
+
+MARIADB_DIR = STATE / "mariadb"
+MARIADB_PORT = 16306
+
+REGISTRY_DIR = STATE / "registry"
+REGISTRY = "127.0.0.1:5000"
+
+SCRATCH = STATE / "scratch"
+VENV = STATE / "venv"
+
+BASE_IMAGE = f"{REGISTRY}/jph/base:bookworm"
+# Bump when the base image's package list changes: it names the cached rootfs.
+BASE_PACKAGES = ["python3-ipykernel", "openmpi-bin", "python3-mpi4py", "procps"]
+BASE_ROOTFS_KEY = "v1"
+BASE_ROOTFS = CACHE / f"base-rootfs-{BASE_ROOTFS_KEY}.tar"
+
+BIND_SHIM = LIB / "bind_loopback.so"
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def node_tmp(node: str) -> Path:
+    return NODE_ROOT / node / "tmp"
+
+
+def node_port(node: str) -> int:
+    return SLURMD_FIRST_PORT + NODES.index(node)

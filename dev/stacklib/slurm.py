@@ -1,0 +1,276 @@
+"""Munge, the accounting database, slurmdbd, slurmctld and four slurmd nodes.
+
+Every daemon runs with the loopback bind shim preloaded (Slurm has no option
+to choose its listening address), and each slurmd has a private /tmp, as a
+real compute node has.
+"""
+
+import os
+import pwd
+import secrets
+import shutil
+import socket
+from pathlib import Path
+
+from . import layout
+from .proc import run, running_pid, say, start_daemon, stop_daemon, succeeds, wait_for, write_if_changed
+
+
+def _daemon_env() -> dict[str, str]:
+    return {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "SLURM_CONF": str(layout.SLURM_CONF),
+        "LD_PRELOAD": str(layout.BIND_SHIM),
+    }
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+# --- munge -----------------------------------------------------------------
+
+def munge_works() -> bool:
+    return succeeds(["sh", "-c", "munge -n | unmunge"])
+
+
+def munge_up() -> None:
+    if munge_works():
+        return
+    stop_daemon("munged")
+    munge = pwd.getpwnam("munge")
+    run_dir = Path("/run/munge")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.chown(run_dir, munge.pw_uid, munge.pw_gid)
+    run_dir.chmod(0o755)
+    if not Path("/etc/munge/munge.key").exists():
+        run(["runuser", "-u", "munge", "--", "mungekey", "--create"])
+    say("starting munged")
+    # --force: a socket left by a killed munged must not stop us.
+    start_daemon("munged", ["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--foreground", "--force"],
+                 ready=munge_works)
+
+
+# --- accounting database ---------------------------------------------------
+
+def _db_password() -> str:
+    path = layout.MARIADB_DIR / "slurm.password"
+    if not path.exists():
+        layout.MARIADB_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(secrets.token_hex(16))
+        tmp.chmod(0o600)
+        os.replace(tmp, path)
+    return path.read_text().strip()
+
+
+def _mariadb_socket() -> Path:
+    return layout.MARIADB_DIR / "run" / "mysqld.sock"
+
+
+def _sql(statement: str) -> None:
+    run(["mariadb", "--no-defaults", f"--socket={_mariadb_socket()}", "-u", "root", "-e", statement])
+
+
+def mariadb_up() -> None:
+    if running_pid("mariadb"):
+        return
+    data = layout.MARIADB_DIR / "data"
+    mysql = pwd.getpwnam("mysql")
+    if not (data / "mysql").is_dir():
+        say("initialising the accounting database")
+        fresh = layout.MARIADB_DIR / "data.init"
+        shutil.rmtree(fresh, ignore_errors=True)
+        fresh.mkdir(parents=True)
+        os.chown(fresh, mysql.pw_uid, mysql.pw_gid)
+        run(["mariadb-install-db", "--no-defaults", f"--datadir={fresh}", "--user=mysql",
+             "--auth-root-authentication-method=socket", "--skip-test-db"])
+        shutil.rmtree(data, ignore_errors=True)
+        os.replace(fresh, data)
+    run_dir = _mariadb_socket().parent
+    run_dir.mkdir(exist_ok=True)
+    os.chown(run_dir, mysql.pw_uid, mysql.pw_gid)
+    _mariadb_socket().unlink(missing_ok=True)
+    say("starting mariadb")
+    start_daemon("mariadb", [
+        "mariadbd", "--no-defaults", f"--datadir={data}", "--user=mysql",
+        f"--socket={_mariadb_socket()}", f"--port={layout.MARIADB_PORT}",
+        "--bind-address=127.0.0.1", f"--pid-file={run_dir / 'mariadbd.pid'}",
+        "--innodb-buffer-pool-size=64M", "--skip-name-resolve",
+    ], ready=lambda: succeeds(["mariadb-admin", "--no-defaults", f"--socket={_mariadb_socket()}", "ping"]))
+    password = _db_password()
+    _sql(
+        f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+        f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+        "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+    )
+
+
+# --- Slurm configuration ---------------------------------------------------
+
+def _slurm_conf() -> str:
+    d = layout.SLURM_DIR
+    first, last = layout.node_port(layout.NODES[0]), layout.node_port(layout.NODES[-1])
+    return f"""\
+# Written by jupyter-podman-hpc's dev/stack: four nodes on one host.
+ClusterName={layout.CLUSTER}
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={layout.SLURMCTLD_PORT}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool/%n
+SlurmctldPidFile={d}/run/slurmctld.pid
+SlurmdPidFile={d}/run/slurmd-%n.pid
+SlurmctldLogFile={layout.LOG}/slurmctld.log
+SlurmdLogFile={layout.LOG}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+SlurmdParameters=config_overrides
+MpiDefault=none
+ReturnToService=2
+SrunPortRange={layout.SRUN_PORT_RANGE}
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort={layout.SLURMDBD_PORT}
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MinJobAge=300
+KillWait=5
+InactiveLimit=0
+SlurmdTimeout=60
+NodeName={layout.NODES_EXPR} NodeHostname=localhost NodeAddr=127.0.0.1 Port=[{first}-{last}] CPUs={layout.NODE_CPUS} RealMemory=2000 State=UNKNOWN
+# Whole nodes per job, as on Perlmutter: `srun -N4 -n8` then spreads 2 tasks per node.
+PartitionName={layout.PARTITION} Nodes={layout.NODES_EXPR} Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
+"""
+
+
+def _slurmdbd_conf() -> str:
+    return f"""\
+# Written by jupyter-podman-hpc's dev/stack.
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={layout.SLURMDBD_PORT}
+SlurmUser=root
+AuthType=auth/munge
+PidFile={layout.SLURM_DIR}/run/slurmdbd.pid
+LogFile={layout.LOG}/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={layout.MARIADB_PORT}
+StorageUser=slurm
+StoragePass={_db_password()}
+StorageLoc=slurm_acct_db
+"""
+
+
+def write_slurm_config() -> bool:
+    """Write slurm.conf and slurmdbd.conf; True if either changed."""
+    for sub in ("state", "spool", "run"):
+        (layout.SLURM_DIR / sub).mkdir(parents=True, exist_ok=True)
+    changed = write_if_changed(layout.SLURM_CONF, _slurm_conf())
+    return write_if_changed(layout.SLURMDBD_CONF, _slurmdbd_conf(), mode=0o600) or changed
+
+
+# --- daemons ---------------------------------------------------------------
+
+def slurmdbd_up() -> None:
+    if running_pid("slurmdbd"):
+        return
+    say("starting slurmdbd")
+    start_daemon("slurmdbd", ["slurmdbd", "-D"], env=_daemon_env(),
+                 ready=lambda: _port_open(layout.SLURMDBD_PORT))
+    env = _daemon_env()
+    clusters = run(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], env=env).stdout.split()
+    if layout.CLUSTER not in clusters:
+        run(["sacctmgr", "-i", "add", "cluster", layout.CLUSTER], env=env)
+
+
+def _sinfo_states() -> dict[str, str]:
+    result = run(["sinfo", "-N", "-h", "-o", "%N %t"], check=False, env=_daemon_env())
+    if result.returncode != 0:
+        return {}
+    return dict(line.split() for line in result.stdout.splitlines() if line.strip())
+
+
+def slurmctld_up() -> None:
+    if running_pid("slurmctld"):
+        return
+    say("starting slurmctld")
+    start_daemon("slurmctld", ["slurmctld", "-D"], env=_daemon_env(),
+                 ready=lambda: succeeds(["scontrol", "ping"], env=_daemon_env()))
+
+
+def slurmd_up(node: str) -> None:
+    name = f"slurmd-{node}"
+    if running_pid(name):
+        return
+    tmp = layout.node_tmp(node)
+    tmp.mkdir(parents=True, exist_ok=True)
+    tmp.chmod(0o1777)
+    say(f"starting slurmd {node}")
+    # A private mount namespace whose /tmp is the node's own directory.
+    start_daemon(name, [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        'mount --bind "$1" /tmp && exec slurmd -D -N "$2"', "sh", str(tmp), node,
+    ], env=_daemon_env(), ready=lambda: _port_open(layout.node_port(node)))
+
+
+def nodes_idle() -> bool:
+    states = _sinfo_states()
+    return all(states.get(node, "").rstrip("*") in ("idle", "mix", "alloc") for node in layout.NODES)
+
+
+def resume_nodes() -> None:
+    """Nodes restarted after a crash may come back down or drained."""
+    states = _sinfo_states()
+    stuck = [n for n in layout.NODES if states.get(n, "").rstrip("*~#") in ("down", "drain", "drng", "fail")]
+    if stuck:
+        run(["scontrol", "update", f"nodename={','.join(stuck)}", "state=resume"],
+            check=False, env=_daemon_env())
+
+
+def up() -> None:
+    munge_up()
+    mariadb_up()
+    if write_slurm_config():
+        say("Slurm configuration changed: restarting Slurm")
+        _stop_slurm()
+    slurmdbd_up()
+    slurmctld_up()
+    for node in layout.NODES:
+        slurmd_up(node)
+    wait_for(lambda: (resume_nodes(), nodes_idle())[1], "4 idle Slurm nodes", timeout=90)
+
+
+def _stop_slurm() -> None:
+    for node in reversed(layout.NODES):
+        stop_daemon(f"slurmd-{node}")
+    for name in ("slurmctld", "slurmdbd"):
+        stop_daemon(name)
+
+
+def down() -> None:
+    _stop_slurm()
+    for name in ("mariadb", "munged"):
+        stop_daemon(name)
+
+
+def status() -> dict[str, bool]:
+    states = _sinfo_states()
+    result = {
+        "munge": munge_works(),
+        "mariadb": running_pid("mariadb") is not None,
+        "slurmdbd": running_pid("slurmdbd") is not None and _port_open(layout.SLURMDBD_PORT),
+        "slurmctld": running_pid("slurmctld") is not None and bool(states),
+    }
+    for node in layout.NODES:
+        result[f"slurmd {node}"] = running_pid(f"slurmd-{node}") is not None and \
+            states.get(node, "").rstrip("*") in ("idle", "mix", "alloc")
+    return result
