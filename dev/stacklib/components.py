@@ -51,6 +51,5 @@ def env() -> dict[str, str]:
         "STACK_SCRATCH": str(layout.SCRATCH),
         "STACK_NODES": " ".join(layout.NODES),
         "STACK_PARTITION": layout.PARTITION,
-        "STACK_RUNTIME_DIR": str(host.runtime_dir()),
         "STACK_LOG": str(layout.LOG),
     }

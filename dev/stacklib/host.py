@@ -80,6 +80,9 @@ def configure_podman() -> None:
     fuse = Path("/dev/fuse")
     if fuse.exists() and (fuse.stat().st_mode & 0o666) != 0o666:
         fuse.chmod(0o666)  # rootless fuse-overlayfs and squashfuse need it
+    if not _root_is_shared():
+        # As on a systemd host; rootless podman warns on every call otherwise.
+        run(["mount", "--make-rshared", "/"])
     mqueue = Path("/dev/mqueue")
     if not os.path.ismount(mqueue):
         # --ipc=host (used by MPI modules) statfs()es /dev/mqueue.
@@ -87,10 +90,18 @@ def configure_podman() -> None:
         run(["mount", "-t", "mqueue", "mqueue", str(mqueue)])
 
 
+def _root_is_shared() -> bool:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == "/":
+            return any(f.startswith("shared:") for f in fields[6:fields.index("-")])
+    return False
+
+
 def podman_configured() -> bool:
     fuse_ok = (Path("/dev/fuse").stat().st_mode & 0o666) == 0o666
     return CONTAINERS_DROPIN.exists() and REGISTRIES_DROPIN.exists() and fuse_ok \
-        and os.path.ismount("/dev/mqueue")
+        and os.path.ismount("/dev/mqueue") and _root_is_shared()
 
 
 def _free_subid_start(path: Path) -> int:
@@ -116,12 +127,6 @@ def create_user() -> None:
         if not _has_subids(layout.USER, path):
             start = _free_subid_start(path)
             run(["usermod", f"--add-{kind}", f"{start}-{start + 65535}", layout.USER])
-    entry = pwd.getpwnam(layout.USER)
-    runtime = runtime_dir()
-    # What logind would create at login: podman keeps its pause process here.
-    runtime.mkdir(parents=True, exist_ok=True)
-    os.chown(runtime, entry.pw_uid, entry.pw_gid)
-    runtime.chmod(0o700)
 
 
 def user_ready() -> bool:
@@ -129,24 +134,22 @@ def user_ready() -> bool:
         pwd.getpwnam(layout.USER)
     except KeyError:
         return False
-    return _has_subids(layout.USER, Path("/etc/subuid")) and runtime_dir().is_dir()
-
-
-def runtime_dir() -> Path:
-    try:
-        return Path(f"/run/user/{pwd.getpwnam(layout.USER).pw_uid}")
-    except KeyError:
-        return Path("/nonexistent")
+    return _has_subids(layout.USER, Path("/etc/subuid"))
 
 
 def user_env() -> dict[str, str]:
-    """The environment a login of the stack user would have."""
+    """The environment a login of the stack user would have.
+
+    No XDG_RUNTIME_DIR, and no /run/user/<uid>: rootless podman then keeps
+    its runtime files (and its pause process, whose mount namespace every
+    podman call joins) under /tmp, which is private to each Slurm node, as
+    its runtime directory is on a real compute node.
+    """
     return {
         "HOME": str(layout.USER_HOME),
         "USER": layout.USER,
         "LOGNAME": layout.USER,
         "PATH": f"{layout.VENV}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-        "XDG_RUNTIME_DIR": str(runtime_dir()),
         "SLURM_CONF": str(layout.SLURM_CONF),
         "LANG": "C.UTF-8",
     }

@@ -7,6 +7,7 @@ the stack user and pushed to the local registry.
 
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from . import layout
@@ -76,10 +77,18 @@ def up() -> None:
     say(f"importing and pushing {layout.BASE_IMAGE}")
     layout.BASE_ROOTFS.chmod(0o644)
     layout.CACHE.chmod(0o755)
+    # A throwaway storage, so the user's own podman storage stays untouched.
+    storage = Path(tempfile.mkdtemp(prefix="jph-import-"))
+    shutil.chown(storage, layout.USER)
+    podman = ["podman", "--root", f"{storage}/root", "--runroot", f"{storage}/run"]
     env = user_env()
-    run(as_user(layout.USER, ["podman", "import", "--change", "CMD=/bin/bash",
-                              str(layout.BASE_ROOTFS), layout.BASE_IMAGE], env), cwd="/")
-    run(as_user(layout.USER, ["podman", "push", layout.BASE_IMAGE], env), cwd="/")
+    try:
+        run(as_user(layout.USER, [*podman, "import", "--change", "CMD=/bin/bash",
+                                  str(layout.BASE_ROOTFS), layout.BASE_IMAGE], env), cwd="/")
+        run(as_user(layout.USER, [*podman, "push", layout.BASE_IMAGE], env), cwd="/")
+    finally:
+        run(as_user(layout.USER, ["podman", "unshare", "rm", "-rf", str(storage)], env), check=False, cwd="/")
+        shutil.rmtree(storage, ignore_errors=True)
     PUSHED_KEY.write_text(layout.BASE_ROOTFS_KEY + "\n")
 
 

@@ -215,10 +215,12 @@ def slurmd_up(node: str) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     tmp.chmod(0o1777)
     say(f"starting slurmd {node}")
-    # A private mount namespace whose /tmp is the node's own directory.
+    # A private mount namespace whose /tmp is the node's own directory; / is
+    # then made shared inside it, as rootless podman expects.
     start_daemon(name, [
         "unshare", "--mount", "--propagation", "private", "sh", "-c",
-        'mount --bind "$1" /tmp && exec slurmd -D -N "$2"', "sh", str(tmp), node,
+        'mount --bind "$1" /tmp && mount --make-rshared / && exec slurmd -D -N "$2"',
+        "sh", str(tmp), node,
     ], env=_daemon_env(), ready=lambda: _port_open(layout.node_port(node)))
 
 
