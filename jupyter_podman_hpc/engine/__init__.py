@@ -1,0 +1,20 @@
+"""The podman-hpc engine: everything the CLI and the Jupyter fronts do.
+
+- ``config``: the site configuration (podman_hpc.yaml + PODMANHPC_* variables)
+- ``modules``: site modules (modules.d/*.yaml) turned into podman arguments
+- ``podman``: the one place podman command lines are built and run
+- ``reference``: image reference parsing and validation
+- ``store``: the squashed image store (migrate, remove, list)
+- ``mount``: the mount program podman calls for squashed images
+- ``hook``: the OCI hook for modules' ``copy`` entries and ldconfig
+- ``images``: local and squashed images, pull
+- ``launcher``: shared-run (podman-exec) and per-process launch under Slurm
+"""
+
+from .config import SiteConfig, load_config
+from .errors import ConfigError, EngineError, ImageNotFound, InvalidReference, ModuleError, PodmanError
+
+__all__ = [
+    "SiteConfig", "load_config",
+    "EngineError", "ConfigError", "ModuleError", "ImageNotFound", "InvalidReference", "PodmanError",
+]

@@ -1,0 +1,200 @@
+"""Site modules: podman-hpc's ``modules.d/*.yaml``, turned into podman arguments.
+
+A module selected on the command line (``--<cli_arg>``) contributes its
+``additional_args``, ``-e <env>=1`` (which the OCI hook uses to find the
+module's ``copy`` entries) and its ``bind`` entries as ``-v`` mounts
+(sources globbed and expanded from the caller's environment; a source that
+does not exist on this node is skipped). Unlike podman-hpc, which only
+warns, a conflicting pair or a missing dependency is an error.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import yaml
+
+from .errors import ModuleError
+
+FIELDS = {"name", "cli_arg", "help", "env", "additional_args", "bind", "copy",
+          "conflicts", "depends_on", "shared_run", "hidden"}
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    env: str
+    cli_arg: str = ""
+    help: str = ""
+    additional_args: tuple[str, ...] = ()
+    bind: tuple[str, ...] = ()
+    copy: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+    depends_on: tuple[str, ...] = ()
+    shared_run: bool = False
+    hidden: bool = False
+    path: str = field(default="", compare=False)
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.cli_arg}"
+
+    def podman_args(self) -> list[str]:
+        """``additional_args`` as argv; podman-hpc's "-e X" items become two words."""
+        args: list[str] = []
+        for item in self.additional_args:
+            args.extend(shlex.split(item))
+        return args
+
+    def describe(self) -> dict:
+        return {"name": self.name, "flag": self.flag if self.cli_arg else "", "help": self.help,
+                "conflicts": list(self.conflicts), "depends_on": list(self.depends_on),
+                "shared_run": self.shared_run, "hidden": self.hidden}
+
+
+def _strings(data: dict, key: str, path: Path) -> tuple[str, ...]:
+    value = data.get(key) or []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ModuleError(f"module file {path}: '{key}' must be a list of strings")
+    return tuple(value)
+
+
+def load_module(path: Path) -> Module:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ModuleError(f"cannot read module file {path}: {err}".splitlines()[0])
+    if not isinstance(data, dict):
+        raise ModuleError(f"module file {path} must be a mapping")
+    unknown = sorted(set(data) - FIELDS)
+    if unknown:
+        raise ModuleError(f"module file {path}: unknown key '{unknown[0]}'")
+    for required in ("name", "env"):
+        if not isinstance(data.get(required), str) or not data[required]:
+            raise ModuleError(f"module file {path}: '{required}' is required")
+    return Module(
+        name=data["name"], env=data["env"], cli_arg=str(data.get("cli_arg") or ""),
+        help=str(data.get("help") or ""),
+        additional_args=_strings(data, "additional_args", path), bind=_strings(data, "bind", path),
+        copy=_strings(data, "copy", path), conflicts=_strings(data, "conflicts", path),
+        depends_on=_strings(data, "depends_on", path), shared_run=bool(data.get("shared_run")),
+        hidden=bool(data.get("hidden")), path=str(path),
+    )
+
+
+@dataclass(frozen=True)
+class ModuleSet:
+    """All modules of a site, by name, in file-name order."""
+
+    directory: str
+    modules: tuple[Module, ...]
+
+    @classmethod
+    def load(cls, directory: str) -> "ModuleSet":
+        root = Path(directory)
+        if not root.is_dir():
+            return cls(directory, ())
+        modules = tuple(load_module(p) for p in sorted(root.glob("*.yaml")))
+        names = [m.name for m in modules]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate:
+            raise ModuleError(f"two module files in {directory} define the module '{duplicate}'")
+        return cls(directory, modules)
+
+    def __iter__(self):
+        return iter(self.modules)
+
+    def by_name(self, name: str) -> Module:
+        for module in self.modules:
+            if name in (module.name, module.cli_arg):
+                return module
+        known = ", ".join(m.name for m in self.modules) or "none"
+        raise ModuleError(f"unknown module '{name}' (available: {known})")
+
+    def by_flag(self) -> dict[str, Module]:
+        return {m.flag: m for m in self.modules if m.cli_arg}
+
+    def select(self, names: Iterable[str]) -> list[Module]:
+        """The named modules, checked for conflicts and dependencies."""
+        chosen: list[Module] = []
+        for name in names:
+            module = self.by_name(name)
+            if module not in chosen:
+                chosen.append(module)
+        enabled = {m.name for m in chosen}
+        for module in chosen:
+            for other in module.conflicts:
+                if other in enabled:
+                    raise ModuleError(
+                        f"module '{module.name}' ({module.flag}) conflicts with '{other}' "
+                        f"({self.by_name(other).flag}): use only one of them")
+            for needed in module.depends_on:
+                if needed not in enabled:
+                    flag = next((m.flag for m in self.modules if m.name == needed), f"'{needed}'")
+                    raise ModuleError(f"module '{module.name}' ({module.flag}) needs '{needed}': add {flag}")
+        return chosen
+
+    def podman_args(self, chosen: Iterable[Module], environ: Mapping[str, str] | None = None) -> list[str]:
+        """The podman run arguments of the chosen modules, in order."""
+        env = os.environ if environ is None else environ
+        args: list[str] = []
+        for module in chosen:
+            args += module.podman_args()
+            args += ["-e", f"{module.env}=1"]
+            for source, target in resolve_binds(module.bind, self.directory, env):
+                args += ["-v", f"{source}:{target}"]
+        return args
+
+
+_VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
+
+
+def _expand(path: str, env: Mapping[str, str]) -> str:
+    """$VAR, ${VAR} and a leading ~ from the caller's environment; unset ones stay."""
+    path = _VARIABLE.sub(lambda m: env.get(m.group(1) or m.group(2), m.group(0)), path)
+    if path.startswith("~") and env.get("HOME"):
+        path = env["HOME"] + path[1:]
+    return path
+
+
+def resolve_binds(rules: Iterable[str], modules_dir: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """podman-hpc's ``src:dst`` rules as (host path, container path) pairs.
+
+    ``dst`` empty means the same path; a ``dst`` ending in ``/`` receives the
+    source's base name; a ``*`` in ``dst`` takes what the ``*`` of ``src``
+    matched. Sources that match nothing are skipped.
+    """
+    pairs: list[tuple[str, str]] = []
+    for rule in rules:
+        src, _, dst = rule.partition(":")
+        src, dst = _expand(src, env), _expand(dst, env)
+        if "$" in src or "$" in dst:
+            continue  # a variable this environment does not set: nothing to mount
+        if not os.path.isabs(src):
+            src = os.path.abspath(os.path.join(modules_dir, src))
+        if dst and not os.path.isabs(dst):
+            raise ModuleError(f"bind rule '{rule}': the container path must be absolute")
+        matches = sorted(glob.glob(src))
+        prefix, star, suffix = src.partition("*")
+        for match in matches:
+            if not dst:
+                target = match
+            elif "*" in dst and star:
+                part = match[len(prefix):len(match) - len(suffix) if suffix else None]
+                target = dst.replace("*", part)
+                if dst.endswith("/"):
+                    target += os.path.basename(match)
+            elif dst.endswith("/"):
+                target = dst + os.path.basename(match)
+            else:
+                target = dst
+            pairs.append((match, os.path.normpath(target)))
+    return pairs

@@ -1,0 +1,237 @@
+"""The one place podman command lines are built and run.
+
+``Podman`` adds the HPC storage settings of the site configuration (graph
+root, run root, mount program, the squashed store as an additional image
+store, hooks, ...) to every call, as podman-hpc does, and runs podman with
+the environment podman-hpc gives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from .config import SiteConfig
+from .errors import PodmanError
+
+HOOK_ANNOTATION = "podman_hpc.hook_tool"
+HOOK_FILE = "02-hook_tool.json"
+
+# Subcommands that must not see the squashed store: they write images, or
+# read layer contents that the store keeps only inside its squash files.
+WITHOUT_SQUASHED = {"build", "buildx", "pull", "push", "save", "load", "import", "commit",
+                    "tag", "untag", "rmi", "manifest", "login", "logout", "unshare", "mount",
+                    "umount", "unmount"}
+CONTAINER_STARTERS = {"run", "create"}
+
+
+class Podman:
+    """podman with a site's HPC settings."""
+
+    def __init__(self, config: SiteConfig, environ: Mapping[str, str] | None = None):
+        self.config = config
+        self.env = config.podman_env(environ)
+
+    # --- command lines ----------------------------------------------------
+
+    def global_args(self, subcommand: str, squashed: bool | None = None) -> list[str]:
+        """Storage and engine flags, placed before the subcommand."""
+        c = self.config
+        args: list[str] = []
+        if c.use_default_args:
+            args += ["--root", c.graph_root, "--runroot", c.run_root,
+                     "--storage-opt", f"mount_program={c.mount_program}"]
+            if c.cgroup_manager:
+                args += ["--cgroup-manager", c.cgroup_manager]
+            if squashed if squashed is not None else subcommand not in WITHOUT_SQUASHED:
+                stores = ",".join([c.squash_dir, *c.additional_stores])
+                args += ["--storage-opt", f"additionalimagestore={stores}"]
+            if subcommand in CONTAINER_STARTERS | {"pull"}:
+                args += ["--storage-opt", "ignore_chown_errors=true"]
+            if subcommand in CONTAINER_STARTERS:
+                args += ["--hooks-dir", c.hooks_dir]
+        if c.runtime:
+            args += ["--runtime", c.runtime]
+        if c.log_level:
+            args += ["--log-level", c.log_level]
+        return args
+
+    def run_defaults(self) -> list[str]:
+        """Options every container started through podman-hpc gets."""
+        c = self.config
+        args: list[str] = []
+        if c.use_default_args:
+            args += ["--env", f"PODMANHPC_MODULES_DIR={c.modules_dir}",
+                     "--annotation", f"{HOOK_ANNOTATION}=true",
+                     "--security-opt", "seccomp=unconfined"]
+        if c.network:
+            args += ["--network", c.network]
+        for limit in c.ulimits:
+            args += ["--ulimit", limit]
+        return args
+
+    def command(self, subcommand: str | Sequence[str], *args: str, squashed: bool | None = None) -> list[str]:
+        """``podman <globals> <subcommand...> <args>``."""
+        words = [subcommand] if isinstance(subcommand, str) else list(subcommand)
+        return [self.config.podman_bin, *self.global_args(words[0], squashed), *words, *args]
+
+    def run_command(self, args: Sequence[str], module_args: Sequence[str] = (),
+                    subcommand: str = "run") -> list[str]:
+        """``podman run`` with the site defaults and modules before the user's options."""
+        self.ensure_hooks()
+        return self.command(subcommand, *self.run_defaults(), *module_args, *args)
+
+    # --- running ----------------------------------------------------------
+
+    def run(self, argv: Sequence[str], *, check: bool = True, input: str | None = None,
+            timeout: float | None = None, capture: bool = True) -> subprocess.CompletedProcess:
+        """Run a podman command line; a failure raises PodmanError with podman's message."""
+        try:
+            result = subprocess.run(
+                list(argv), env=self.env, input=input, timeout=timeout, text=True,
+                stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
+            )
+        except FileNotFoundError:
+            raise PodmanError(f"podman not found: {argv[0]} (set podman_bin in the site configuration)", 127)
+        if check and result.returncode != 0:
+            raise PodmanError(error_message(result.stderr or "", argv), result.returncode,
+                              (result.stdout or "") + (result.stderr or ""))
+        return result
+
+    def __call__(self, subcommand: str | Sequence[str], *args: str, **kwargs) -> subprocess.CompletedProcess:
+        squashed = kwargs.pop("squashed", None)
+        return self.run(self.command(subcommand, *args, squashed=squashed), **kwargs)
+
+    def json(self, subcommand: str | Sequence[str], *args: str, **kwargs):
+        return json.loads(self(subcommand, *args, **kwargs).stdout or "null")
+
+    def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("env", self.env)
+        try:
+            return subprocess.Popen(list(argv), **kwargs)
+        except FileNotFoundError:
+            raise PodmanError(f"podman not found: {argv[0]} (set podman_bin in the site configuration)", 127)
+
+    # --- hooks --------------------------------------------------------------
+
+    def ensure_hooks(self) -> None:
+        """The hooks.d entry that runs our OCI hook for annotated containers."""
+        c = self.config
+        if not c.use_default_args:
+            return
+        spec = {
+            "version": "1.0.0",
+            "hook": {"path": c.hook_tool, "args": [os.path.basename(c.hook_tool)]},
+            "when": {"annotations": {HOOK_ANNOTATION: "true"}},
+            "stages": ["prestart"],
+        }
+        path = Path(c.hooks_dir) / HOOK_FILE
+        text = json.dumps(spec, indent=4)
+        try:
+            if path.read_text() == text:
+                return
+        except OSError:
+            pass
+        if path.exists() and not os.access(path, os.W_OK):
+            return  # a site-managed hooks directory
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{HOOK_FILE}.{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+    # --- option tables ------------------------------------------------------
+
+    def value_options(self, subcommand: str) -> set[str]:
+        """Flags of ``podman <subcommand>`` that take a value (from its --help, cached)."""
+        binary = self.config.podman_bin
+        resolved = binary if os.path.isabs(binary) else _which(binary, self.env)
+        try:
+            st = os.stat(resolved)
+            key = f"{st.st_ino}-{int(st.st_mtime)}-{st.st_size}"
+        except OSError:
+            key = "unknown"
+        cache = Path(self.config.run_root) / "podman-options" / f"{subcommand}-{key}.json"
+        try:
+            return set(json.loads(cache.read_text()))
+        except (OSError, ValueError):
+            pass
+        text = self.run([binary, subcommand, "--help"]).stdout
+        options = parse_value_options(text)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(sorted(options)))
+            os.replace(tmp, cache)
+        except OSError:
+            pass
+        return options
+
+
+_HELP_LINE = re.compile(r"^\s+(?:(-\w), )?(--[\w-]+)( \S+)?(?:\s{2,}|$)")
+
+
+def parse_value_options(help_text: str) -> set[str]:
+    """Flags (short and long) that take a value, from podman's --help text."""
+    options: set[str] = set()
+    for line in help_text.splitlines():
+        match = _HELP_LINE.match(line)
+        if match and match.group(3):
+            options.add(match.group(2))
+            if match.group(1):
+                options.add(match.group(1))
+    return options
+
+
+def split_at_image(args: Sequence[str], value_options: Iterable[str],
+                   flags: Iterable[str] = ()) -> tuple[list[str], str | None, list[str]]:
+    """Split ``[options] IMAGE [COMMAND...]`` into (options, image, command).
+
+    ``flags`` are extra boolean flags (our module flags) to accept among
+    the options.
+    """
+    takes_value = set(value_options)
+    booleans = set(flags)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        name = arg.split("=", 1)[0]
+        if "=" not in arg and name in takes_value and name not in booleans:
+            i += 2
+            continue
+        if not name.startswith("--") and len(name) > 2 and "=" not in arg:
+            # grouped short flags such as -it, or -eFOO=1: a value flag at the end takes the next word
+            if f"-{name[-1]}" in takes_value and all(f"-{c}" not in takes_value for c in name[1:-1]):
+                i += 2
+                continue
+        i += 1
+    options = list(args[:i])
+    if options and options[-1] == "--":
+        options.pop()
+    if i >= len(args):
+        return options, None, []
+    return options, args[i], list(args[i + 1:])
+
+
+def error_message(stderr: str, argv: Sequence[str] = ()) -> str:
+    """podman's own error line, without its "Error: " prefix."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error:")]
+    line = (errors or lines or [f"podman {' '.join(argv[1:3])} failed"])[-1]
+    return line.removeprefix("Error:").strip()
+
+
+def _which(name: str, env: Mapping[str, str]) -> str:
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return name
