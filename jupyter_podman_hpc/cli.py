@@ -1,8 +1,279 @@
-"""The `podman-hpc` console script."""
+"""The ``podman-hpc`` console script: podman-hpc's commands on top of the engine.
 
+Our own commands are listed in USAGE; every other podman command is passed
+through to podman with the site's HPC storage settings. Exit codes are
+podman's; 125 for errors of podman-hpc itself (bad usage, configuration).
+"""
+
+from __future__ import annotations
+
+import os
 import sys
+from dataclasses import dataclass, field
+from typing import Sequence, TextIO
+
+from . import __version__
+from .engine import EngineError, load_config
+from .engine.images import list_images, pull
+from .engine.launcher import pmi_fd_passthrough, shared_run
+from .engine.migrate import migrate, remove_squashed
+from .engine.modules import ModuleSet
+from .engine.podman import Podman, split_at_image
+from .engine.progress import Progress
+
+USAGE = """\
+usage: podman-hpc [--squash-dir DIR] [--additional-stores DIR[,DIR...]] [--log-level LEVEL]
+                  COMMAND [ARGS...]
+
+podman-hpc commands:
+  infohpc            the effective configuration, where each value comes from, the modules
+  images             local and squashed images (podman images options pass through)
+  pull IMAGE         pull an image into the node's storage, then squash it
+  migrate IMAGE      squash a local image into the squashed store (also: squash)
+  rmsqi IMAGE        remove an image (or one of its names) from the squashed store
+  run ... IMAGE ...  podman run with the HPC defaults and module flags
+  shared-run ...     like run, with one container per node and every task exec'd into it
+  build ...          podman build into the node's storage
+  COMMAND ...        any other podman command, with the HPC storage settings
+"""
+
+
+class UsageError(EngineError):
+    exit_code = 125
+
+
+@dataclass
+class Options:
+    squash_dir: str | None = None
+    additional_stores: list[str] = field(default_factory=list)
+    log_level: str | None = None
+    help: bool = False
+    version: bool = False
+
+
+def parse_globals(args: list[str]) -> tuple[Options, list[str]]:
+    options = Options()
+    while args and args[0].startswith("-"):
+        arg = args.pop(0)
+        name, has_value, value = arg.partition("=")
+        if name in ("-h", "--help"):
+            options.help = True
+        elif name in ("-v", "--version"):
+            options.version = True
+        elif name in ("--squash-dir", "--additional-stores", "--log-level"):
+            if not has_value:
+                if not args:
+                    raise UsageError(f"{name} needs a value")
+                value = args.pop(0)
+            if name == "--squash-dir":
+                options.squash_dir = value
+            elif name == "--additional-stores":
+                options.additional_stores += [s for s in value.split(",") if s]
+            else:
+                options.log_level = value
+        else:
+            raise UsageError(f"unknown option {arg} (podman options go after the command)")
+    return options, args
+
+
+class TerminalProgress:
+    """A one-line progress bar on a terminal; silent when output is not a terminal."""
+
+    def __init__(self, stream: TextIO = sys.stderr):
+        self.stream = stream
+        self.active = stream.isatty()
+        self.last = ""
+
+    def __call__(self, event: Progress) -> None:
+        if not self.active:
+            return
+        if event.fraction is not None:
+            width = 30
+            done = int(event.fraction * width)
+            line = f"{event.stage}: [{'#' * done}{'.' * (width - done)}] {event.fraction:4.0%} {event.message}"
+        else:
+            line = f"{event.stage}: {event.message}"
+        if line != self.last:
+            self.stream.write("\r\033[K" + line[:120])
+            self.stream.flush()
+            self.last = line
+
+    def done(self) -> None:
+        if self.active and self.last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class Cli:
+    """One invocation: the configuration, podman and the site modules."""
+
+    def __init__(self, options: Options, environ: dict[str, str]):
+        self.environ = environ
+        config = load_config(environ, squash_dir=options.squash_dir)
+        config.additional_stores += options.additional_stores
+        if options.log_level:
+            config.log_level = options.log_level
+        self.config = config
+        self.podman = Podman(config, environ)
+        self.modules = ModuleSet.load(config.modules_dir)
+
+    # --- our commands -------------------------------------------------------
+
+    def infohpc(self, args: list[str]) -> int:
+        c = self.config
+        print(f"podman-hpc version: {__version__} (jupyter-podman-hpc)")
+        print(f"config file: {c.config_file or 'none'}")
+        for key in c.keys():
+            value = getattr(c, key)
+            source = c.sources.get(key, "default")
+            if isinstance(value, list):
+                print(f"{key} ({source}): (list)")
+                for item in value:
+                    print(f" - {item}")
+            else:
+                print(f"{key} ({source}): {value}")
+        print(f"modules ({c.modules_dir}):")
+        for module in self.modules:
+            flag = module.flag if module.cli_arg else "(no flag)"
+            extra = f" conflicts: {', '.join(module.conflicts)}" if module.conflicts else ""
+            print(f" - {module.name}: {flag}  {module.help}{extra}")
+        return 0
+
+    def images(self, args: list[str]) -> int:
+        if args:  # podman's own options (--format, -q, filters): podman answers
+            return self.exec(self.podman.command("images", *args))
+        rows = [("REPOSITORY:TAG", "IMAGE ID", "CREATED", "SIZE", "SQUASHED", "STORE")]
+        for image in list_images(self.podman):
+            for name in image.names or ["<none>"]:
+                rows.append((name, image.short_id, image.created[:19].replace("T", " "),
+                             _human_size(image.size), "yes" if image.squashed else "no", image.stores))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        return 0
+
+    def migrate(self, args: list[str]) -> int:
+        if len(args) != 1 or args[0].startswith("-"):
+            raise UsageError("usage: podman-hpc migrate IMAGE")
+        bar = TerminalProgress()
+        try:
+            result = migrate(self.podman, args[0], bar)
+        finally:
+            bar.done()
+        verb = "squashed" if result.squashed else "already squashed"
+        print(f"{verb}: {args[0]} ({result.image.short_id}) in {self.config.squash_dir}")
+        return 0
+
+    def rmsqi(self, args: list[str]) -> int:
+        if len(args) != 1 or args[0].startswith("-"):
+            raise UsageError("usage: podman-hpc rmsqi IMAGE")
+        image, deleted = remove_squashed(self.podman, args[0])
+        what = f"removed {image.short_id}" if deleted else f"untagged {args[0]} ({image.short_id})"
+        print(f"{what} from {self.config.squash_dir}")
+        return 0
+
+    def pull(self, args: list[str]) -> int:
+        if not args or args[-1].startswith("-"):
+            raise UsageError("usage: podman-hpc pull [podman pull options] IMAGE")
+        quiet = not sys.stderr.isatty()
+        bar = TerminalProgress()
+        try:
+            result = pull(self.podman, args[-1], pull_args=args[:-1], progress=bar, quiet=quiet)
+        finally:
+            bar.done()
+        if result is not None:
+            verb = "squashed" if result.squashed else "already squashed"
+            print(f"{verb}: {args[-1]} ({result.image.short_id}) in {self.config.squash_dir}")
+        return 0
+
+    def build(self, args: list[str]) -> int:
+        extra = ["--network", self.config.network] if self.config.network else []
+        return self.exec(self.podman.command("build", *extra, *args))
+
+    def run(self, args: list[str], shared: bool = False) -> int:
+        options, image, command, chosen = self._parse_run(args)
+        if image is None:
+            raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
+        module_args = self.modules.podman_args(chosen, self.environ)
+        if shared or any(module.shared_run for module in chosen):
+            return shared_run(self.podman, options, module_args, image, command, self.environ)
+        passthrough = pmi_fd_passthrough(self.environ)
+        argv = self.podman.run_command([*passthrough.run_args, *options, image, *command], module_args)
+        return self.exec(argv, passthrough.env)
+
+    def _parse_run(self, args: list[str]):
+        flags = self.modules.by_flag()
+        options, image, command = split_at_image(args, self.podman.options("run"), flags)
+        chosen_names = [flags[o].name for o in options if o in flags]
+        options = [o for o in options if o not in flags]
+        return options, image, command, self.modules.select(chosen_names)
+
+    def passthrough(self, subcommand: str, args: list[str]) -> int:
+        return self.exec(self.podman.command(subcommand, *args))
+
+    # --- help ---------------------------------------------------------------
+
+    def help(self, subcommand: str | None = None) -> int:
+        if subcommand in ("run", "shared-run"):
+            print(f"podman-hpc {subcommand}: podman run options, plus these module flags:")
+            for module in self.modules:
+                if module.cli_arg and not module.hidden:
+                    print(f"  {module.flag:<22} {module.help}")
+            print("\nPodman options follow:")
+            result = self.podman.run([self.config.podman_bin, "run", "--help"], check=False)
+        else:
+            print(USAGE)
+            result = self.podman.run([self.config.podman_bin, "--help"], check=False)
+            print("Podman help follows:")
+        print(result.stdout.replace("podman ", "podman-hpc ").rstrip())
+        return 0
+
+    # --- running podman -----------------------------------------------------
+
+    def exec(self, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+        """Become podman: its terminal handling, signals and exit code are the user's."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execvpe(argv[0], list(argv), env or self.podman.env)
+        except FileNotFoundError:
+            raise EngineError(f"podman not found: {argv[0]} (set podman_bin in the site configuration)", 127)
+
+
+def _human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return str(size)
+
+
+COMMANDS = {
+    "infohpc": Cli.infohpc, "images": Cli.images, "migrate": Cli.migrate, "squash": Cli.migrate,
+    "rmsqi": Cli.rmsqi, "pull": Cli.pull, "build": Cli.build, "run": Cli.run,
+    "shared-run": lambda cli, args: cli.run(args, shared=True),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("podman-hpc: not implemented yet", file=sys.stderr)
-    return 125
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        options, args = parse_globals(args)
+        if options.version:
+            print(f"podman-hpc version {__version__} (jupyter-podman-hpc)")
+            return 0
+        cli = Cli(options, dict(os.environ))
+        if options.help or not args:
+            return cli.help()
+        subcommand, rest = args[0], args[1:]
+        if rest in (["--help"], ["-h"]) and subcommand in ("run", "shared-run"):
+            return cli.help(subcommand)
+        if subcommand in COMMANDS:
+            return COMMANDS[subcommand](cli, rest)
+        return cli.passthrough(subcommand, rest)
+    except EngineError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -23,7 +23,9 @@ import yaml
 from .errors import ModuleError
 
 FIELDS = {"name", "cli_arg", "help", "env", "additional_args", "bind", "copy",
-          "conflicts", "depends_on", "shared_run", "hidden"}
+          "conflicts", "depends_on", "shared_run", "hidden", "cdi_devices"}
+# Where container runtimes look for Container Device Interface specs.
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Module:
     depends_on: tuple[str, ...] = ()
     shared_run: bool = False
     hidden: bool = False
+    cdi_devices: tuple[str, ...] = ()  # ours: "--device X" when a CDI spec defines X's kind
     path: str = field(default="", compare=False)
 
     @property
@@ -86,7 +89,7 @@ def load_module(path: Path) -> Module:
         additional_args=_strings(data, "additional_args", path), bind=_strings(data, "bind", path),
         copy=_strings(data, "copy", path), conflicts=_strings(data, "conflicts", path),
         depends_on=_strings(data, "depends_on", path), shared_run=bool(data.get("shared_run")),
-        hidden=bool(data.get("hidden")), path=str(path),
+        hidden=bool(data.get("hidden")), cdi_devices=_strings(data, "cdi_devices", path), path=str(path),
     )
 
 
@@ -149,9 +152,26 @@ class ModuleSet:
         for module in chosen:
             args += module.podman_args()
             args += ["-e", f"{module.env}=1"]
+            for device in module.cdi_devices:
+                if cdi_kind_available(device.split("=", 1)[0]):
+                    args += ["--device", device]
             for source, target in resolve_binds(module.bind, self.directory, env):
                 args += ["-v", f"{source}:{target}"]
         return args
+
+
+def cdi_kind_available(kind: str, directories: Iterable[str] = CDI_DIRS) -> bool:
+    """Whether a CDI spec on this node declares devices of ``kind`` (e.g. nvidia.com/gpu)."""
+    pattern = re.compile(rf"""["']?kind["']?\s*:\s*["']?{re.escape(kind)}["']?""")
+    for directory in directories:
+        for spec in sorted(Path(directory).glob("*.*")):
+            if spec.suffix in (".yaml", ".yml", ".json"):
+                try:
+                    if pattern.search(spec.read_text()):
+                        return True
+                except OSError:
+                    continue
+    return False
 
 
 _VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")

@@ -25,7 +25,7 @@ HOOK_FILE = "02-hook_tool.json"
 # read layer contents that the store keeps only inside its squash files.
 WITHOUT_SQUASHED = {"build", "buildx", "pull", "push", "save", "load", "import", "commit",
                     "tag", "untag", "rmi", "manifest", "login", "logout", "unshare", "mount",
-                    "umount", "unmount"}
+                    "umount", "unmount", "system reset", "image rm", "image prune", "image tag"}
 CONTAINER_STARTERS = {"run", "create"}
 
 
@@ -38,16 +38,19 @@ class Podman:
 
     # --- command lines ----------------------------------------------------
 
-    def global_args(self, subcommand: str, squashed: bool | None = None) -> list[str]:
+    def global_args(self, subcommand: str, squashed: bool | None = None, words: Sequence[str] = ()) -> list[str]:
         """Storage and engine flags, placed before the subcommand."""
         c = self.config
+        if squashed is None:
+            pair = " ".join([subcommand, *words[1:2]])
+            squashed = subcommand not in WITHOUT_SQUASHED and pair not in WITHOUT_SQUASHED
         args: list[str] = []
         if c.use_default_args:
             args += ["--root", c.graph_root, "--runroot", c.run_root,
                      "--storage-opt", f"mount_program={c.mount_program}"]
             if c.cgroup_manager:
                 args += ["--cgroup-manager", c.cgroup_manager]
-            if squashed if squashed is not None else subcommand not in WITHOUT_SQUASHED:
+            if squashed:
                 stores = ",".join([c.squash_dir, *c.additional_stores])
                 args += ["--storage-opt", f"additionalimagestore={stores}"]
             if subcommand in CONTAINER_STARTERS | {"pull"}:
@@ -77,7 +80,8 @@ class Podman:
     def command(self, subcommand: str | Sequence[str], *args: str, squashed: bool | None = None) -> list[str]:
         """``podman <globals> <subcommand...> <args>``."""
         words = [subcommand] if isinstance(subcommand, str) else list(subcommand)
-        return [self.config.podman_bin, *self.global_args(words[0], squashed), *words, *args]
+        words_and_args = [*words, *args]
+        return [self.config.podman_bin, *self.global_args(words[0], squashed, words_and_args), *words_and_args]
 
     def run_command(self, args: Sequence[str], module_args: Sequence[str] = (),
                     subcommand: str = "run") -> list[str]:
@@ -145,8 +149,11 @@ class Podman:
 
     # --- option tables ------------------------------------------------------
 
-    def value_options(self, subcommand: str) -> set[str]:
-        """Flags of ``podman <subcommand>`` that take a value (from its --help, cached)."""
+    def options(self, subcommand: str) -> dict[str, bool]:
+        """Flags of ``podman <subcommand>`` (long and short) -> whether they take a value.
+
+        Read from podman's --help once per podman binary and cached in the run root.
+        """
         binary = self.config.podman_bin
         resolved = binary if os.path.isabs(binary) else _which(binary, self.env)
         try:
@@ -156,44 +163,42 @@ class Podman:
             key = "unknown"
         cache = Path(self.config.run_root) / "podman-options" / f"{subcommand}-{key}.json"
         try:
-            return set(json.loads(cache.read_text()))
+            return json.loads(cache.read_text())
         except (OSError, ValueError):
             pass
-        text = self.run([binary, subcommand, "--help"]).stdout
-        options = parse_value_options(text)
+        table = parse_options(self.run(self.command(subcommand, "--help")).stdout)
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(sorted(options)))
+            tmp.write_text(json.dumps(table))
             os.replace(tmp, cache)
         except OSError:
             pass
-        return options
+        return table
 
 
 _HELP_LINE = re.compile(r"^\s+(?:(-\w), )?(--[\w-]+)( \S+)?(?:\s{2,}|$)")
 
 
-def parse_value_options(help_text: str) -> set[str]:
-    """Flags (short and long) that take a value, from podman's --help text."""
-    options: set[str] = set()
+def parse_options(help_text: str) -> dict[str, bool]:
+    """Flags (short and long) -> takes a value, from podman's --help text."""
+    options: dict[str, bool] = {}
     for line in help_text.splitlines():
         match = _HELP_LINE.match(line)
-        if match and match.group(3):
-            options.add(match.group(2))
-            if match.group(1):
-                options.add(match.group(1))
+        if match:
+            for flag in filter(None, (match.group(1), match.group(2))):
+                options[flag] = bool(match.group(3))
     return options
 
 
-def split_at_image(args: Sequence[str], value_options: Iterable[str],
+def split_at_image(args: Sequence[str], options: Mapping[str, bool],
                    flags: Iterable[str] = ()) -> tuple[list[str], str | None, list[str]]:
     """Split ``[options] IMAGE [COMMAND...]`` into (options, image, command).
 
-    ``flags`` are extra boolean flags (our module flags) to accept among
-    the options.
+    ``options`` is podman's option table; ``flags`` are extra boolean flags
+    (our module flags) accepted among the options.
     """
-    takes_value = set(value_options)
+    takes_value = {flag for flag, value in options.items() if value}
     booleans = set(flags)
     i = 0
     while i < len(args):
@@ -213,12 +218,32 @@ def split_at_image(args: Sequence[str], value_options: Iterable[str],
                 i += 2
                 continue
         i += 1
-    options = list(args[:i])
-    if options and options[-1] == "--":
-        options.pop()
+    before = list(args[:i])
+    if before and before[-1] == "--":
+        before.pop()
     if i >= len(args):
-        return options, None, []
-    return options, args[i], list(args[i + 1:])
+        return before, None, []
+    return before, args[i], list(args[i + 1:])
+
+
+def group_options(args: Sequence[str], options: Mapping[str, bool]) -> list[list[str]]:
+    """Options as groups: a flag with its value (``["-e", "X=1"]``, ``["-eX=1"]``, ``["-it"]``)."""
+    groups: list[list[str]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0]
+        if "=" not in arg and options.get(name) and i + 1 < len(args):
+            groups.append([arg, args[i + 1]])
+            i += 2
+        else:
+            groups.append([arg])
+            i += 1
+    return groups
+
+
+def flag_name(group: Sequence[str]) -> str:
+    return group[0].split("=", 1)[0]
 
 
 def error_message(stderr: str, argv: Sequence[str] = ()) -> str:

@@ -1,0 +1,328 @@
+"""Launching containers under Slurm: podman-exec ("shared-run") and per-process.
+
+``podman-hpc shared-run [options] IMAGE CMD...`` runs as every task of a
+job step. On each node, the first task to take the step's lock starts a
+*step monitor*: a small detached process that starts one container
+(``IMAGE`` + ``shared_run_command``) and listens on a unix socket in a
+per-step directory. Every task connects, waits for the monitor's "ready"
+(no polling of podman), then runs ``CMD`` in the container with ``podman
+exec``, with its own Slurm/PMI environment, and keeps the connection open
+until it exits. A connection closes when its task ends, however it ends
+(normal exit, failure, scancel's signals, a crash): when all the node's
+tasks have closed theirs, the monitor removes the container and the step
+directory. Names derive from the user, job, step and node, so steps, jobs,
+users and nodes sharing a host never collide.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import re
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .errors import EngineError
+from .podman import Podman, error_message, flag_name, group_options
+
+READY = b"ready\n"
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Where this task sits: its job step, node and rank on the node."""
+
+    job_id: str
+    step_id: str
+    node: str
+    local_id: int
+    tasks_on_node: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_id}.{self.step_id}.{self.node}"
+
+    def container_name(self, uid: int) -> str:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.key)
+        return f"podman-hpc-{uid}-{safe}"
+
+
+def tasks_per_node(value: str) -> list[int]:
+    """Slurm's compressed count list: "2(x3),1" -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for part in value.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            raise ValueError(value)
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def step_context(config, environ: Mapping[str, str]) -> StepContext:
+    """The task's place in its step, from the Slurm environment (a lone task outside Slurm)."""
+    job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    if not job:
+        return StepContext(f"pid{os.getpid()}", "0", socket.gethostname(), 0, 1)
+    step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or "0"
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    local_id = int(environ.get(config.localid_var) or 0)
+    raw = environ.get(config.tasks_per_node_var, "1")
+    try:
+        counts = tasks_per_node(raw)
+        node_index = int(environ.get("SLURM_NODEID") or 0)
+        count = counts[node_index] if node_index < len(counts) else counts[0]
+    except (ValueError, IndexError):
+        found = re.search(config.ntasks_pattern, raw)
+        count = int(found.group(0)) if found else 1
+    return StepContext(job, step, node, local_id, max(count, 1))
+
+
+@dataclass
+class Passthrough:
+    """How this task's PMI file descriptor reaches the container (podman-hpc's PMI_FD)."""
+
+    run_args: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    fds: tuple[int, ...] = ()
+
+
+def pmi_fd_passthrough(environ: Mapping[str, str]) -> Passthrough:
+    """Duplicate PMI_FD to fd 3 and have podman pass one extra descriptor."""
+    if "PMI_FD" not in environ:
+        return Passthrough()
+    fd = int(environ["PMI_FD"])
+    if fd != 3:
+        os.dup2(fd, 3)
+    os.set_inheritable(3, True)
+    env = dict(environ)
+    env["PMI_FD"] = "3"
+    return Passthrough(["--preserve-fds", "1"], env, (3,))
+
+
+# --- the task side -----------------------------------------------------------
+
+
+def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str], image: str,
+               command: Sequence[str], environ: Mapping[str, str]) -> int:
+    """Run ``command`` as this task inside the node's shared container; returns its exit code."""
+    config = podman.config
+    context = step_context(config, environ)
+    directory = Path(config.run_root) / "shared-run" / context.key
+    directory.mkdir(parents=True, exist_ok=True)
+    name = context.container_name(os.getuid())
+    run_options, exec_options = _split_options(podman, options)
+    start = podman.run_command([*run_options, "-d", "--name", name, image, *config.shared_run_command],
+                               module_args)
+    connection = _join_step(podman, directory, name, start, context)
+    try:
+        passthrough = pmi_fd_passthrough(environ)
+        argv = podman.command("exec", *passthrough.run_args, *config.shared_run_exec_args,
+                              *exec_options, name, *command)
+        env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
+        process = subprocess.Popen(argv, env=env, pass_fds=passthrough.fds)
+        _forward_signals(process)
+        return process.wait()
+    finally:
+        connection.close()
+
+
+def _split_options(podman: Podman, options: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The user's options for starting the container, and those that also apply to each exec."""
+    run_table = podman.options("run")
+    exec_table = podman.options("exec")
+    run_options: list[str] = []
+    exec_options: list[str] = []
+    for group in group_options(options, run_table):
+        name = flag_name(group)
+        if name in ("--rm", "-d", "--detach", "--name"):
+            continue  # the launcher decides these
+        if name in exec_table and name not in ("-d", "--detach", "--preserve-fds"):
+            exec_options += group
+        if name not in ("-i", "--interactive", "-t", "--tty"):
+            run_options += group
+    return run_options, exec_options
+
+
+def _join_step(podman: Podman, directory: Path, name: str, start: list[str],
+               context: StepContext) -> socket.socket:
+    """Connect to the node's step monitor (starting it if we are first) and wait until ready."""
+    config = podman.config
+    address = directory / "monitor.sock"
+    lock = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        connection = _connect(address)
+        if connection is None:
+            _start_monitor(podman, directory, address, name, start, context.tasks_on_node)
+            connection = _connect(address)
+    finally:
+        os.close(lock)
+    if connection is None:
+        raise EngineError(f"shared-run: the step monitor for {name} did not start")
+    connection.sendall(f"{context.local_id}\n".encode())
+    timeout = _scaled(config.wait_timeout, context.tasks_on_node) + 60
+    connection.settimeout(timeout)
+    try:
+        reply = connection.recv(4096)
+    except socket.timeout:
+        connection.close()
+        raise EngineError(f"shared-run: container {name} did not start within {timeout:.0f} s")
+    connection.settimeout(None)
+    if reply != READY:
+        connection.close()
+        message = reply.decode(errors="replace").strip().removeprefix("failed ") or "the step monitor exited"
+        raise EngineError(f"shared-run: cannot start container {name}: {message}")
+    return connection
+
+
+def _scaled(value: float, tasks: int) -> float:
+    """podman-hpc scales its wait by 1 + log2(tasks per node)."""
+    return value * (1 + math.log2(max(tasks, 1)))
+
+
+def _connect(address: Path) -> socket.socket | None:
+    if not address.exists():
+        return None
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(str(address))
+        return connection
+    except OSError:
+        connection.close()
+        address.unlink(missing_ok=True)  # a monitor that died: its socket is stale
+        return None
+
+
+def _forward_signals(process: subprocess.Popen) -> None:
+    def forward(signum, _frame):
+        try:
+            process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+        if signum == signal.SIGTERM:
+            raise SystemExit(128 + signum)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, forward)
+
+
+# --- the step monitor ----------------------------------------------------------
+
+
+def _start_monitor(podman: Podman, directory: Path, address: Path, name: str, start: list[str],
+                   tasks: int) -> None:
+    """Fork the detached monitor; return once its socket accepts connections."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address.unlink(missing_ok=True)
+    listener.bind(str(address))
+    listener.listen(max(64, tasks))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if os.fork() != 0:  # the grandchild is reparented: it outlives the task
+                os._exit(0)
+            # Let go of everything the task holds: Slurm's output pipes (srun
+            # waits for them), PMI_FD, the step lock.
+            devnull = os.open(os.devnull, os.O_RDWR)
+            log = os.open(directory / "monitor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(devnull, 0)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            keep = listener.fileno()
+            os.closerange(3, keep)
+            os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+            code = StepMonitor(podman, directory, listener, name, start, tasks).run()
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    listener.close()
+    os.waitpid(pid, 0)
+
+
+class StepMonitor:
+    """Owns the node's container for one step: starts it, counts tasks, removes it."""
+
+    def __init__(self, podman: Podman, directory: Path, listener: socket.socket, name: str,
+                 start: list[str], tasks: int):
+        self.podman = podman
+        self.directory = directory
+        self.listener = listener
+        self.name = name
+        self.start = start
+        self.tasks = tasks
+        self.selector = selectors.DefaultSelector()
+        self.finished = 0
+        self.state = b""
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        try:
+            self._remove_container()  # a stale one from a crashed step of the same name
+            result = self.podman.run(self.start, check=False)
+            if result.returncode == 0:
+                self.state = READY
+            else:
+                self.state = f"failed {error_message(result.stderr, self.start)}\n".encode()
+                print(self.state.decode(), end="", flush=True)
+            self._serve()
+        finally:
+            self._remove_container()
+            self.listener.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return 0 if self.state == READY else 1
+
+    def _send(self, connection: socket.socket) -> None:
+        try:
+            connection.sendall(self.state)
+        except OSError:
+            pass
+
+    def _serve(self) -> None:
+        """Until every task of the node has come and gone (or nobody is left and nobody comes)."""
+        idle_limit = max(self.podman.config.wait_timeout * 6, 60.0)
+        open_connections = 0
+        last_change = time.monotonic()
+        while self.finished < self.tasks:
+            timeout = None if open_connections else max(0.0, idle_limit - (time.monotonic() - last_change))
+            events = self.selector.select(timeout)
+            if not events and not open_connections:
+                print(f"no task connected for {idle_limit:.0f} s: removing {self.name}", flush=True)
+                return
+            for key, _ in events:
+                if key.fileobj is self.listener:
+                    try:
+                        connection, _ = self.listener.accept()
+                    except BlockingIOError:
+                        continue
+                    self.selector.register(connection, selectors.EVENT_READ)
+                    open_connections += 1
+                    self._send(connection)
+                else:
+                    connection = key.fileobj
+                    try:
+                        data = connection.recv(4096)
+                    except OSError:
+                        data = b""
+                    if not data:  # the task ended
+                        self.selector.unregister(connection)
+                        connection.close()
+                        open_connections -= 1
+                        self.finished += 1
+                        last_change = time.monotonic()
+            if self.state != READY and not open_connections:
+                return
+
+    def _remove_container(self) -> None:
+        self.podman.run(self.podman.command("rm", "--force", "--time", "0", self.name), check=False)

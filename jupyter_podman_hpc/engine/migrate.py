@@ -1,0 +1,121 @@
+"""Squashing ("migrating") a local image into the squashed store, and removing it.
+
+The image is flattened with the host's ``mksquashfs`` run inside ``podman
+unshare`` (so file ownership is recorded as the container sees it): a
+single-layer image straight from its layer directory, a multi-layer one
+from ``podman image mount``. No static binary inside the image is needed.
+The squash file is written under a temporary name and renamed; the store
+records are written last (see ``store``), under a per-image lock, so an
+interrupted migration leaves nothing visible and concurrent migrations of
+one image from several nodes produce one squash file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import EngineError, ImageNotFound, PodmanError
+from .podman import Podman
+from .progress import Progress, ProgressCallback, ignore
+from .store import GraphRoot, SquashStore, StoredImage
+
+SQUASHFS_MAGIC = b"hsqs"
+_PROGRESS = re.compile(rb"(\d+)/(\d+)\s+(\d+)%")
+
+
+@dataclass(frozen=True)
+class MigrateResult:
+    image: StoredImage
+    squashed: bool  # False when the store already had it
+
+
+def local_image(podman: Podman, ref: str) -> dict | None:
+    """``podman image inspect`` of ``ref`` in the node-local storage, or None."""
+    result = podman(["image", "inspect"], "--format", "json", ref, squashed=False, check=False)
+    if result.returncode != 0:
+        return None
+    found = json.loads(result.stdout or "null")
+    return found[0] if found else None
+
+
+def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> MigrateResult:
+    config = podman.config
+    store = SquashStore(config.squash_dir)
+    store.init()
+    inspected = local_image(podman, ref)
+    if inspected is None:
+        already = store.find(ref)
+        if already is not None:
+            return MigrateResult(already, squashed=False)
+        raise ImageNotFound(f"image {ref} not found in the local storage: pull or build it first")
+    image_id = inspected["Id"]
+    graph = GraphRoot(config.graph_root)
+    record = graph.image_record(image_id)
+    chain = graph.layer_chain(record["layer"])
+    link = graph.link(record["layer"])
+    names = list(record.get("names") or [])
+    with store.image_lock(image_id):
+        if store.has_complete(image_id):
+            progress(Progress("squash", f"{ref} is already squashed", 1, 1))
+            return MigrateResult(store.add_names(image_id, names), squashed=False)
+        squash = store.squash_path(link)
+        if not squash.is_file():
+            store.remove_stale_temporaries(link)
+            partial = squash.with_name(f".{squash.name}.{os.uname().nodename}.{os.getpid()}")
+            try:
+                _make_squash(podman, image_id, graph, chain, partial, progress)
+                os.replace(partial, squash)
+            finally:
+                partial.unlink(missing_ok=True)
+        store.write_skeleton(graph, image_id, chain)
+        stored = store.publish(record, chain)
+    progress(Progress("squash", f"squashed {ref}", 1, 1))
+    return MigrateResult(stored, squashed=True)
+
+
+def _make_squash(podman: Podman, image_id: str, graph: GraphRoot, chain: list[dict],
+                 output: Path, progress: ProgressCallback) -> None:
+    config = podman.config
+    mounted = len(chain) > 1
+    if mounted:
+        source = podman.run(podman.command("unshare", *podman.command(["image", "mount"], image_id,
+                                                                      squashed=False))).stdout.strip()
+    else:
+        source = str(graph.diff(chain[0]["id"]))
+    try:
+        argv = podman.command("unshare", config.mksquashfs_bin, source, str(output),
+                              *config.mksquashfs_args, "-noappend", "-progress")
+        _run_mksquashfs(podman, argv, progress)
+    finally:
+        if mounted:
+            podman.run(podman.command("unshare", *podman.command(["image", "unmount"], "--force", image_id,
+                                                                  squashed=False)), check=False)
+    with open(output, "rb") as squash_file:
+        if squash_file.read(4) != SQUASHFS_MAGIC:
+            raise EngineError(f"mksquashfs did not write a squashfs image to {output}")
+
+
+def _run_mksquashfs(podman: Podman, argv: list[str], progress: ProgressCallback) -> None:
+    """Run mksquashfs, turning its progress bar into events."""
+    process = podman.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    tail = b""
+    assert process.stdout is not None
+    while chunk := process.stdout.read1(4096):
+        tail = (tail + chunk)[-4096:]
+        for match in list(_PROGRESS.finditer(chunk))[-1:]:
+            progress(Progress("squash", "squashing", int(match.group(1)), int(match.group(2))))
+    if process.wait() != 0:
+        text = tail.decode(errors="replace").replace("\r", "\n")
+        lines = [line for line in text.splitlines() if line.strip()]
+        raise PodmanError(f"mksquashfs failed: {lines[-1] if lines else 'no output'}", process.returncode, text)
+
+
+def remove_squashed(podman: Podman, ref: str) -> tuple[StoredImage, bool]:
+    store = SquashStore(podman.config.squash_dir)
+    store.init()
+    return store.remove(ref)

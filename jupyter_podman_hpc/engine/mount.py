@@ -1,0 +1,203 @@
+"""podman-hpc-mount: the mount program podman runs for overlay mounts.
+
+podman calls ``podman-hpc-mount -o lowerdir=A:B,upperdir=U,workdir=W MERGED``
+(the ``mount_program`` storage option). For every lower directory ``X``
+with a squashed image file ``X.squash`` beside it, we mount that file on
+``X`` with ``squashfuse_ll`` (or ``squashfuse``), then hand the arguments
+to fuse-overlayfs. A small watcher forked off stays behind until the
+overlay is unmounted, then releases the squash mount; the last user of a
+squash mount on the node unmounts it, so containers from the same image can
+start and stop in any order.
+
+Environment knobs (as podman-hpc's fuse-overlayfs-wrap): FUSE_OVERLAYFS_BIN,
+SQUASHFUSE_BIN, LOG (a file to append diagnostics to).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import select
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _log(message: str) -> None:
+    target = os.environ.get("LOG")
+    if target:
+        with open(target, "a") as out:
+            out.write(f"[podman-hpc-mount {os.getpid()}] {message}\n")
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], str]:
+    """(the -o option strings, the mount point) of a fuse-overlayfs command line."""
+    options: list[str] = []
+    positional: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "-o" and i + 1 < len(argv):
+            options.append(argv[i + 1])
+            i += 2
+            continue
+        if argv[i].startswith("-o") and len(argv[i]) > 2:
+            options.append(argv[i][2:])
+        elif not argv[i].startswith("-"):
+            positional.append(argv[i])
+        i += 1
+    if not positional:
+        raise SystemExit("podman-hpc-mount: no mount point given")
+    return options, positional[-1]
+
+
+def lower_dirs(options: list[str]) -> list[str]:
+    for option in options:
+        for item in option.split(","):
+            if item.startswith("lowerdir="):
+                return [d for d in item[len("lowerdir="):].split(":") if d]
+    return []
+
+
+def mounted_targets() -> set[str]:
+    targets = set()
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            # the mount point is field 5; spaces and the like are octal-escaped
+            targets.add(line.split()[4].encode().decode("unicode_escape"))
+    return targets
+
+
+def squashfuse() -> str:
+    configured = os.environ.get("SQUASHFUSE_BIN")
+    if configured:
+        return configured
+    return shutil.which("squashfuse_ll") or shutil.which("squashfuse") or "squashfuse"
+
+
+class SquashMount:
+    """One squash file mounted on its lower directory, shared by reference.
+
+    Users hold a shared flock on ``<state>/<key>.ref`` for as long as their
+    overlay exists; mounting and unmounting happen under ``<state>/<key>.mutex``.
+    """
+
+    def __init__(self, squash: Path, target: Path, state_dir: Path):
+        self.squash = squash
+        self.target = Path(os.path.realpath(target))
+        key = hashlib.sha256(str(self.target).encode()).hexdigest()[:32]
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.mutex_path = state_dir / f"{key}.mutex"
+        self.ref_path = state_dir / f"{key}.ref"
+        self.ref_fd: int | None = None
+
+    def _mutex(self) -> int:
+        fd = os.open(self.mutex_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def acquire(self) -> None:
+        mutex = self._mutex()
+        try:
+            self.ref_fd = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self.ref_fd, fcntl.LOCK_SH)
+            if str(self.target) not in mounted_targets():
+                _log(f"mount {self.squash} on {self.target}")
+                result = subprocess.run([squashfuse(), str(self.squash), str(self.target)],
+                                        capture_output=True, text=True)
+                if result.returncode != 0:
+                    self._drop_ref()
+                    raise SystemExit(f"podman-hpc-mount: cannot mount {self.squash}: "
+                                     f"{(result.stderr or result.stdout).strip()}")
+        finally:
+            os.close(mutex)
+
+    def _drop_ref(self) -> None:
+        if self.ref_fd is not None:
+            os.close(self.ref_fd)
+            self.ref_fd = None
+
+    def release(self) -> None:
+        """Drop our reference; unmount when nobody else holds one."""
+        mutex = self._mutex()
+        try:
+            self._drop_ref()
+            probe = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # another container still uses it
+            finally:
+                os.close(probe)
+            if str(self.target) in mounted_targets():
+                _log(f"unmount {self.target}")
+                _umount(str(self.target))
+        finally:
+            os.close(mutex)
+
+
+def _umount(target: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(target.encode(), 0) != 0:
+        # still busy (a process is leaving): detach it, the kernel finishes later
+        libc.umount2(target.encode(), 2)  # MNT_DETACH
+
+
+def wait_for_unmount(target: str) -> None:
+    """Block until ``target`` is no longer a mount point (mount table changes wake us)."""
+    with open("/proc/self/mountinfo") as mountinfo:
+        poller = select.poll()
+        poller.register(mountinfo, select.POLLPRI | select.POLLERR)
+        while target in mounted_targets():
+            poller.poll()
+            mountinfo.seek(0)
+            mountinfo.read()
+
+
+def _detach() -> bool:
+    """Fork a watcher; True in the watcher, False in the parent (which then exits)."""
+    if os.fork() != 0:
+        return False
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options, merged = parse_args(argv)
+    merged = os.path.realpath(merged)
+    # <graph root>/overlay/<layer>/merged: keep the reference counts beside the graph root.
+    state_dir = Path(merged).parents[2] / "squash-mounts"
+    mounts = []
+    for lower in lower_dirs(options):
+        path = Path(lower) if os.path.isabs(lower) else Path.cwd() / lower
+        squash = Path(f"{path}.squash")
+        if squash.is_file():
+            mount = SquashMount(squash, path, state_dir)
+            mount.acquire()
+            mounts.append(mount)
+    overlay = os.environ.get("FUSE_OVERLAYFS_BIN") or shutil.which("fuse-overlayfs") or "/usr/bin/fuse-overlayfs"
+    _log(f"{overlay} {' '.join(argv)}")
+    code = subprocess.run([overlay, *argv]).returncode
+    if code != 0 or not mounts:
+        for mount in mounts:
+            mount.release()
+        return code
+    os.chmod(merged, 0o755)
+    if _detach():
+        try:
+            wait_for_unmount(merged)
+        finally:
+            for mount in mounts:
+                mount.release()
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Progress events of long engine operations (pull, build, squash, job wait).
+
+Engine functions take an optional ``progress`` callback; the CLI renders the
+events as a terminal bar, the magics as widgets, the server as an event stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+
+@dataclass(frozen=True)
+class Progress:
+    stage: str                  # "pull", "squash", "build", "job", ...
+    message: str = ""           # a human-readable line: a build step, a layer, a state
+    current: Optional[int] = None
+    total: Optional[int] = None
+    item: str = ""              # what ``current``/``total`` count for: a layer digest, a step
+    log: str = ""               # a raw output line, when there is one
+
+    @property
+    def fraction(self) -> Optional[float]:
+        if self.current is None or not self.total:
+            return None
+        return min(1.0, self.current / self.total)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+def ignore(_: Progress) -> None:
+    """The default callback."""

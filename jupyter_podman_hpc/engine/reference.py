@@ -1,0 +1,80 @@
+"""Image references: parsing, validation and the names podman may store them under."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidReference
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+_REFERENCE = re.compile(
+    rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
+)
+_IMAGE_ID = re.compile(r"^(?:sha256:)?[a-f0-9]{3,64}$")
+
+
+@dataclass(frozen=True)
+class Reference:
+    domain: str
+    path: str
+    tag: str
+    digest: str
+
+    @property
+    def name(self) -> str:
+        """The fully qualified name with tag (podman's stored form)."""
+        text = f"{self.domain}/{self.path}"
+        if self.digest:
+            return f"{text}@{self.digest}"
+        return f"{text}:{self.tag or 'latest'}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse(text: str) -> Reference:
+    """Parse a reference; short names get podman's ``localhost/`` domain."""
+    if not isinstance(text, str) or not text or len(text) > 512 or text != text.strip():
+        raise InvalidReference(f"invalid image reference {text!r}")
+    match = _REFERENCE.match(text)
+    if not match:
+        raise InvalidReference(f"invalid image reference {text!r}: use [registry/]name[:tag][@digest]")
+    domain = match.group("domain")
+    path = match.group("path")
+    if domain and "." not in domain and ":" not in domain and domain != "localhost":
+        # "user/image": the first part is a path component, not a registry
+        if not re.fullmatch(_COMPONENT, domain):
+            raise InvalidReference(f"invalid image reference {text!r}: names are lower case")
+        path, domain = f"{domain}/{path}", None
+    return Reference(domain or "localhost", path, match.group("tag") or "", match.group("digest") or "")
+
+
+def is_image_id(text: str) -> bool:
+    return bool(_IMAGE_ID.match(text))
+
+
+def validate(text: str) -> str:
+    """``text`` if it is a valid reference or image id, else InvalidReference."""
+    if is_image_id(text):
+        return text
+    parse(text)
+    return text
+
+
+def candidate_names(text: str) -> list[str]:
+    """Names under which a store may hold ``text`` (as podman-hpc resolves them)."""
+    if ":" not in text.rsplit("/", 1)[-1] and "@" not in text:
+        text = f"{text}:latest"
+    names = [text]
+    first = text.split("/", 1)[0]
+    has_domain = "/" in text and ("." in first or ":" in first or first == "localhost")
+    if not has_domain:
+        names += [f"localhost/{text}", f"docker.io/{text}"]
+        if "/" not in text:
+            names.append(f"docker.io/library/{text}")
+    elif first == "docker.io" and text.count("/") == 1:
+        names.append(f"docker.io/library/{text.split('/', 1)[1]}")
+    return names

@@ -1,0 +1,63 @@
+"""The podman command builder and option parsing (no podman needed)."""
+
+from jupyter_podman_hpc.engine.config import load_config
+from jupyter_podman_hpc.engine.podman import Podman, group_options, parse_options, split_at_image
+
+HELP = """\
+Options:
+  -a, --attach strings        Attach to STDIN, STDOUT or STDERR
+  -d, --detach                Run container in background
+  -e, --env stringArray       Set environment variables in container
+      --env-host              Use all current host environment variables in container
+  -i, --interactive           Keep STDIN open even if not attached
+      --rm                    Remove container after exit
+  -t, --tty                   Allocate a pseudo-TTY
+  -v, --volume stringArray    Bind mount a volume
+  -w, --workdir string        Working directory inside the container
+"""
+
+
+def test_parse_options_knows_which_flags_take_values():
+    table = parse_options(HELP)
+    assert table["-e"] and table["--env"] and table["-w"] and table["--attach"]
+    assert not table["--rm"] and not table["-i"] and not table["--env-host"]
+
+
+def test_split_at_image_finds_the_image_after_options():
+    table = parse_options(HELP)
+    options, image, command = split_at_image(
+        ["-e", "A=1", "--rm", "-it", "--gpu", "-v", "/a:/b", "--env=B=2", "img:1", "ls", "-e", "x"],
+        table, flags=["--gpu"])
+    assert options == ["-e", "A=1", "--rm", "-it", "--gpu", "-v", "/a:/b", "--env=B=2"]
+    assert image == "img:1" and command == ["ls", "-e", "x"]
+    assert split_at_image(["--rm"], table) == (["--rm"], None, [])
+
+
+def test_group_options_pairs_flags_with_values():
+    assert group_options(["-e", "A=1", "--rm", "-w/x", "--env=B"], parse_options(HELP)) == \
+        [["-e", "A=1"], ["--rm"], ["-w/x"], ["--env=B"]]
+
+
+def test_commands_carry_the_hpc_storage_settings():
+    config = load_config({"SQUASH_DIR": "/sq", "PODMANHPC_ADDITIONAL_STORES": "/extra"})
+    podman = Podman(config, {})
+    run = podman.command("run", "--rm", "img")
+    assert run[:5] == ["podman", "--root", config.graph_root, "--runroot", config.run_root]
+    assert "additionalimagestore=/sq,/extra" in run and "ignore_chown_errors=true" in run
+    assert f"mount_program={config.mount_program}" in run
+    pull = podman.command("pull", "img")
+    assert not any(a.startswith("additionalimagestore") for a in pull)  # writes never see the store
+    assert not any(a.startswith("additionalimagestore") for a in podman.command(["system", "reset"]))
+    assert any(a.startswith("additionalimagestore") for a in podman.command(["system", "service"]))
+
+
+def test_run_defaults_include_the_hook_annotation_and_modules_dir():
+    config = load_config({})
+    defaults = Podman(config, {}).run_defaults()
+    assert "podman_hpc.hook_tool=true" in defaults
+    assert f"PODMANHPC_MODULES_DIR={config.modules_dir}" in defaults
+
+
+def test_without_default_args_only_user_settings_remain():
+    config = load_config({"PODMANHPC_USE_DEFAULT_ARGS": "false"})
+    assert "--root" not in Podman(config, {}).command("run", "img")
