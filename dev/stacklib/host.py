@@ -21,6 +21,9 @@ PACKAGES = [
     # registry, base image, browser tests, build tools
     "docker-registry", "debootstrap", "chromium", "python3-venv", "python3-dev",
     "gcc", "libc6-dev", "iproute2", "procps", "psmisc", "curl",
+    # the podman-hpc 1.2.2 peer: its fuse-overlayfs-wrap waits with inotifywait;
+    # a static mksquashfs is built from a Debian source package
+    "inotify-tools", "make", "dpkg-dev", "xz-utils", "liblz4-dev", "zlib1g-dev",
 ]
 
 # podman reads drop-ins from here; our file only says what this host needs.

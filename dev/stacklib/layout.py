@@ -42,6 +42,17 @@ BASE_ROOTFS = CACHE / f"base-rootfs-{BASE_ROOTFS_KEY}.tar"
 
 BIND_SHIM = LIB / "bind_loopback.so"
 
+# podman-hpc 1.2.2, the upstream tool, run side by side with ours (peer.py).
+PEER_VERSION = "1.2.2"
+PEER_VENV = STATE / "peer-venv"
+PEER_BIN = PEER_VENV / "bin" / "podman-hpc"
+PEER_DIR = STATE / "peer"
+PEER_CONFIG = PEER_DIR / "podman_hpc.yaml"
+PEER_HOOKS_DIR = PEER_DIR / "hooks.d"
+# Its migrate runs a static mksquashfs inside the image, with an option 4.6 added.
+MKSQUASHFS_VERSION = "4.6.1"
+MKSQUASHFS_STATIC = CACHE / f"mksquashfs-{MKSQUASHFS_VERSION}.static"
+
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
