@@ -1,3 +1,17 @@
 """jupyter-podman-hpc: podman-hpc's engine, and its Jupyter fronts."""
 
 __version__ = "0.1.0"
+
+
+# Jupyter's entry points. They only name modules: importing the package must
+# stay cheap and must not need Jupyter (the engine runs on compute nodes).
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """The built JupyterLab extension (for `jupyter labextension develop`)."""
+    return [{"src": "labextension", "dest": "jupyter-podman-hpc"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """The server extension that the installed jupyter_server config enables."""
+    return [{"module": "jupyter_podman_hpc.server"}]
