@@ -16,6 +16,7 @@ class Stack:
     user: str
     registry: str
     base_image: str
+    tiny_image: str
     scratch: Path
     slurm_conf: Path
     partition: str
@@ -29,6 +30,7 @@ class Stack:
                 user=os.environ["STACK_USER"],
                 registry=os.environ["STACK_REGISTRY"],
                 base_image=os.environ["STACK_BASE_IMAGE"],
+                tiny_image=os.environ["STACK_TINY_IMAGE"],
                 scratch=Path(os.environ["STACK_SCRATCH"]),
                 slurm_conf=Path(os.environ["SLURM_CONF"]),
                 partition=os.environ["STACK_PARTITION"],

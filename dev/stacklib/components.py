@@ -50,7 +50,11 @@ def env() -> dict[str, str]:
         "STACK_VENV": str(layout.VENV),
         "STACK_REGISTRY": layout.REGISTRY,
         "STACK_BASE_IMAGE": layout.BASE_IMAGE,
+        "STACK_TINY_IMAGE": layout.TINY_IMAGE,
         "STACK_SCRATCH": str(layout.SCRATCH),
+        # As at NERSC: the user's directory on the shared scratch file system;
+        # podman-hpc's squashed store defaults to $SCRATCH/storage.
+        "SCRATCH": str(layout.SCRATCH / layout.USER),
         "STACK_NODES": " ".join(layout.NODES),
         "STACK_PARTITION": layout.PARTITION,
         "STACK_LOG": str(layout.LOG),

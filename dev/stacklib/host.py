@@ -19,7 +19,7 @@ PACKAGES = [
     # MPI
     "openmpi-bin", "libopenmpi-dev", "libpmix-dev", "python3-mpi4py",
     # registry, base image, browser tests, build tools
-    "docker-registry", "debootstrap", "chromium", "python3-venv", "python3-dev",
+    "docker-registry", "debootstrap", "busybox-static", "chromium", "python3-venv", "python3-dev",
     "gcc", "libc6-dev", "iproute2", "procps", "psmisc", "curl",
     # the podman-hpc 1.2.2 peer: its fuse-overlayfs-wrap waits with inotifywait;
     # a static mksquashfs is built from a Debian source package
@@ -190,6 +190,10 @@ def scratch() -> None:
     user_dir = layout.SCRATCH / layout.USER
     user_dir.mkdir(exist_ok=True)
     os.chown(user_dir, entry.pw_uid, entry.pw_gid)
+    # Screenshots and logs the tests leave for people to look at.
+    artifacts = layout.CHECKOUT / "tests" / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    os.chown(artifacts, entry.pw_uid, entry.pw_gid)
 
 
 def which(program: str) -> str:

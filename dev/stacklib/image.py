@@ -15,9 +15,6 @@ from .host import user_env
 from .proc import as_user, run, say
 from .registry import answers
 
-PUSHED_KEY = layout.STATE / "base-image.pushed"
-
-
 def apt_mirror() -> tuple[str, str]:
     """The Debian mirror and suite apt already uses on this machine."""
     sources = Path("/etc/apt/sources.list.d/debian.sources")
@@ -64,18 +61,24 @@ def build_rootfs() -> None:
     shutil.rmtree(root)
 
 
-def pushed() -> bool:
-    repo, tag = layout.BASE_IMAGE.split("/", 1)[1].rsplit(":", 1)
-    return PUSHED_KEY.exists() and PUSHED_KEY.read_text().strip() == layout.BASE_ROOTFS_KEY \
-        and answers(f"/v2/{repo}/manifests/{tag}", method="HEAD")
+def _in_registry(reference: str) -> bool:
+    repo, tag = reference.split("/", 1)[1].rsplit(":", 1)
+    return answers(f"/v2/{repo}/manifests/{tag}", method="HEAD")
 
 
-def up() -> None:
-    if pushed():
-        return
-    build_rootfs()
-    say(f"importing and pushing {layout.BASE_IMAGE}")
-    layout.BASE_ROOTFS.chmod(0o644)
+def _pushed_key(name: str) -> Path:
+    return layout.STATE / f"{name}.pushed"
+
+
+def pushed(name: str, reference: str, key: str) -> bool:
+    marker = _pushed_key(name)
+    return marker.exists() and marker.read_text().strip() == key and _in_registry(reference)
+
+
+def import_and_push(name: str, rootfs: Path, reference: str, key: str) -> None:
+    """Import a root filesystem tarball as the stack user and push it to the registry."""
+    say(f"importing and pushing {reference}")
+    rootfs.chmod(0o644)
     layout.CACHE.chmod(0o755)
     # A throwaway storage, so the user's own podman storage stays untouched.
     storage = Path(tempfile.mkdtemp(prefix="jph-import-"))
@@ -83,14 +86,44 @@ def up() -> None:
     podman = ["podman", "--root", f"{storage}/root", "--runroot", f"{storage}/run"]
     env = user_env()
     try:
-        run(as_user(layout.USER, [*podman, "import", "--change", "CMD=/bin/bash",
-                                  str(layout.BASE_ROOTFS), layout.BASE_IMAGE], env), cwd="/")
-        run(as_user(layout.USER, [*podman, "push", layout.BASE_IMAGE], env), cwd="/")
+        run(as_user(layout.USER, [*podman, "import", "--change", "CMD=/bin/sh",
+                                  str(rootfs), reference], env), cwd="/")
+        run(as_user(layout.USER, [*podman, "push", reference], env), cwd="/")
     finally:
         run(as_user(layout.USER, ["podman", "unshare", "rm", "-rf", str(storage)], env), check=False, cwd="/")
         shutil.rmtree(storage, ignore_errors=True)
-    PUSHED_KEY.write_text(layout.BASE_ROOTFS_KEY + "\n")
+    _pushed_key(name).write_text(key + "\n")
+
+
+def build_tiny_rootfs() -> None:
+    """A few-MB image (busybox) for tests of store mechanics, where size only costs time."""
+    if layout.TINY_ROOTFS.exists():
+        return
+    root = layout.CACHE / "tiny.build"
+    shutil.rmtree(root, ignore_errors=True)
+    for directory in ("bin", "etc", "tmp", "proc", "sys", "dev", "root"):
+        (root / directory).mkdir(parents=True)
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    for applet in ("sh", "cat", "echo", "ls", "sleep", "true", "false", "test", "rm", "mkdir",
+                   "touch", "id", "env", "head", "stat", "readlink", "grep", "wc", "uname", "hostname"):
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc" / "os-release").write_text('NAME="jph tiny"\nID=tiny\nVERSION_CODENAME=tiny\n')
+    (root / "tmp").chmod(0o1777)
+    partial = layout.TINY_ROOTFS.with_suffix(".partial")
+    run(["tar", "--numeric-owner", "--owner=0", "--group=0", "-C", str(root), "-cf", str(partial), "."])
+    partial.replace(layout.TINY_ROOTFS)
+    shutil.rmtree(root)
+
+
+def up() -> None:
+    if not pushed("base-image", layout.BASE_IMAGE, layout.BASE_ROOTFS_KEY):
+        build_rootfs()
+        import_and_push("base-image", layout.BASE_ROOTFS, layout.BASE_IMAGE, layout.BASE_ROOTFS_KEY)
+    if not pushed("tiny-image", layout.TINY_IMAGE, layout.TINY_ROOTFS_KEY):
+        build_tiny_rootfs()
+        import_and_push("tiny-image", layout.TINY_ROOTFS, layout.TINY_IMAGE, layout.TINY_ROOTFS_KEY)
 
 
 def status() -> dict[str, bool]:
-    return {"base image": pushed()}
+    return {"base image": pushed("base-image", layout.BASE_IMAGE, layout.BASE_ROOTFS_KEY),
+            "tiny image": pushed("tiny-image", layout.TINY_IMAGE, layout.TINY_ROOTFS_KEY)}

@@ -40,6 +40,11 @@ BASE_PACKAGES = ["python3-ipykernel", "openmpi-bin", "python3-mpi4py", "procps"]
 BASE_ROOTFS_KEY = "v1"
 BASE_ROOTFS = CACHE / f"base-rootfs-{BASE_ROOTFS_KEY}.tar"
 
+# A busybox image of a few MB, for tests where the image's content does not matter.
+TINY_IMAGE = f"{REGISTRY}/jph/tiny:latest"
+TINY_ROOTFS_KEY = "v1"
+TINY_ROOTFS = CACHE / f"tiny-rootfs-{TINY_ROOTFS_KEY}.tar"
+
 BIND_SHIM = LIB / "bind_loopback.so"
 
 # podman-hpc 1.2.2, the upstream tool, run side by side with ours (peer.py).

@@ -1,0 +1,114 @@
+"""Fixtures for tests on the real stack: podman-hpc with private storage per test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Stack, run
+
+
+@dataclass
+class Hpc:
+    """podman-hpc as the stack user, with a graph root of its own on every node
+    (a fresh "compute node") and its own squashed store on the shared scratch."""
+
+    stack: Stack
+    env: dict[str, str]
+    squash_dir: Path
+    work: Path
+
+    def __call__(self, *args, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+        return run(["podman-hpc", *map(str, args)], env=self.env, check=check, timeout=timeout, **kwargs)
+
+    def srun(self, *args, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+        return run(["srun", *map(str, args)], env=self.env, check=check, timeout=timeout, **kwargs)
+
+    def on_each_node(self, *command, check: bool = True) -> dict[str, str]:
+        """Run a command once on every node; its output by node name."""
+        result = self.srun(f"-N{len(self.stack.nodes)}", "--ntasks-per-node=1", "--label",
+                           "sh", "-c", 'echo "@$SLURMD_NODENAME"; exec "$@"', "sh", *command, check=check)
+        outputs: dict[str, list[str]] = {}
+        by_task: dict[str, list[str]] = {}
+        for line in result.stdout.splitlines():
+            task, _, text = line.partition(": ")
+            by_task.setdefault(task.strip(), []).append(text)
+        for lines in by_task.values():
+            outputs[lines[0].lstrip("@")] = lines[1:]
+        return {node: "\n".join(lines) for node, lines in outputs.items()}
+
+    def wipe_local_storage(self) -> None:
+        """Forget every node-local image on the login side, as on a fresh node.
+
+        Not `podman system reset`: it also deletes podman's runtime directory,
+        which every podman call of the user on the node shares.
+        """
+        self("rmi", "--all", "--force")
+
+    def mounts(self) -> list[str]:
+        """squashfuse and fuse-overlayfs mounts in podman's namespace on the login side."""
+        text = self("unshare", "cat", "/proc/self/mountinfo").stdout
+        return [line for line in text.splitlines() if "squashfuse" in line or "fuse-overlayfs" in line]
+
+
+def make_hpc(stack: Stack, name: str) -> Hpc:
+    key = uuid.uuid4().hex[:8]
+    uid = os.getuid()
+    work = stack.work_dir(name)
+    squash_dir = work / "squash"
+    env = {
+        **os.environ,
+        "PODMANHPC_GRAPH_ROOT": f"/tmp/{uid}_t{key}/storage",
+        "PODMANHPC_RUN_ROOT": f"/tmp/{uid}_t{key}",
+        "PODMANHPC_CONFIG_HOME": f"/tmp/{uid}_t{key}/config",
+        "SQUASH_DIR": str(squash_dir),
+    }
+    return Hpc(stack, env, squash_dir, work)
+
+
+def cleanup_hpc(hpc: Hpc) -> None:
+    """Remove the test's containers, storage and squashed store on the login side and every node."""
+    root = hpc.env["PODMANHPC_RUN_ROOT"]
+    # Plain `podman unshare` (podman's default storage, not the test's) joins the
+    # namespace where the test storage's mounts live, without re-creating it.
+    script = 'podman-hpc rm --all --force --time 0 >/dev/null 2>&1; ' \
+             'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1"\' sh "$1"'
+    run(["sh", "-c", script, "sh", root], env=hpc.env, check=False)
+    hpc.srun(f"-N{len(hpc.stack.nodes)}", "--ntasks-per-node=1", "sh", "-c", script, "sh", root, check=False)
+    shutil.rmtree(hpc.work, ignore_errors=True)
+
+
+@pytest.fixture
+def hpc(stack):
+    instance = make_hpc(stack, "hpc")
+    yield instance
+    cleanup_hpc(instance)
+
+
+def _squashed(stack, image):
+    instance = make_hpc(stack, "squashed")
+    instance("pull", image)
+    instance.wipe_local_storage()
+    return instance
+
+
+@pytest.fixture(scope="session")
+def squashed_base(stack):
+    """A squashed store holding the base image; no node has it locally."""
+    instance = _squashed(stack, stack.base_image)
+    yield instance
+    cleanup_hpc(instance)
+
+
+@pytest.fixture(scope="session")
+def squashed_tiny(stack):
+    """A squashed store holding the tiny busybox image; no node has it locally."""
+    instance = _squashed(stack, stack.tiny_image)
+    yield instance
+    cleanup_hpc(instance)
