@@ -15,7 +15,7 @@ from typing import Sequence, TextIO
 from . import __version__
 from .engine import EngineError, load_config
 from .engine.images import list_images, pull
-from .engine.launcher import pmi_fd_passthrough, shared_run
+from .engine.launcher import pmi_fd_passthrough, shared_run, step_env_args
 from .engine.migrate import migrate, remove_squashed
 from .engine.modules import ModuleSet
 from .engine.podman import Podman, split_at_image
@@ -198,7 +198,8 @@ class Cli:
         if shared or any(module.shared_run for module in chosen):
             return shared_run(self.podman, options, module_args, image, command, self.environ)
         passthrough = pmi_fd_passthrough(self.environ)
-        argv = self.podman.run_command([*passthrough.run_args, *options, image, *command], module_args)
+        step_env = step_env_args(self.config, self.environ)
+        argv = self.podman.run_command([*passthrough.run_args, *step_env, *options, image, *command], module_args)
         return self.exec(argv, passthrough.env)
 
     def _parse_run(self, args: list[str]):

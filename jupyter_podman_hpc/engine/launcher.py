@@ -107,6 +107,14 @@ def pmi_fd_passthrough(environ: Mapping[str, str]) -> Passthrough:
     return Passthrough(["--preserve-fds", "1"], env, (3,))
 
 
+def step_env_args(config, environ: Mapping[str, str]) -> list[str]:
+    """In a Slurm step, a per-process container gets the task's Slurm/PMI environment
+    (the same ``shared_run_exec_args`` patterns podman-exec mode passes to each exec)."""
+    if environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"):
+        return list(config.shared_run_exec_args)
+    return []
+
+
 # --- the task side -----------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,3 +113,54 @@ def squashed_tiny(stack):
     instance = _squashed(stack, stack.tiny_image)
     yield instance
     cleanup_hpc(instance)
+
+
+# --- podman-hpc 1.2.2, the upstream tool, as a peer -------------------------------
+
+
+@dataclass(frozen=True)
+class Peer:
+    bin: Path
+    config: Path
+    venv: Path
+
+
+@pytest.fixture(scope="module")
+def peer(stack) -> Peer:
+    try:
+        found = Peer(
+            bin=Path(os.environ["STACK_PEER_BIN"]),
+            config=Path(os.environ["STACK_PEER_CONFIG"]),
+            venv=Path(os.environ["STACK_PEER_VENV"]),
+        )
+    except KeyError:
+        message = "the stack does not export the podman-hpc 1.2.2 peer (STACK_PEER_*): run `dev/stack up`"
+        if os.environ.get("STACK_REQUIRED"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture
+def peer_home():
+    """Private graph root, run root and config home for the peer.
+
+    Its defaults (/tmp/<uid>_hpc/...) are shared with every other podman-hpc
+    call of the user; files in it belong to subordinate uids, hence the
+    removal through `podman unshare`.
+    """
+    path = Path(tempfile.mkdtemp(prefix="peer-"))
+    yield path
+    run(["podman", "unshare", "rm", "-rf", str(path)], check=False)
+
+
+def peer_env(peer: Peer, home: Path) -> dict[str, str]:
+    """podman-hpc 1.2.2 needs fuse-overlayfs-wrap, podman and runc on PATH."""
+    return {
+        **os.environ,
+        "PATH": f"{peer.venv / 'bin'}:{os.environ['PATH']}:/usr/bin:/usr/sbin",
+        "PODMANHPC_CONFIG_FILE": str(peer.config),
+        "PODMANHPC_GRAPH_ROOT": str(home / "storage"),
+        "PODMANHPC_RUN_ROOT": str(home / "run"),
+        "PODMANHPC_CONFIG_HOME": str(home / "config"),
+    }

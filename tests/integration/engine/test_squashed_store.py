@@ -103,6 +103,7 @@ FROM {stack.tiny_image}
 RUN head -c 80000000 /dev/urandom > /blob
 RUN echo done > /done
 """)
+    interrupted = 0
     for delay in (0.2, 0.5, 0.9, 1.4, 2.0, 3.0):
         process = subprocess.Popen(["podman-hpc", "migrate", tag], env=hpc.env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -113,10 +114,12 @@ RUN echo done > /done
         if tag in names:  # it finished before the kill: then it must be whole
             assert all(Path(f).stat().st_size > 0 for f in squash_files(hpc))
             break
+        interrupted += 1
         assert hpc("images").returncode == 0
         assert "tiny" in hpc("run", "--rm", stack.tiny_image, "cat", "/etc/os-release").stdout
         hpc("unshare", "podman", "--root", hpc.env["PODMANHPC_GRAPH_ROOT"], "--runroot",
             hpc.env["PODMANHPC_RUN_ROOT"], "image", "unmount", "--all", "--force", check=False)
+    assert interrupted >= 3, "the kills came too late to interrupt the migration"
     hpc("migrate", tag)
     hpc.wipe_local_storage()
     assert hpc("run", "--rm", tag, "cat", "/done").stdout.strip() == "done"

@@ -1,0 +1,110 @@
+"""The node-level launcher on the 4-node cluster: podman-exec (shared-run) and per-process."""
+
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import run
+
+# Each rank prints its rank, its node, the container it runs in (its pid namespace and
+# the start time of that namespace's pid 1: namespace numbers alone are reused) and the OS.
+REPORT = ('echo "$SLURM_PROCID $SLURMD_NODENAME $(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat) '
+          '$(grep ^ID= /etc/os-release)"')
+
+
+def reports(result):
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip()]
+    return {int(rank): (node, pidns, os_id) for rank, node, pidns, os_id in rows}
+
+
+def leftovers(hpc):
+    """Per node: containers, step directories and fuse mounts that remain."""
+    script = ('podman-hpc ps -a --format "container {{.Names}}"; '
+              'ls "$PODMANHPC_RUN_ROOT/shared-run" 2>/dev/null | sed "s/^/stepdir /"; '
+              'podman unshare cat /proc/self/mountinfo | grep -E "squashfuse|fuse-overlayfs" | sed "s/^/mount /"; true')
+    return {node: text for node, text in hpc.on_each_node("sh", "-c", script).items() if text.strip()}
+
+
+def test_podman_exec_runs_one_container_per_node(squashed_tiny, stack):
+    hpc = squashed_tiny
+    result = hpc.srun("-N4", "-n8", "podman-hpc", "shared-run", stack.tiny_image, "sh", "-c", REPORT)
+    ranks = reports(result)
+    assert sorted(ranks) == list(range(8))
+    assert {os_id for _, _, os_id in ranks.values()} == {"ID=tiny"}  # inside the image
+    per_node = {}
+    for node, pidns, _ in ranks.values():
+        per_node.setdefault(node, set()).add(pidns)
+    assert sorted(per_node) == list(stack.nodes)
+    assert all(len(namespaces) == 1 for namespaces in per_node.values())  # one container a node
+    assert len({pidns for _, pidns, _ in ranks.values()}) == 4
+    assert leftovers(hpc) == {}
+
+
+def test_per_process_mode_runs_one_container_per_rank(squashed_tiny, stack):
+    hpc = squashed_tiny
+    result = hpc.srun("-N4", "-n8", "podman-hpc", "run", "--rm", stack.tiny_image, "sh", "-c", REPORT)
+    ranks = reports(result)
+    assert sorted(ranks) == list(range(8))
+    assert len({pidns for _, pidns, _ in ranks.values()}) == 8
+    assert leftovers(hpc) == {}
+
+
+def test_a_failing_rank_fails_the_step_with_its_code_and_nobody_hangs(squashed_tiny, stack):
+    hpc = squashed_tiny
+    command = 'if [ "$SLURM_PROCID" = 5 ]; then exit 7; fi; sleep 2'
+    result = hpc.srun("-N4", "-n8", "podman-hpc", "shared-run", stack.tiny_image, "sh", "-c", command,
+                      check=False, timeout=120)
+    assert result.returncode == 7
+    crashed = hpc.srun("-N4", "-n8", "podman-hpc", "shared-run", stack.tiny_image, "sh", "-c",
+                       'if [ "$SLURM_PROCID" = 2 ]; then kill -9 $$; fi; sleep 2', check=False, timeout=120)
+    assert crashed.returncode == 137
+    assert leftovers(hpc) == {}
+
+
+def test_steps_and_a_stale_container_never_share_a_name(squashed_tiny, stack):
+    hpc = squashed_tiny
+    image = stack.tiny_image
+    # In one allocation: step 0 leaves a container named as step 1's will be, as a crashed
+    # step would; steps 1 and 2 then run at the same time on the same nodes.
+    script = hpc.work / "steps.sh"
+    script.write_text(f"""#!/bin/sh
+srun -N4 --ntasks-per-node=1 sh -c 'podman-hpc run -d --name "podman-hpc-$(id -u)-$SLURM_JOB_ID.1.$SLURMD_NODENAME" {image} sh -c "touch /stale; sleep 600"' >/dev/null
+srun --overlap -N4 -n8 podman-hpc shared-run {image} sh -c 'test -e /stale && echo stale || echo "fresh $(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat)"' > {hpc.work}/step1.out &
+srun --overlap -N4 -n8 podman-hpc shared-run {image} sh -c 'echo "other $(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat)"' > {hpc.work}/step2.out &
+wait
+""")
+    run(["sbatch", "--wait", "-N4", "-o", hpc.work / "job.out", script], env=hpc.env, timeout=300)
+    first = (hpc.work / "step1.out").read_text().split("\n")
+    second = (hpc.work / "step2.out").read_text().split("\n")
+    first_ns = {line.split()[1] for line in first if line}
+    second_ns = {line.split()[1] for line in second if line}
+    assert all(line.startswith("fresh ") for line in first if line), first
+    assert len(first_ns) == 4 and len(second_ns) == 4 and not first_ns & second_ns
+    assert leftovers(hpc) == {}
+
+
+def test_scancel_removes_every_container_within_seconds(squashed_tiny, stack):
+    hpc = squashed_tiny
+    script = hpc.work / "long.sh"
+    script.write_text(f"#!/bin/sh\nsrun -N4 -n8 podman-hpc shared-run {stack.tiny_image} sleep 600\n")
+    job = run(["sbatch", "--parsable", "-N4", "-o", hpc.work / "long.out", script], env=hpc.env).stdout.strip()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ps = run(["srun", "--jobid", job, "--overlap", "-N4", "--ntasks-per-node=1",
+                      "podman-hpc", "ps", "--format", "{{.Names}}"], env=hpc.env, check=False, timeout=60)
+            if ps.stdout.count("podman-hpc-") == 4:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"the job's containers did not all start: {ps.stdout} {ps.stderr}")
+    finally:
+        cancelled = time.monotonic()
+        run(["scancel", job], env=hpc.env)
+    while run(["squeue", "-h", "-j", job], env=hpc.env, check=False).stdout.strip():
+        time.sleep(0.5)
+    remaining = leftovers(hpc)
+    elapsed = time.monotonic() - cancelled
+    assert remaining == {}, remaining
+    assert elapsed < 30
