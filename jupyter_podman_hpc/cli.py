@@ -192,11 +192,14 @@ class Cli:
 
     def run(self, args: list[str], shared: bool = False) -> int:
         options, image, command, chosen = self._parse_run(args)
+        join = "--join" in options
+        options = [o for o in options if o != "--join"]
         if image is None:
             raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
         module_args = self.modules.podman_args(chosen, self.environ)
         if shared or any(module.shared_run for module in chosen):
-            return shared_run(self.podman, options, module_args, image, command, self.environ)
+            return shared_run(self.podman, options, module_args, image, command, self.environ,
+                              join=True if join else None)
         passthrough = pmi_fd_passthrough(self.environ)
         step_env = step_env_args(self.config, self.environ)
         argv = self.podman.run_command([*passthrough.run_args, *step_env, *options, image, *command], module_args)
@@ -204,7 +207,7 @@ class Cli:
 
     def _parse_run(self, args: list[str]):
         flags = self.modules.by_flag()
-        options, image, command = split_at_image(args, self.podman.options("run"), flags)
+        options, image, command = split_at_image(args, self.podman.options("run"), [*flags, "--join"])
         chosen_names = [flags[o].name for o in options if o in flags]
         options = [o for o in options if o not in flags]
         return options, image, command, self.modules.select(chosen_names)
@@ -216,7 +219,9 @@ class Cli:
 
     def help(self, subcommand: str | None = None) -> int:
         if subcommand in ("run", "shared-run"):
-            print(f"podman-hpc {subcommand}: podman run options, plus these module flags:")
+            print(f"podman-hpc {subcommand}: podman run options, plus:")
+            if subcommand == "shared-run":
+                print(f"  {'--join':<22} enter the container by joining its namespaces, not with podman exec")
             for module in self.modules:
                 if module.cli_arg and not module.hidden:
                     print(f"  {module.flag:<22} {module.help}")

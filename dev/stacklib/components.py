@@ -55,6 +55,9 @@ def env() -> dict[str, str]:
         # As at NERSC: the user's directory on the shared scratch file system;
         # podman-hpc's squashed store defaults to $SCRATCH/storage.
         "SCRATCH": str(layout.SCRATCH / layout.USER),
+        # The checkout belongs to root: without this the user's Python would
+        # recompile the project on every podman-hpc call.
+        "PYTHONPYCACHEPREFIX": str(layout.USER_HOME / ".cache" / "jph-pycache"),
         "STACK_NODES": " ".join(layout.NODES),
         "STACK_PARTITION": layout.PARTITION,
         "STACK_LOG": str(layout.LOG),

@@ -52,6 +52,7 @@ class SiteConfig:
     shared_run_exec_args: list[str] = field(default_factory=lambda: [
         "-e", "SLURM_*", "-e", "SLURMD_*", "-e", "PALS_*", "-e", "PMI_*", "-e", "PMIX_*", "-e", "OMPI_*"])
     shared_run_command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
+    shared_run_exec_mode: str = "podman"  # ours: "join" enters the container without podman exec
     graph_root: str = "/tmp/{{ uid }}_hpc/storage"
     run_root: str = "/tmp/{{ uid }}_hpc"
     additional_stores: list[str] = field(default_factory=list)
@@ -246,6 +247,9 @@ def _validate(config: SiteConfig) -> None:
         re.compile(config.ntasks_pattern)
     except re.error as err:
         raise ConfigError(f"ntasks_pattern ({config.sources['ntasks_pattern']}) is not a valid regular expression: {err}")
+    if config.shared_run_exec_mode not in ("podman", "join"):
+        raise ConfigError(f"shared_run_exec_mode ({config.sources['shared_run_exec_mode']}) "
+                          f"must be podman or join, not {config.shared_run_exec_mode!r}")
     for key in ("graph_root", "run_root", "squash_dir", "config_home", "hooks_dir"):
         if not os.path.isabs(getattr(config, key)):
             raise ConfigError(f"{key} ({config.sources[key]}) must be an absolute path, not {getattr(config, key)!r}")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .errors import EngineError
+from .join import CannotJoin, JoinFailed, join_and_run
 from .podman import Podman, error_message, flag_name, group_options
 
 READY = b"ready\n"
@@ -119,18 +120,27 @@ def step_env_args(config, environ: Mapping[str, str]) -> list[str]:
 
 
 def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str], image: str,
-               command: Sequence[str], environ: Mapping[str, str]) -> int:
-    """Run ``command`` as this task inside the node's shared container; returns its exit code."""
+               command: Sequence[str], environ: Mapping[str, str], join: bool | None = None) -> int:
+    """Run ``command`` as this task inside the node's shared container; returns its exit code.
+
+    ``join`` (default: the ``shared_run_exec_mode`` setting) enters the
+    container by joining its namespaces instead of ``podman exec``.
+    """
     config = podman.config
     context = step_context(config, environ)
     directory = Path(config.run_root) / "shared-run" / context.key
     directory.mkdir(parents=True, exist_ok=True)
     name = context.container_name(os.getuid())
     run_options, exec_options = _split_options(podman, options)
-    start = podman.run_command([*run_options, "-d", "--name", name, image, *config.shared_run_command],
-                               module_args)
+    pidfile = directory / "container.pid"
+    start = podman.run_command([*run_options, "-d", "--replace", "--name", name, "--pidfile", str(pidfile),
+                                image, *config.shared_run_command], module_args)
     connection = _join_step(podman, directory, name, start, context)
     try:
+        if join if join is not None else config.shared_run_exec_mode == "join":
+            code = _run_joined(pidfile, [*config.shared_run_exec_args, *exec_options], command, environ)
+            if code is not None:
+                return code
         passthrough = pmi_fd_passthrough(environ)
         argv = podman.command("exec", *passthrough.run_args, *config.shared_run_exec_args,
                               *exec_options, name, *command)
@@ -140,6 +150,60 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
         return process.wait()
     finally:
         connection.close()
+
+
+def exec_env(exec_options: Sequence[str], environ: Mapping[str, str]) -> dict[str, str] | None:
+    """The variables ``podman exec`` options would set: ``-e NAME=VALUE``, ``-e NAME``
+    (from the task's environment) and ``-e 'PREFIX*'``. None if an option needs podman itself."""
+    env: dict[str, str] = {}
+    words = list(exec_options)
+    while words:
+        word = words.pop(0)
+        name, has_value, value = word.partition("=")
+        if name in ("-e", "--env"):
+            spec = value if has_value else (words.pop(0) if words else "")
+        elif word.startswith("-e") and len(word) > 2:
+            spec = word[2:]
+        elif name in ("-w", "--workdir"):
+            if not has_value and words:
+                words.pop(0)
+            continue
+        else:
+            return None  # --user, --tty, --env-file, --privileged...: let podman do it
+        key, has_assignment, assigned = spec.partition("=")
+        if has_assignment:
+            env[key] = assigned
+        elif key.endswith("*"):
+            env.update({k: v for k, v in environ.items() if k.startswith(key[:-1])})
+        elif key in environ:
+            env[key] = environ[key]
+    return env
+
+
+def _workdir(exec_options: Sequence[str]) -> str | None:
+    words = list(exec_options)
+    for i, word in enumerate(words):
+        name, has_value, value = word.partition("=")
+        if name in ("-w", "--workdir"):
+            return value if has_value else (words[i + 1] if i + 1 < len(words) else None)
+        if word.startswith("-w") and len(word) > 2 and not word.startswith("--"):
+            return word[2:]
+    return None
+
+
+def _run_joined(pidfile: Path, exec_options: Sequence[str], command: Sequence[str],
+                environ: Mapping[str, str]) -> int | None:
+    """Run the task by joining the container; None when podman exec must do it instead."""
+    env = exec_env(exec_options, environ)
+    if env is None:
+        return None
+    try:
+        pid = int(pidfile.read_text().strip())
+        return join_and_run(pid, command, env, _workdir(exec_options))
+    except (CannotJoin, OSError, ValueError):
+        return None
+    except JoinFailed as err:
+        raise EngineError(f"shared-run: cannot enter the container: {err}")
 
 
 def _split_options(podman: Podman, options: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -277,7 +341,7 @@ class StepMonitor:
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ)
         try:
-            self._remove_container()  # a stale one from a crashed step of the same name
+            # podman run --replace removes a stale container of a crashed step with the same name
             result = self.podman.run(self.start, check=False)
             if result.returncode == 0:
                 self.state = READY
@@ -333,4 +397,4 @@ class StepMonitor:
                 return
 
     def _remove_container(self) -> None:
-        self.podman.run(self.podman.command("rm", "--force", "--time", "0", self.name), check=False)
+        self.podman.run(self.podman.command("rm", "--force", "--ignore", "--time", "0", self.name), check=False)

@@ -108,3 +108,35 @@ def test_scancel_removes_every_container_within_seconds(squashed_tiny, stack):
     elapsed = time.monotonic() - cancelled
     assert remaining == {}, remaining
     assert elapsed < 30
+
+
+def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stack):
+    """--join gives a task what podman exec gives it: same user, groups, capabilities,
+    environment, working directory, mounts, namespaces, limits, umask and exit code."""
+    hpc = squashed_base
+    probe = ('id; umask; pwd; env | grep -v -E "^(_|SHLVL|PWD)=" | sort; grep -E "^Cap|^NoNewPrivs|^Seccomp" '
+             '/proc/self/status; for n in ipc mnt net pid user uts; do readlink /proc/self/ns/$n; done; '
+             'cut -d" " -f2,5 /proc/self/mountinfo | sort; ulimit -n; ulimit -u; exit 3')
+    outputs = {}
+    for mode in ([], ["--join"]):
+        result = hpc.srun("-N1", "-n2", "podman-hpc", "shared-run", *mode, "-e", "EXTRA=1", "-w", "/etc",
+                          stack.base_image, "bash", "-c", probe + " # $SLURM_LOCALID", check=False)
+        assert result.returncode == 3, result.stderr
+        outputs[bool(mode)] = result.stdout
+    podman_exec, joined = outputs[False], outputs[True]
+    assert normalized(joined) == normalized(podman_exec)
+    assert "EXTRA=1" in joined and "SLURM_PROCID=1" in joined and "\n/etc\n" in joined
+
+
+def normalized(text):
+    """The probe's output without what differs between two steps by nature: the
+    namespace ids of each step's container, and the values of the Slurm variables
+    naming the job, step, ports and pids (their names must match)."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(("ipc:", "mnt:", "net:", "pid:", "user:", "uts:")):
+            continue
+        if line.startswith(("SLURM_", "PMI_", "PMIX_")):
+            line = line.split("=", 1)[0] + "=..."
+        lines.append(line)
+    return sorted(lines)
