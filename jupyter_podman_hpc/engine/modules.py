@@ -24,6 +24,7 @@ from .errors import ModuleError
 
 FIELDS = {"name", "cli_arg", "help", "env", "additional_args", "bind", "copy",
           "conflicts", "depends_on", "shared_run", "hidden", "cdi_devices"}
+HOOK_ANNOTATION = "podman_hpc.hook_tool"  # the annotation podman-hpc's hooks.d entry matches
 # Where container runtimes look for Container Device Interface specs.
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
@@ -146,9 +147,17 @@ class ModuleSet:
         return chosen
 
     def podman_args(self, chosen: Iterable[Module], environ: Mapping[str, str] | None = None) -> list[str]:
-        """The podman run arguments of the chosen modules, in order."""
+        """The podman run arguments of the chosen modules, in order.
+
+        When a module has ``copy`` entries, the container also gets the OCI
+        hook's annotation and the modules directory (as podman-hpc gives every
+        container; we only pay for the hook when there is something to copy).
+        """
         env = os.environ if environ is None else environ
+        chosen = list(chosen)
         args: list[str] = []
+        if any(module.copy for module in chosen):
+            args += ["--annotation", f"{HOOK_ANNOTATION}=true", "--env", f"PODMANHPC_MODULES_DIR={self.directory}"]
         for module in chosen:
             args += module.podman_args()
             args += ["-e", f"{module.env}=1"]

@@ -17,8 +17,8 @@ from typing import Iterable, Mapping, Sequence
 
 from .config import SiteConfig
 from .errors import PodmanError
+from .modules import HOOK_ANNOTATION
 
-HOOK_ANNOTATION = "podman_hpc.hook_tool"
 HOOK_FILE = "02-hook_tool.json"
 
 # Subcommands that must not see the squashed store: they write images, or
@@ -68,9 +68,7 @@ class Podman:
         c = self.config
         args: list[str] = []
         if c.use_default_args:
-            args += ["--env", f"PODMANHPC_MODULES_DIR={c.modules_dir}",
-                     "--annotation", f"{HOOK_ANNOTATION}=true",
-                     "--security-opt", "seccomp=unconfined"]
+            args += ["--security-opt", "seccomp=unconfined"]
         if c.network:
             args += ["--network", c.network]
         for limit in c.ulimits:

@@ -26,6 +26,14 @@ def test_modules_become_flags_and_arguments(site):
     assert args == ["-e", "SLURM_*", "--ipc=host", "-e", "ENABLE_A=1"]
 
 
+def test_the_hook_is_asked_for_only_when_a_module_copies_files(site, tmp_path):
+    assert not any("hook_tool" in a for a in site.podman_args(site.select(["alpha"]), {}))
+    write_module(tmp_path, "e", "name: e\ncli_arg: epsilon\nenv: ENABLE_E\ncopy: [/etc/hostname:/etc/x]\n")
+    modules = ModuleSet.load(str(tmp_path))
+    args = modules.podman_args(modules.select(["epsilon"]), {})
+    assert "podman_hpc.hook_tool=true" in args and f"PODMANHPC_MODULES_DIR={tmp_path}" in args
+
+
 def test_conflicting_modules_are_an_error(site):
     with pytest.raises(ModuleError, match="'a' \\(--alpha\\) conflicts with 'b' \\(--beta\\)"):
         site.select(["alpha", "beta"])

@@ -51,11 +51,8 @@ def test_commands_carry_the_hpc_storage_settings():
     assert any(a.startswith("additionalimagestore") for a in podman.command(["system", "service"]))
 
 
-def test_run_defaults_include_the_hook_annotation_and_modules_dir():
-    config = load_config({})
-    defaults = Podman(config, {}).run_defaults()
-    assert "podman_hpc.hook_tool=true" in defaults
-    assert f"PODMANHPC_MODULES_DIR={config.modules_dir}" in defaults
+def test_run_defaults_disable_seccomp_as_podman_hpc_does():
+    assert "seccomp=unconfined" in Podman(load_config({}), {}).run_defaults()
 
 
 def test_without_default_args_only_user_settings_remain():

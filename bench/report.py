@@ -1,0 +1,90 @@
+"""The results file: machine, one table and plot per benchmark, ratios against bare metal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from common import Sample, markdown_table, summarize, write_csv
+
+BASELINES = {"launch": "bare", "squash": "plain mksquashfs"}
+
+
+def _cell(stats: dict[str, float] | None) -> str:
+    if stats is None:
+        return "—"
+    return f"{stats['median']:.2f} ({stats['min']:.2f}–{stats['max']:.2f})"
+
+
+def _order(sizes):
+    def key(size: str):
+        parts = size.split("x")
+        return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (size,)
+    return sorted(sizes, key=key)
+
+
+def table(samples: Sequence[Sample], benchmark: str, metric: str) -> str:
+    stats = summarize(s for s in samples if s.benchmark == benchmark and s.metric == metric)
+    configs = list(dict.fromkeys(s.config for s in samples if s.benchmark == benchmark and s.metric == metric))
+    sizes = _order({size for (_, _, size, _) in stats})
+    baseline = BASELINES.get(benchmark)
+    header = ["size", *[f"{c} (s)" for c in configs]]
+    if baseline in configs:
+        header += [f"{c} − {baseline}" for c in configs if c != baseline]
+    rows = []
+    for size in sizes:
+        row = [size, *[_cell(stats.get((benchmark, metric, size, c))) for c in configs]]
+        base = stats.get((benchmark, metric, size, baseline))
+        if base:
+            for c in configs:
+                if c != baseline:
+                    other = stats.get((benchmark, metric, size, c))
+                    row.append(f"+{other['median'] - base['median']:.2f} s ({other['median'] / base['median']:.1f}x)"
+                               if other else "—")
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def plot(samples: Sequence[Sample], benchmark: str, metric: str, path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    stats = summarize(s for s in samples if s.benchmark == benchmark and s.metric == metric)
+    configs = list(dict.fromkeys(s.config for s in samples if s.benchmark == benchmark and s.metric == metric))
+    sizes = _order({size for (_, _, size, _) in stats})
+    figure, axes = plt.subplots(figsize=(10, 5))
+    width = 0.8 / max(len(configs), 1)
+    for i, config in enumerate(configs):
+        values = [stats.get((benchmark, metric, size, config), {}).get("median", 0) for size in sizes]
+        axes.bar([x + i * width for x in range(len(sizes))], values, width, label=config)
+    axes.set_xticks([x + width * (len(configs) - 1) / 2 for x in range(len(sizes))], sizes)
+    axes.set_ylabel(f"{metric.replace('_', ' ')} (median)")
+    axes.set_title(benchmark)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return True
+
+
+def write(samples: Sequence[Sample], machine: dict[str, str], directory: Path, stem: str, smoke: bool) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    write_csv(samples, directory / f"{stem}.csv")
+    lines = [f"# Benchmark results {stem}", ""]
+    if smoke:
+        lines += ["Smoke run: one repetition at the smallest sizes; it checks the code, not the numbers.", ""]
+    lines += ["## Machine", "", markdown_table(["", ""], machine.items()), ""]
+    lines += ["Cells: median (min–max) over the repetitions, in seconds; the last columns give the",
+              "difference and ratio of each configuration's median to the baseline measured in the same run.", ""]
+    for benchmark, metric in dict.fromkeys((s.benchmark, s.metric) for s in samples):
+        lines += [f"## {benchmark}: {metric.replace('_', ' ')}", "", table(samples, benchmark, metric), ""]
+        image = f"{stem}-{benchmark}-{metric}.png"
+        if plot(samples, benchmark, metric, directory / image):
+            lines += [f"![{benchmark}]({image})", ""]
+    lines += [f"Raw samples: [{stem}.csv]({stem}.csv)", ""]
+    path = directory / f"{stem}.md"
+    path.write_text("\n".join(lines))
+    return path
