@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
 from . import __version__
-from .engine import EngineError, load_config
-from .engine.images import list_images, pull
-from .engine.launcher import pmi_fd_passthrough, shared_run, step_env_args
-from .engine.migrate import migrate, remove_squashed
+from .engine.config import load_config
+from .engine.errors import EngineError
 from .engine.modules import ModuleSet
 from .engine.podman import Podman, split_at_image
 from .engine.progress import Progress
+
+# Commands import the rest of the engine when they need it: every Slurm task of a
+# job step starts this script, so its start-up time is paid once per rank.
 
 USAGE = """\
 usage: podman-hpc [--squash-dir DIR] [--additional-stores DIR[,DIR...]] [--log-level LEVEL]
@@ -115,7 +116,7 @@ class Cli:
             config.log_level = options.log_level
         self.config = config
         self.podman = Podman(config, environ)
-        self.modules = ModuleSet.load(config.modules_dir)
+        self.modules = ModuleSet.load(config.modules_dir, cache_dir=config.run_root)
 
     # --- our commands -------------------------------------------------------
 
@@ -140,6 +141,7 @@ class Cli:
         return 0
 
     def images(self, args: list[str]) -> int:
+        from .engine.images import list_images
         if args:  # podman's own options (--format, -q, filters): podman answers
             return self.exec(self.podman.command("images", *args))
         rows = [("REPOSITORY:TAG", "IMAGE ID", "CREATED", "SIZE", "SQUASHED", "STORE")]
@@ -155,6 +157,7 @@ class Cli:
     def migrate(self, args: list[str]) -> int:
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError("usage: podman-hpc migrate IMAGE")
+        from .engine.migrate import migrate
         bar = TerminalProgress()
         try:
             result = migrate(self.podman, args[0], bar)
@@ -167,6 +170,7 @@ class Cli:
     def rmsqi(self, args: list[str]) -> int:
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError("usage: podman-hpc rmsqi IMAGE")
+        from .engine.migrate import remove_squashed
         image, deleted = remove_squashed(self.podman, args[0])
         what = f"removed {image.short_id}" if deleted else f"untagged {args[0]} ({image.short_id})"
         print(f"{what} from {self.config.squash_dir}")
@@ -175,6 +179,7 @@ class Cli:
     def pull(self, args: list[str]) -> int:
         if not args or args[-1].startswith("-"):
             raise UsageError("usage: podman-hpc pull [podman pull options] IMAGE")
+        from .engine.images import pull
         quiet = not sys.stderr.isatty()
         bar = TerminalProgress()
         try:
@@ -196,6 +201,7 @@ class Cli:
         options = [o for o in options if o != "--join"]
         if image is None:
             raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
+        from .engine.launcher import pmi_fd_passthrough, shared_run, step_env_args
         module_args = self.modules.podman_args(chosen, self.environ)
         if shared or any(module.shared_run for module in chosen):
             return shared_run(self.podman, options, module_args, image, command, self.environ,

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from .errors import ConfigError
 
 DEFAULT_CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"
@@ -172,6 +170,8 @@ def _read_file(path: str, explicit: bool) -> dict[str, Any] | None:
         return None
     except OSError as err:
         raise ConfigError(f"cannot read configuration file {path}: {err.strerror}")
+    import yaml  # only when there is a file: every Slurm task loads the configuration
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

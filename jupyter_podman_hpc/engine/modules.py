@@ -11,14 +11,13 @@ warns, a conflicting pair or a missing dependency is an error.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
-
-import yaml
 
 from .errors import ModuleError
 
@@ -72,6 +71,8 @@ def _strings(data: dict, key: str, path: Path) -> tuple[str, ...]:
 
 
 def load_module(path: Path) -> Module:
+    import yaml  # here, not at the top: a cached module set does not need it
+
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
@@ -102,15 +103,37 @@ class ModuleSet:
     modules: tuple[Module, ...]
 
     @classmethod
-    def load(cls, directory: str) -> "ModuleSet":
+    def load(cls, directory: str, cache_dir: str | None = None) -> "ModuleSet":
+        """The modules of ``directory``; with ``cache_dir``, parsed once per change of the files
+        (every task of a job step loads them)."""
         root = Path(directory)
         if not root.is_dir():
             return cls(directory, ())
-        modules = tuple(load_module(p) for p in sorted(root.glob("*.yaml")))
+        files = sorted(root.glob("*.yaml"))
+        stamp = [[str(p), p.stat().st_mtime_ns, p.stat().st_size] for p in files]
+        cache = Path(cache_dir, "modules-cache.json") if cache_dir else None
+        if cache is not None:
+            try:
+                cached = json.loads(cache.read_text())
+                if cached["directory"] == directory and cached["stamp"] == stamp:
+                    return cls(directory, tuple(Module(**{k: tuple(v) if isinstance(v, list) else v
+                                                          for k, v in m.items()}) for m in cached["modules"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        modules = tuple(load_module(p) for p in files)
         names = [m.name for m in modules]
         duplicate = next((n for n in names if names.count(n) > 1), None)
         if duplicate:
             raise ModuleError(f"two module files in {directory} define the module '{duplicate}'")
+        if cache is not None:
+            try:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+                tmp.write_text(json.dumps({"directory": directory, "stamp": stamp,
+                                           "modules": [asdict(m) for m in modules]}))
+                os.replace(tmp, cache)
+            except OSError:
+                pass
         return cls(directory, modules)
 
     def __iter__(self):

@@ -84,3 +84,12 @@ def test_shipped_modules_load_and_the_mpi_ones_conflict(tmp_path):
         modules.select(["openmpi-pmix", "openmpi-pmi2"])
     jupyter = modules.podman_args(modules.select(["jupyter"]), {"HOME": str(tmp_path)})
     assert "--network=host" in jupyter and f"{tmp_path}:{tmp_path}" in jupyter and "/tmp:/tmp" in jupyter
+
+
+def test_a_cached_module_set_equals_the_parsed_one_and_follows_changes(site, tmp_path):
+    cache = tmp_path / "cache"
+    first = ModuleSet.load(site.directory, cache_dir=str(cache))
+    assert (cache / "modules-cache.json").exists()
+    assert ModuleSet.load(site.directory, cache_dir=str(cache)) == first == site
+    write_module(tmp_path, "b", "name: b\ncli_arg: beta\nenv: ENABLE_B\nhelp: changed help text\n")
+    assert ModuleSet.load(site.directory, cache_dir=str(cache)).by_name("b").help == "changed help text"
