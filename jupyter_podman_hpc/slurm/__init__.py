@@ -1,0 +1,23 @@
+"""The Slurm job API: one place talks to Slurm; the magics, REST handlers and UI call it.
+
+- ``spec``: ``JobSpec``, what a job runs and on what, validated field by field
+- ``script``: ``render(spec, job_dir)``, the batch script a user would write by hand
+- ``client``: the only module that runs sbatch, squeue, sacct, scancel and sinfo
+- ``jobs``: ``Job``, a job directory on the shared scratch, found again after a restart
+- ``notebook``: a notebook converted (nbconvert) into the script every rank runs
+
+    spec = JobSpec(image="registry/image:tag", command=["python3", "-c", "print(1)"],
+                   nodes=4, tasks_per_node=2)
+    print(Job.preview(spec))          # the batch script, for a preview
+    job = Job.submit(spec)            # $SCRATCH/podman-hpc/jobs/<id>/, sbatch
+    job.wait(timeout=600)             # -> JobStatus(state="COMPLETED", exit_code=0, ...)
+    job.logs()                        # {0: "...", 1: "...", ...}
+"""
+
+from .client import JobStatus, Partition, SlurmClient, SlurmError
+from .jobs import Job, JobError, JobNotFound, JobTimeout, default_root
+from .script import render
+from .spec import JobSpec, JobSpecError
+
+__all__ = ["JobSpec", "JobSpecError", "render", "SlurmClient", "SlurmError", "JobStatus", "Partition",
+           "Job", "JobError", "JobNotFound", "JobTimeout", "default_root"]

@@ -1,0 +1,368 @@
+"""The one place that talks to Slurm: sbatch, squeue, sacct, scancel and sinfo.
+
+Commands run as argument lists (never through a shell) with a timeout; a
+failure becomes ``SlurmError`` carrying Slurm's own message. Job states are
+normalized to PENDING, RUNNING, COMPLETED, FAILED, CANCELLED and TIMEOUT
+(UNKNOWN when Slurm has no record); the raw state and a reason stay
+available. The parsers are plain functions so they can be tested on sample
+outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Mapping, Optional, Sequence
+
+from ..engine.errors import EngineError
+from .spec import elapsed_seconds
+
+STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "UNKNOWN")
+FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+
+# Slurm's job states (squeue %T, sacct State) -> (our state, a reason worth showing).
+_STATE_MAP = {
+    "PENDING": ("PENDING", ""), "CONFIGURING": ("PENDING", "nodes are being configured"),
+    "REQUEUED": ("PENDING", "requeued"), "REQUEUE_HOLD": ("PENDING", "requeued and held"),
+    "REQUEUE_FED": ("PENDING", "requeued"), "RESV_DEL_HOLD": ("PENDING", "held: reservation deleted"),
+    "RUNNING": ("RUNNING", ""), "COMPLETING": ("RUNNING", "completing"),
+    "SUSPENDED": ("RUNNING", "suspended"), "STOPPED": ("RUNNING", "stopped"),
+    "SIGNALING": ("RUNNING", "being signalled"), "STAGE_OUT": ("RUNNING", "staging out"),
+    "RESIZING": ("RUNNING", "resizing"),
+    "COMPLETED": ("COMPLETED", ""),
+    "FAILED": ("FAILED", ""), "BOOT_FAIL": ("FAILED", "node boot failure"),
+    "NODE_FAIL": ("FAILED", "node failure"), "OUT_OF_MEMORY": ("FAILED", "out of memory"),
+    "SPECIAL_EXIT": ("FAILED", "special exit"), "REVOKED": ("FAILED", "revoked by a sibling cluster"),
+    "CANCELLED": ("CANCELLED", ""), "PREEMPTED": ("CANCELLED", "preempted"),
+    "TIMEOUT": ("TIMEOUT", ""), "DEADLINE": ("TIMEOUT", "deadline reached"),
+}
+# Slurm's short codes (squeue %t), for completeness.
+_SHORT = {"PD": "PENDING", "CF": "CONFIGURING", "R": "RUNNING", "CG": "COMPLETING", "CD": "COMPLETED",
+          "F": "FAILED", "CA": "CANCELLED", "TO": "TIMEOUT", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY",
+          "PR": "PREEMPTED", "BF": "BOOT_FAIL", "DL": "DEADLINE", "S": "SUSPENDED", "ST": "STOPPED",
+          "RQ": "REQUEUED", "RH": "REQUEUE_HOLD", "RF": "REQUEUE_FED", "SE": "SPECIAL_EXIT",
+          "SI": "SIGNALING", "SO": "STAGE_OUT", "RS": "RESIZING", "RV": "REVOKED", "RD": "RESV_DEL_HOLD"}
+
+SQUEUE_FORMAT = "%i|%T|%N|%M|%S|%e|%r"
+SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Elapsed,Start,End,Reason"
+SINFO_FORMAT = "%P|%a|%D|%l|%F"
+
+
+class SlurmError(EngineError):
+    """A Slurm command failed; the message is Slurm's own."""
+
+
+def normalize_state(raw: str) -> tuple[str, str]:
+    """A Slurm state (``CANCELLED by 1001``, ``OUT_OF_MEMORY``, ``CG``...) -> (state, reason)."""
+    word = raw.strip().split(" ", 1)[0].rstrip("+").upper()
+    word = _SHORT.get(word, word)
+    return _STATE_MAP.get(word, ("UNKNOWN", raw.strip().lower()))
+
+
+def expand_nodelist(text: str) -> tuple[str, ...]:
+    """Slurm's host list (``n[1-3,5],login1``) as names, in order."""
+    text = text.strip()
+    if not text or text in ("None assigned", "(null)", "None"):
+        return ()
+    names: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
+        parts = re.split(r"(\[[^\]]*\])", item)
+        expanded = [""]
+        for part in parts:
+            if part.startswith("["):
+                choices: list[str] = []
+                for rng in part[1:-1].split(","):
+                    low, _, high = rng.partition("-")
+                    if high:
+                        width = len(low)
+                        choices += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
+                    else:
+                        choices.append(low)
+                expanded = [prefix + choice for prefix in expanded for choice in choices]
+            else:
+                expanded = [prefix + part for prefix in expanded]
+        names += expanded
+    return tuple(names)
+
+
+def _time(text: str) -> Optional[str]:
+    text = text.strip()
+    return None if text in ("", "N/A", "NONE", "None", "Unknown", "(null)") else text
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Where a job is: its normalized state and what Slurm says about it."""
+
+    job_id: str
+    state: str                      # one of STATES
+    raw_state: str = ""             # Slurm's word, e.g. "CANCELLED by 1001", "OUT_OF_MEMORY"
+    reason: str = ""                # why it is pending, or what the raw state adds
+    exit_code: Optional[int] = None  # the batch script's exit code, when finished
+    signal: Optional[int] = None     # the signal that ended it, when one did
+    nodelist: str = ""
+    nodes: tuple[str, ...] = ()
+    elapsed: Optional[int] = None    # seconds
+    start: Optional[str] = None      # ISO 8601 as Slurm prints it
+    end: Optional[str] = None
+    source: str = ""                # "squeue", "sacct" or "record"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED
+
+    def describe(self) -> str:
+        """One line: ``job 84 FAILED (exit code 3) on n[1-4] after 7 s``."""
+        text = f"job {self.job_id} {self.state}"
+        details = []
+        if self.reason and self.reason.lower() != "none":
+            details.append(self.reason)
+        if self.finished and self.exit_code is not None and (self.exit_code or self.state != "COMPLETED"):
+            details.append(f"exit code {self.exit_code}")
+        if self.signal:
+            details.append(f"signal {self.signal}")
+        if details:
+            text += f" ({', '.join(details)})"
+        if self.nodelist and self.state != "PENDING":
+            text += f" on {self.nodelist}"
+        if self.elapsed is not None and self.state != "PENDING":
+            text += f" after {self.elapsed} s"
+        return text
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["nodes"] = list(self.nodes)
+        data["finished"] = self.finished
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "JobStatus":
+        known = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in data.items() if k in known}
+        values["nodes"] = tuple(values.get("nodes") or ())
+        return cls(**values)
+
+
+def parse_squeue(text: str) -> dict[str, JobStatus]:
+    """Lines of ``squeue -h -o '%i|%T|%N|%M|%S|%e|%r'``."""
+    found: dict[str, JobStatus] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) < 7:
+            continue
+        job_id, raw, nodelist, used, start, end, reason = (f.strip() for f in fields[:7])
+        state, why = normalize_state(raw)
+        if state == "PENDING":
+            why = reason if reason and reason != "None" else why
+        found[job_id] = JobStatus(
+            job_id=job_id, state=state, raw_state=raw, reason=why, nodelist=nodelist,
+            nodes=expand_nodelist(nodelist), elapsed=elapsed_seconds(used) if state != "PENDING" else None,
+            start=_time(start) if state != "PENDING" else None,
+            end=_time(end) if state in FINISHED else None, source="squeue")
+    return found
+
+
+def parse_sacct(text: str) -> dict[str, JobStatus]:
+    """Lines of ``sacct -X -n -P --format=JobID,State,ExitCode,NodeList,Elapsed,Start,End,Reason``.
+
+    A job listed twice (requeued) keeps its last line.
+    """
+    found: dict[str, JobStatus] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) < 7:
+            continue
+        job_id, raw, exit_code, nodelist, elapsed, start, end = (f.strip() for f in fields[:7])
+        reason = fields[7].strip() if len(fields) > 7 else ""
+        state, why = normalize_state(raw)
+        if state == "PENDING" and reason and reason != "None":
+            why = reason
+        code = signal = None
+        match = re.fullmatch(r"(\d+):(\d+)", exit_code)
+        if match and state in FINISHED:
+            code, signal = int(match.group(1)), int(match.group(2))
+        found[job_id] = JobStatus(
+            job_id=job_id, state=state, raw_state=raw, reason=why, exit_code=code, signal=signal or None,
+            nodelist="" if nodelist == "None assigned" else nodelist, nodes=expand_nodelist(nodelist),
+            elapsed=elapsed_seconds(elapsed) if state != "PENDING" else None,
+            start=_time(start), end=_time(end) if state in FINISHED else None, source="sacct")
+    return found
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition as the UI shows it."""
+
+    name: str
+    default: bool
+    available: str          # up, down, drain, inactive
+    nodes: int
+    idle: int
+    allocated: int
+    other: int
+    time_limit: str          # Slurm's form, e.g. "infinite", "1-00:00:00"
+    time_limit_seconds: Optional[int] = None  # None when unlimited
+
+    @property
+    def state(self) -> str:
+        return self.available
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_sinfo(text: str) -> list[Partition]:
+    """Lines of ``sinfo -h -o '%P|%a|%D|%l|%F'``; a partition split over lines is summed."""
+    partitions: dict[str, Partition] = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < 5 or not fields[0]:
+            continue
+        raw_name, available, count, limit, counts = fields[:5]
+        name = raw_name.rstrip("*")
+        try:
+            allocated, idle, other, total = (int(n) for n in counts.split("/"))
+        except ValueError:
+            allocated = idle = other = 0
+            total = int(count) if count.isdigit() else 0
+        seconds = elapsed_seconds(limit) if limit.lower() not in ("infinite", "n/a") else None
+        before = partitions.get(name)
+        if before is not None:
+            allocated, idle, other, total = (allocated + before.allocated, idle + before.idle,
+                                             other + before.other, total + before.nodes)
+        partitions[name] = Partition(name=name, default=raw_name.endswith("*") or bool(before and before.default),
+                                     available=available, nodes=total, idle=idle, allocated=allocated,
+                                     other=other, time_limit=limit, time_limit_seconds=seconds)
+    return list(partitions.values())
+
+
+def _slurm_message(stderr: str, command: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line]
+    line = (errors or lines or [f"{command} failed"])[-1]
+    line = re.sub(rf"^{re.escape(command)}: error: ", "", line)
+    return f"{command}: {line}"
+
+
+@dataclass
+class SlurmClient:
+    """Slurm's commands with one environment (``SLURM_CONF``, PATH...) and a timeout."""
+
+    env: Optional[Mapping[str, str]] = None
+    timeout: float = 60.0
+    commands: dict[str, str] = field(default_factory=dict)  # e.g. {"sbatch": "/opt/slurm/bin/sbatch"}
+
+    def _run(self, command: str, args: Sequence[str], *, cwd: Optional[str] = None,
+             check: bool = True) -> subprocess.CompletedProcess:
+        argv = [self.commands.get(command, command), *map(str, args)]
+        env = dict(os.environ if self.env is None else self.env)
+        try:
+            result = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
+                                    timeout=self.timeout, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise SlurmError(f"{command} not found: is Slurm installed and on PATH?", 127)
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{command} did not answer within {self.timeout:.0f} s: is slurmctld up?")
+        if check and result.returncode != 0:
+            raise SlurmError(_slurm_message(result.stderr, command), 125)
+        return result
+
+    # --- jobs -------------------------------------------------------------------
+
+    def submit(self, script_path: str | os.PathLike, *, cwd: Optional[str] = None,
+               options: Sequence[str] = ()) -> str:
+        """``sbatch --parsable [options] script``; returns the job id."""
+        result = self._run("sbatch", ["--parsable", *options, str(script_path)],
+                           cwd=cwd or str(Path(script_path).parent))
+        job_id = result.stdout.strip().split(";", 1)[0].strip()
+        if not re.fullmatch(r"\d+(?:_\d+)?", job_id):
+            raise SlurmError(f"sbatch: unexpected answer {result.stdout.strip()!r} (no job id)")
+        return job_id
+
+    def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+        """The status of several jobs: squeue for live ones, then sacct for finished ones.
+
+        A job neither knows gets state UNKNOWN.
+        """
+        ids = [str(j) for j in job_ids]
+        if not ids:
+            return {}
+        for job_id in ids:
+            if not re.fullmatch(r"\d+(?:[_+]\d+)?", job_id):
+                raise SlurmError(f"{job_id!r} is not a Slurm job id")
+        found: dict[str, JobStatus] = {}
+        result = self._run("squeue", ["-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT], check=False)
+        if result.returncode == 0:
+            found.update({k: v for k, v in parse_squeue(result.stdout).items() if k in ids})
+        elif "Invalid job id" not in result.stderr:
+            raise SlurmError(_slurm_message(result.stderr, "squeue"))
+        # squeue has no exit code, and forgets jobs MinJobAge after they end: ask sacct.
+        ask = [j for j in ids if j not in found or found[j].finished or found[j].reason == "completing"]
+        if ask:
+            accounted = self._run("sacct", ["-X", "-n", "-P", "-j", ",".join(ask),
+                                            f"--format={SACCT_FIELDS}"], check=False)
+            if accounted.returncode == 0:
+                for job_id, status in parse_sacct(accounted.stdout).items():
+                    if job_id not in ask or not (status.finished or job_id not in found):
+                        continue
+                    live = found.get(job_id)
+                    if live is not None and len(live.nodes) > len(status.nodes):
+                        # slurmdbd may not have the whole allocation yet, just after the end
+                        status = replace(status, nodelist=live.nodelist, nodes=live.nodes)
+                    found[job_id] = status
+            elif not found:
+                raise SlurmError(_slurm_message(accounted.stderr, "sacct"))
+        for job_id in ids:
+            found.setdefault(job_id, JobStatus(job_id, "UNKNOWN", reason="Slurm has no record of this job"))
+        return found
+
+    def status(self, job_id: str) -> JobStatus:
+        """The status of one job; SlurmError if Slurm has no record of it."""
+        status = self.statuses([str(job_id)])[str(job_id)]
+        if status.state == "UNKNOWN" and not status.raw_state:
+            raise SlurmError(f"Slurm has no record of job {job_id} (neither squeue nor sacct knows it)")
+        return status
+
+    def cancel(self, job_id: str, *, signal: Optional[str] = None) -> None:
+        """``scancel``; cancelling a job that already ended is not an error."""
+        if not re.fullmatch(r"\d+(?:_\d+)?", str(job_id)):
+            raise SlurmError(f"{job_id!r} is not a Slurm job id")
+        args = [f"--signal={signal}"] if signal else []
+        # scancel exits 0 even when it fails, and says why only when verbose: read its error lines.
+        result = self._run("scancel", ["--verbose", *args, str(job_id)], check=False)
+        errors = [line for line in result.stderr.splitlines() if "error:" in line]
+        errors = [line for line in errors if "already completing or completed" not in line
+                  and "Job/step already completing" not in line]
+        if result.returncode != 0 or errors:
+            raise SlurmError(_slurm_message("\n".join(errors) or result.stderr, "scancel"))
+
+    # --- the cluster ----------------------------------------------------------------
+
+    def partitions(self) -> list[Partition]:
+        return parse_sinfo(self._run("sinfo", ["-h", "-o", SINFO_FORMAT]).stdout)
+
+
+_default = SlurmClient()
+
+
+def submit(script_path: str | os.PathLike) -> str:
+    return _default.submit(script_path)
+
+
+def status(job_id: str) -> JobStatus:
+    return _default.status(job_id)
+
+
+def cancel(job_id: str) -> None:
+    _default.cancel(job_id)
+
+
+def partitions() -> list[Partition]:
+    return _default.partitions()

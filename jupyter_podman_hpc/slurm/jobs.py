@@ -1,0 +1,458 @@
+"""Jobs: a job directory on the shared scratch per submission, found again from disk and Slurm.
+
+A job directory (``$SCRATCH/podman-hpc/jobs/<id>/`` by default, ``<id>`` a
+UTC time stamp and a random suffix) holds the batch script ``job.sh``, the
+job's inputs (a copied Python script, a notebook and the script converted
+from it), the record ``job.json`` (spec, Slurm job id, submit time, run
+target, and the final status once known), Slurm's own log
+``slurm-<jobid>.out`` and one ``rank-<N>.out``/``.err`` pair per rank.
+
+Nothing half-written: the directory is assembled under a hidden temporary
+name and renamed into place complete; then sbatch runs; a failed sbatch
+removes the directory (so every directory with a record was submitted), and
+the Slurm job id is added to the record by an atomic rewrite. A crash
+between sbatch and that rewrite leaves a record without a job id: the job id
+is then recovered from ``slurm-<jobid>.out`` once the job has started.
+Jobs are found again by reading the directories' records and asking Slurm,
+so a restarted Jupyter server sees every job it submitted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+from ..engine.config import SiteConfig, load_config
+from ..engine.errors import EngineError
+from ..engine.modules import ModuleSet
+from ..engine.progress import Progress, ProgressCallback, ignore
+from . import notebook as notebooks
+from .client import JobStatus, SlurmClient, SlurmError
+from .script import PYTHON, RunTarget, render
+from .spec import JobSpec, JobSpecError
+
+RECORD = "job.json"
+SCRIPT = "job.sh"
+RESERVED = {RECORD, SCRIPT}
+JOBS_SUBDIR = Path("podman-hpc") / "jobs"
+RECORD_VERSION = 1
+_STALE_STAGING = 24 * 3600  # seconds after which an abandoned temporary job directory is removed
+
+
+class JobError(EngineError):
+    """A job cannot be created, found or read."""
+
+
+class JobNotFound(JobError):
+    """No job directory records that job."""
+
+
+class JobTimeout(JobError):
+    """``Job.wait`` gave up; ``status`` is the last status seen."""
+
+    def __init__(self, message: str, status: JobStatus):
+        super().__init__(message, 124)
+        self.status = status
+
+
+def default_root(environ: Mapping[str, str] | None = None) -> Path:
+    """``$SCRATCH/podman-hpc/jobs``: job directories live where every node sees them."""
+    env = os.environ if environ is None else environ
+    scratch = env.get("SCRATCH")
+    if not scratch:
+        raise JobError("SCRATCH is not set: set it to a directory every node sees, or give the jobs root")
+    return Path(scratch) / JOBS_SUBDIR
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def _new_id() -> str:
+    return f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(2)}.tmp")
+    try:
+        with open(tmp, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class JobRecord:
+    """``job.json``: what was submitted, when, and (once known) how it ended."""
+
+    id: str                           # the job directory's name
+    spec: dict
+    submitted: str                    # ISO 8601, UTC
+    job_id: Optional[str] = None      # Slurm's, once sbatch answered
+    script: str = SCRIPT
+    run: dict = field(default_factory=dict)    # kind, argv (inside the container), inputs, notes
+    final: Optional[dict] = None      # the finished JobStatus, cached
+    version: int = RECORD_VERSION
+
+    def as_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def read(cls, path: Path) -> "JobRecord":
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise JobNotFound(f"{path.parent} is not a job directory (no {RECORD})")
+        except (OSError, ValueError) as err:
+            raise JobError(f"cannot read the job record {path}: {err}")
+        known = set(cls.__dataclass_fields__)
+        if not isinstance(data, dict) or not {"id", "spec", "submitted"} <= set(data):
+            raise JobError(f"{path} is not a job record")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class Job:
+    """A submitted job: its directory, its record and Slurm's view of it."""
+
+    def __init__(self, directory: str | Path, record: JobRecord | None = None,
+                 client: SlurmClient | None = None):
+        self.directory = Path(directory)
+        self.record = record or JobRecord.read(self.directory / RECORD)
+        self.client = client or SlurmClient()
+        self._status: Optional[JobStatus] = None
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.directory}>"
+
+    # --- identity -------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """Slurm's job id ("" if the submission never got one)."""
+        return self.record.job_id or ""
+
+    @property
+    def spec(self) -> JobSpec:
+        return JobSpec.from_dict(self.record.spec)
+
+    @property
+    def script_path(self) -> Path:
+        return self.directory / self.record.script
+
+    @property
+    def script(self) -> str:
+        """The batch script exactly as submitted."""
+        return self.script_path.read_text()
+
+    @property
+    def submitted(self) -> str:
+        return self.record.submitted
+
+    # --- creating -------------------------------------------------------------------
+
+    @classmethod
+    def submit(cls, spec: JobSpec, root: str | Path | None = None, *, client: SlurmClient | None = None,
+               config: SiteConfig | None = None, progress: ProgressCallback = ignore) -> "Job":
+        """Write the job directory, submit it with sbatch, and return the job."""
+        client = client or SlurmClient()
+        config = config or load_config(client.env)
+        modules = ModuleSet.load(config.modules_dir)
+        spec.check_modules(modules)
+        root = Path(root) if root is not None else default_root(client.env)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise JobError(f"cannot create the jobs directory {root}: {err.strerror}")
+        _remove_stale_staging(root)
+        name = _new_id()
+        directory = root / name
+        staging = root / f".{name}.tmp"
+        try:
+            staging.mkdir()
+            target, run = _prepare_inputs(spec, staging, directory)
+            for note in run.get("warnings", []):
+                progress(Progress("job", note))
+            script = render(spec, directory, target=target, modules=modules, config=config)
+            _atomic_write(staging / SCRIPT, script, 0o755)
+            record = JobRecord(id=name, spec=spec.as_dict(), submitted=_now(), run=run)
+            _atomic_write(staging / RECORD, record.as_json())
+            os.rename(staging, directory)
+        except OSError as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise JobError(f"cannot write the job directory {directory}: {err.strerror or err}")
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        progress(Progress("job", f"submitting {directory / SCRIPT}"))
+        try:
+            record.job_id = client.submit(directory / SCRIPT, cwd=str(directory))
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)  # sbatch refused it: no job, no directory
+            raise
+        try:
+            _atomic_write(directory / RECORD, record.as_json())
+        except OSError as err:
+            try:
+                client.cancel(record.job_id)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise JobError(f"job {record.job_id} was cancelled: its record could not be written "
+                           f"({err.strerror or err})")
+        job = cls(directory, record, client)
+        progress(Progress("job", f"submitted job {job.id}", item=job.id))
+        return job
+
+    @classmethod
+    def preview(cls, spec: JobSpec, root: str | Path | None = None, *, config: SiteConfig | None = None,
+                environ: Mapping[str, str] | None = None) -> str:
+        """The batch script ``submit`` would write (the job directory's name aside)."""
+        config = config or load_config(environ)
+        modules = ModuleSet.load(config.modules_dir)
+        root = Path(root) if root is not None else default_root(environ)
+        directory = root / _new_id()
+        with tempfile.TemporaryDirectory() as scratch:
+            target, _ = _prepare_inputs(spec, Path(scratch), directory)
+            return render(spec, directory, target=target, modules=modules, config=config)
+
+    # --- finding again ------------------------------------------------------------------
+
+    @classmethod
+    def list(cls, root: str | Path | None = None, *, client: SlurmClient | None = None,
+             status: bool = True) -> "list[Job]":
+        """Every job recorded under ``root``, oldest first.
+
+        With ``status``, Slurm is asked about all unfinished jobs at once (one
+        squeue, one sacct); if Slurm cannot be reached the jobs are listed
+        without a status (``status(refresh=False)`` then asks again).
+        """
+        client = client or SlurmClient()
+        root = Path(root) if root is not None else default_root(client.env)
+        jobs = []
+        for directory in sorted(root.glob("*")) if root.is_dir() else []:
+            if directory.name.startswith(".") or not (directory / RECORD).is_file():
+                continue
+            try:
+                job = cls(directory, client=client)
+            except JobError:
+                continue  # unreadable record: not ours to judge here
+            if job._recover_job_id():
+                jobs.append(job)
+        jobs.sort(key=lambda j: (j.submitted, j.directory.name))
+        if status:
+            live = [j.id for j in jobs if not j.record.final]
+            try:
+                found = client.statuses(live) if live else {}
+            except SlurmError:
+                found = {}  # Slurm unreachable: the jobs are still listed, without a live status
+            for job in jobs:
+                job._status = (JobStatus.from_dict({**job.record.final, "source": "record"})
+                               if job.record.final else found.get(job.id))
+                if job._status is not None and job._status.finished and not job.record.final:
+                    job._remember(job._status)
+        return jobs
+
+    @classmethod
+    def find(cls, job_id: str | int, root: str | Path | None = None, *,
+             client: SlurmClient | None = None) -> "Job":
+        """The job with Slurm id ``job_id`` (the latest, should Slurm have reused it)."""
+        client = client or SlurmClient()
+        root_path = Path(root) if root is not None else default_root(client.env)
+        matches = [job for job in cls.list(root_path, client=client, status=False) if job.id == str(job_id)]
+        if not matches:
+            raise JobNotFound(f"no job {job_id} in {root_path}")
+        return matches[-1]
+
+    def _recover_job_id(self) -> bool:
+        """Whether the job has a Slurm id, recovering it from ``slurm-<id>.out`` if the record lacks it."""
+        if self.record.job_id:
+            return True
+        logs = sorted(self.directory.glob("slurm-*.out"))
+        found = [m.group(1) for p in logs if (m := re.fullmatch(r"slurm-(\d+)\.out", p.name))]
+        if len(found) != 1:
+            return False
+        self.record.job_id = found[0]
+        self._update_record(job_id=found[0])
+        return True
+
+    def _update_record(self, **changes) -> None:
+        """Rewrite some fields of ``job.json`` (re-read first: another process may have written it)."""
+        try:
+            current = JobRecord.read(self.directory / RECORD)
+        except JobError:
+            current = self.record
+        for key, value in changes.items():
+            setattr(current, key, value)
+            setattr(self.record, key, value)
+        try:
+            _atomic_write(self.directory / RECORD, current.as_json())
+        except OSError:
+            pass  # the record stays as it was; Slurm still knows the rest
+
+    # --- Slurm ------------------------------------------------------------------------
+
+    def status(self, refresh: bool = True) -> JobStatus:
+        """The job's status: from the record once it has finished, else from Slurm."""
+        if self.record.final:
+            return JobStatus.from_dict({**self.record.final, "source": "record"})
+        if self._status is not None and not refresh:
+            return self._status
+        if not self.id:
+            raise JobError(f"{self.directory} has no Slurm job id: it was never submitted")
+        status = self.client.status(self.id)
+        self._status = status
+        if status.finished:
+            self._remember(status)
+        return status
+
+    def _remember(self, status: JobStatus) -> None:
+        self._update_record(final=status.as_dict())
+
+    def wait(self, timeout: float | None = None, poll_interval: float = 1.0,
+             progress: ProgressCallback = ignore) -> JobStatus:
+        """Until the job has finished; JobTimeout after ``timeout`` seconds.
+
+        Polls squeue (then sacct) starting at 0.1 s and backing off to
+        ``poll_interval``; reports each change of state as a Progress event
+        with ``stage="job"``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = min(0.1, poll_interval)
+        last: tuple = ()
+        failures = 0
+        while True:
+            try:
+                status = self.status()
+                failures = 0
+            except SlurmError:
+                failures += 1  # a busy slurmctld: try again a few times
+                if failures >= 5:
+                    raise
+                status = None
+            if status is not None:
+                seen = (status.state, status.reason, status.nodelist)
+                if seen != last:
+                    progress(Progress("job", status.describe(), item=self.id,
+                                      current=1 if status.finished else 0, total=1))
+                    last = seen
+                if status.finished:
+                    return status
+            if deadline is not None and time.monotonic() >= deadline:
+                current = status or self._status or JobStatus(self.id, "UNKNOWN")
+                raise JobTimeout(f"job {self.id} is still {current.state} after {timeout:g} s", current)
+            pause = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
+            time.sleep(pause)
+            delay = min(delay * 2, poll_interval)
+
+    def cancel(self) -> None:
+        """``scancel`` the job (a job that already ended is left as it is)."""
+        if not self.id:
+            raise JobError(f"{self.directory} has no Slurm job id: there is nothing to cancel")
+        if self.record.final:
+            return
+        try:
+            self.client.cancel(self.id)
+        except SlurmError:
+            if not self.status().finished:  # one Slurm has forgotten, because it ended long ago
+                raise
+
+    # --- output ------------------------------------------------------------------------
+
+    def logs(self, stream: str = "out") -> dict[int, str]:
+        """Each rank's output (``stream`` "out" or "err"), by rank."""
+        if stream not in ("out", "err"):
+            raise JobError(f"stream must be 'out' or 'err', not {stream!r}")
+        found: dict[int, str] = {}
+        for path in self.directory.glob(f"rank-*.{stream}"):
+            match = re.fullmatch(rf"rank-(\d+)\.{stream}", path.name)
+            if match:
+                found[int(match.group(1))] = path.read_text(errors="replace")
+        return dict(sorted(found.items()))
+
+    def labelled_output(self, stream: str = "out") -> str:
+        """Every rank's lines, prefixed with the rank as ``srun --label`` does."""
+        lines = []
+        for rank, text in self.logs(stream).items():
+            lines += [f"{rank}: {line}" for line in text.splitlines()]
+        return "\n".join(lines) + ("\n" if lines else "")
+
+    def batch_log(self) -> str:
+        """Slurm's log of the batch script (``slurm-<jobid>.out``): srun's own errors land here."""
+        path = self.directory / f"slurm-{self.id}.out"
+        try:
+            return path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def as_dict(self, status: bool = False) -> dict:
+        """The job as the REST API and the UI see it."""
+        data = {"id": self.id, "directory": str(self.directory), "name": self.record.id,
+                "submitted": self.submitted, "script": str(self.script_path),
+                "spec": self.record.spec, "run": self.record.run}
+        current = self.status() if status else (
+            JobStatus.from_dict(self.record.final) if self.record.final else self._status)
+        data["status"] = current.as_dict() if current else None
+        return data
+
+
+def _prepare_inputs(spec: JobSpec, staging: Path, directory: Path) -> tuple[RunTarget, dict]:
+    """Copy or convert the spec's inputs into ``staging``; the run target refers to ``directory``."""
+    if spec.command is not None:
+        return RunTarget(tuple(spec.command)), {"kind": "command", "argv": list(spec.command)}
+    if spec.python_script:
+        source = Path(spec.python_script).expanduser()
+        if not source.is_file():
+            raise JobSpecError(f"python_script {source} does not exist or is not a file")
+        if source.name in RESERVED:
+            raise JobSpecError(f"python_script may not be named {source.name} (the job directory's own file)")
+        shutil.copy2(source, staging / source.name)
+        argv = (*PYTHON, str(directory / source.name), *spec.args)
+        return RunTarget(argv, "python_script"), {
+            "kind": "python_script", "argv": list(argv), "source": str(source.resolve()),
+            "inputs": [source.name]}
+    source = Path(spec.notebook).expanduser()
+    if not source.is_file():
+        raise JobSpecError(f"notebook {source} does not exist or is not a file")
+    converted = notebooks.convert(source, staging, magics=spec.notebook_magics)
+    shutil.copy2(source, staging / f"{source.stem}.ipynb")
+    argv = (*converted.runner, str(directory / converted.script.name), *spec.args)
+    how = "under IPython (it uses magics)" if converted.uses_ipython else "under python3"
+    note = f"Notebook {source.name} converted to {converted.script.name} (nbconvert), run {how}."
+    return RunTarget(argv, "notebook", note), {
+        "kind": "notebook", "argv": list(argv), "source": str(source.resolve()),
+        "inputs": [f"{source.stem}.ipynb", converted.script.name], "runner": list(converted.runner),
+        "magics": list(converted.magics), "warnings": list(converted.warnings)}
+
+
+def _remove_stale_staging(root: Path) -> None:
+    cutoff = time.time() - _STALE_STAGING
+    for stale in root.glob(".*.tmp"):
+        try:
+            if stale.is_dir() and stale.stat().st_mtime < cutoff:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def list_jobs(root: str | Path | None = None, *, client: SlurmClient | None = None) -> list[Job]:
+    return Job.list(root, client=client)
+
+
+def find_job(job_id: str | int, root: str | Path | None = None, *, client: SlurmClient | None = None) -> Job:
+    return Job.find(job_id, root, client=client)
+
+
+__all__ = ["Job", "JobRecord", "JobError", "JobNotFound", "JobTimeout", "default_root",
+           "list_jobs", "find_job"]

@@ -1,0 +1,180 @@
+"""Rendering a JobSpec as the batch script a user would write by hand.
+
+The script is plain bash: ``#SBATCH`` lines, ``export`` lines, then one
+``srun`` step that calls the node-level launcher (``podman-hpc shared-run``
+in podman-exec mode, ``podman-hpc run --rm`` per process). Every value is
+quoted with ``shlex.quote``; the spec has already refused newlines, NULs and
+unknown directives. The script runs from a terminal with ``sbatch job.sh``
+exactly as written.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Optional, Sequence
+
+from .. import __version__
+from ..engine.config import SiteConfig, load_config
+from ..engine.modules import ModuleSet
+from .spec import SRUN_MPI, JobSpec, JobSpecError, _no_breaks
+
+BATCH_LOG = "slurm-%j.out"
+RANK_OUT = "rank-%t.out"
+RANK_ERR = "rank-%t.err"
+# Run a notebook converted with magics under IPython, with nothing a batch run does not want:
+# no config files, banner, colours, terminal title or shared history database.
+IPYTHON = ["python3", "-u", "-m", "IPython", "--quick", "--no-banner", "--colors=NoColor",
+           "--HistoryManager.enabled=False", "--TerminalInteractiveShell.term_title=False"]
+PYTHON = ["python3", "-u"]
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """What each rank runs inside the container, once the inputs are in the job directory."""
+
+    argv: tuple[str, ...]
+    kind: str = "command"          # command, python_script, notebook
+    note: str = ""                 # a comment line for the script, e.g. how a notebook was converted
+
+
+def podman_hpc_dir() -> Optional[str]:
+    """The directory of the ``podman-hpc`` console script that belongs to this Python.
+
+    The one beside the interpreter (the same virtual environment as the engine
+    writing the script), else the first on PATH; None if there is none.
+    """
+    sibling = Path(sys.executable).parent / "podman-hpc"
+    if sibling.is_file() and os.access(sibling, os.X_OK):
+        return str(sibling.parent)
+    found = shutil.which("podman-hpc")
+    return str(Path(found).parent) if found else None
+
+
+def default_target(spec: JobSpec, job_dir: str) -> RunTarget:
+    """The run target of a spec whose inputs have their default names in the job directory."""
+    if spec.command is not None:
+        return RunTarget(tuple(spec.command))
+    if spec.python_script:
+        path = str(PurePosixPath(job_dir) / PurePosixPath(spec.python_script).name)
+        return RunTarget((*PYTHON, path, *spec.args), "python_script")
+    path = str(PurePosixPath(job_dir) / (PurePosixPath(spec.notebook).stem + ".py"))
+    runner = IPYTHON if spec.notebook_magics == "ipython" else PYTHON
+    return RunTarget((*runner, path, *spec.args), "notebook")
+
+
+def _quote(words: Sequence[str]) -> str:
+    return " ".join(shlex.quote(str(word)) for word in words)
+
+
+def directives(spec: JobSpec, job_dir: str) -> list[str]:
+    """The ``#SBATCH`` options, in the order a person would write them."""
+    options = [f"--job-name={spec.default_job_name()}", f"--nodes={spec.nodes}",
+               f"--ntasks-per-node={spec.tasks_per_node}"]
+    if spec.cpus_per_task:
+        options.append(f"--cpus-per-task={spec.cpus_per_task}")
+    if spec.gpus_per_node:
+        options.append(f"--gpus-per-node={spec.gpus_per_node}")
+    if spec.time:
+        options.append(f"--time={spec.time}")
+    for name in ("partition", "account", "qos", "reservation"):
+        value = getattr(spec, name)
+        if value:
+            options.append(f"--{name}={value}")
+    options.append(f"--chdir={shlex.quote(job_dir)}")
+    options.append(f"--output={shlex.quote(f'{job_dir}/{BATCH_LOG}')}")
+    options.extend(spec.extra_directives)
+    return options
+
+
+def launcher_argv(spec: JobSpec, job_dir: str, target: RunTarget, modules: ModuleSet,
+                  config: SiteConfig) -> list[str]:
+    """``podman-hpc shared-run|run --rm [module flags] [options] IMAGE CMD...`` for one rank."""
+    options, image_and_command = _launcher_parts(spec, job_dir, target, modules, config)
+    return options + image_and_command
+
+
+def _launcher_parts(spec: JobSpec, job_dir: str, target: RunTarget, modules: ModuleSet,
+                    config: SiteConfig) -> tuple[list[str], list[str]]:
+    chosen = spec.check_modules(modules)
+    argv = ["podman-hpc"]
+    argv += ["shared-run"] if spec.mode == "podman-exec" else ["run", "--rm"]
+    argv += [module.flag for module in chosen]
+    if spec.mode == "per-process":
+        # shared-run gives every rank its Slurm/PMI variables (shared_run_exec_args);
+        # a container per rank gets the same ones here.
+        argv += list(config.shared_run_exec_args)
+    for name in spec.environment:
+        argv += ["-e", name]
+    argv += ["-v", f"{job_dir}:{job_dir}", "-w", spec.workdir or job_dir]
+    return argv, [spec.image, *target.argv]
+
+
+def srun_argv(spec: JobSpec, job_dir: str, modules: ModuleSet) -> list[str]:
+    argv = ["srun"]
+    for module in spec.check_modules(modules):
+        if module.name in SRUN_MPI:
+            argv.append(f"--mpi={SRUN_MPI[module.name]}")
+    # srun inherits the allocation's shape; --cpus-per-task must be repeated (Slurm >= 22.05).
+    if spec.cpus_per_task:
+        argv.append(f"--cpus-per-task={spec.cpus_per_task}")
+    argv += [f"--output={job_dir}/{RANK_OUT}", f"--error={job_dir}/{RANK_ERR}"]
+    return argv
+
+
+def render(spec: JobSpec, job_dir: str | os.PathLike, *, target: RunTarget | None = None,
+           modules: ModuleSet | None = None, config: SiteConfig | None = None,
+           bin_dir: str | None = "auto") -> str:
+    """The batch script of ``spec`` for a job directory (on storage every node sees).
+
+    ``target`` is what each rank runs (default: the spec's command, or its
+    script/notebook under its default name in the job directory). ``modules``
+    and ``config`` default to the site's. ``bin_dir`` is the directory put first
+    on PATH for ``podman-hpc`` ("auto": found as ``podman_hpc_dir`` does; None:
+    rely on the submitter's PATH).
+    """
+    job_dir = str(job_dir)
+    _no_breaks("job directory", job_dir)
+    if not os.path.isabs(job_dir):
+        raise JobSpecError(f"the job directory must be an absolute path, not {job_dir!r}")
+    if config is None:
+        config = load_config()
+    if modules is None:
+        modules = ModuleSet.load(config.modules_dir)
+    target = target or default_target(spec, job_dir)
+    for word in target.argv:
+        _no_breaks("command", word)
+    _no_breaks("note", target.note)
+    if bin_dir == "auto":
+        bin_dir = podman_hpc_dir()
+    if bin_dir is not None:
+        _no_breaks("podman-hpc directory", bin_dir)
+
+    lines = ["#!/bin/bash"]
+    lines += [f"#SBATCH {option}" for option in directives(spec, job_dir)]
+    lines += ["", f"# Written by jupyter-podman-hpc {__version__}: {spec.nodes} node(s) x {spec.tasks_per_node} "
+                  f"task(s), {spec.mode} mode. Submit it again with: sbatch {shlex.quote(job_dir + '/job.sh')}"]
+    if target.note:
+        lines.append(f"# {target.note}")
+    if bin_dir is not None:
+        lines += [
+            "",
+            "# podman-hpc of the Python environment that wrote this script, first on PATH: sbatch",
+            "# passes the submitter's environment to the job, but a shell (or a Jupyter server)",
+            "# without that environment on its PATH may submit this script too, and every node",
+            "# then runs the same podman-hpc as the login node.",
+            f'export PATH={shlex.quote(bin_dir)}:"$PATH"',
+        ]
+    if spec.environment:
+        lines += ["", "# The job's environment: seen by podman-hpc on the nodes and passed into the containers."]
+        lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.environment.items()]
+    srun = srun_argv(spec, job_dir, modules)
+    options, image_and_command = _launcher_parts(spec, job_dir, target, modules, config)
+    lines += ["", _quote(srun) + " \\",
+              "    " + _quote(options) + " \\",
+              "    " + _quote(image_and_command), ""]
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""Job directories: what submit writes, what a refused submission leaves (nothing), finding
+jobs again from disk, wait and logs. Slurm is a stand-in here; tests/integration/slurm has the
+real one."""
+
+import json
+
+import nbformat
+import pytest
+
+from jupyter_podman_hpc.engine.config import SiteConfig
+from jupyter_podman_hpc.engine.progress import Progress
+from jupyter_podman_hpc.slurm.client import JobStatus, SlurmClient, SlurmError
+from jupyter_podman_hpc.slurm.jobs import Job, JobError, JobNotFound, JobTimeout, default_root
+from jupyter_podman_hpc.slurm.spec import JobSpec, JobSpecError
+
+IMAGE = "registry.example.org:5000/team/image:1.0"
+
+
+class StandInSlurm(SlurmClient):
+    """Answers as Slurm would, from a script of states; records what it was asked."""
+
+    def __init__(self, states=("RUNNING", "COMPLETED"), refuse=None):
+        super().__init__()
+        self.states = list(states)
+        self.refuse = refuse
+        self.submitted = []
+        self.cancelled = []
+        self.asked = 0
+
+    def submit(self, script_path, *, cwd=None, options=()):
+        if self.refuse:
+            raise SlurmError(self.refuse)
+        self.submitted.append((str(script_path), cwd))
+        return str(100 + len(self.submitted))
+
+    def statuses(self, job_ids):
+        self.asked += 1
+        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        return {j: JobStatus(j, state, raw_state=state, exit_code=0 if state == "COMPLETED" else None,
+                             nodelist="n[1-2]", nodes=("n1", "n2"), source="squeue") for j in job_ids}
+
+    def cancel(self, job_id, *, signal=None):
+        self.cancelled.append(job_id)
+
+
+def submit(tmp_path, spec=None, client=None, **kwargs):
+    spec = spec or JobSpec(image=IMAGE, command=["echo", "hi"], nodes=2, tasks_per_node=2)
+    return Job.submit(spec, tmp_path / "jobs", client=client or StandInSlurm(), config=SiteConfig(), **kwargs)
+
+
+def test_submit_writes_a_complete_job_directory(tmp_path):
+    events = []
+    client = StandInSlurm()
+    job = submit(tmp_path, client=client, progress=events.append)
+    assert job.id == "101"
+    assert client.submitted == [(str(job.directory / "job.sh"), str(job.directory))]
+    assert sorted(p.name for p in job.directory.iterdir()) == ["job.json", "job.sh"]
+    assert job.directory.parent == tmp_path / "jobs" and not job.directory.name.startswith(".")
+    record = json.loads((job.directory / "job.json").read_text())
+    assert record["job_id"] == "101" and record["spec"]["command"] == ["echo", "hi"]
+    assert record["run"] == {"kind": "command", "argv": ["echo", "hi"]} and record["submitted"]
+    assert job.script.startswith("#!/bin/bash\n") and f"--chdir={job.directory}" in job.script
+    assert (job.directory / "job.sh").stat().st_mode & 0o111
+    assert job.spec == JobSpec(image=IMAGE, command=["echo", "hi"], nodes=2, tasks_per_node=2)
+    assert [e.stage for e in events] == ["job", "job"] and events[-1].message == "submitted job 101"
+    assert [p.name for p in (tmp_path / "jobs").iterdir()] == [job.directory.name]  # no temporaries
+
+
+def test_a_refused_submission_leaves_nothing_behind(tmp_path):
+    client = StandInSlurm(refuse="sbatch: Batch job submission failed: Invalid partition name specified")
+    with pytest.raises(SlurmError, match="Invalid partition name"):
+        submit(tmp_path, client=client)
+    assert list((tmp_path / "jobs").iterdir()) == []
+
+
+def test_a_bad_input_leaves_nothing_behind(tmp_path):
+    spec = JobSpec(image=IMAGE, python_script=str(tmp_path / "missing.py"))
+    with pytest.raises(JobSpecError, match="python_script .* does not exist"):
+        submit(tmp_path, spec)
+    assert list((tmp_path / "jobs").iterdir()) == []
+    spec = JobSpec(image=IMAGE, command=["true"], modules=["openmpi-pmix", "openmpi-pmi2"])
+    with pytest.raises(JobSpecError, match="conflicts"):
+        submit(tmp_path, spec)
+
+
+def test_a_python_script_is_copied_and_run_from_the_job_directory(tmp_path):
+    (tmp_path / "train.py").write_text("print('training')\n")
+    job = submit(tmp_path, JobSpec(image=IMAGE, python_script=str(tmp_path / "train.py"), args=["-n", "2"]))
+    assert (job.directory / "train.py").read_text() == "print('training')\n"
+    assert job.script.rstrip().endswith(f"python3 -u {job.directory}/train.py -n 2")
+    assert job.record.run["inputs"] == ["train.py"]
+
+
+def test_a_notebook_is_converted_into_the_job_directory(tmp_path):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("%time x = 1"), nbformat.v4.new_code_cell("print(x)")]
+    nbformat.write(notebook, str(tmp_path / "Study.ipynb"))
+    job = submit(tmp_path, JobSpec(image=IMAGE, notebook=str(tmp_path / "Study.ipynb")))
+    assert {"Study.ipynb", "Study.py"} <= {p.name for p in job.directory.iterdir()}
+    assert "python3 -u -m IPython" in job.script and f"{job.directory}/Study.py" in job.script
+    assert "# Notebook Study.ipynb converted to Study.py (nbconvert), run under IPython" in job.script
+    assert job.record.run["magics"] and job.record.run["runner"][:4] == ["python3", "-u", "-m", "IPython"]
+    preview = Job.preview(JobSpec(image=IMAGE, notebook=str(tmp_path / "Study.ipynb")), tmp_path / "jobs",
+                          config=SiteConfig())
+    assert preview.replace(preview.split("--chdir=")[1].split("\n")[0], "D") == \
+        job.script.replace(str(job.directory), "D")
+
+
+def test_jobs_are_found_again_from_their_directories(tmp_path):
+    submitter = StandInSlurm()
+    first, second = submit(tmp_path, client=submitter), submit(tmp_path, client=submitter)
+    client = StandInSlurm(states=("COMPLETED",))
+    jobs = Job.list(tmp_path / "jobs", client=client)
+    assert [(j.id, j.directory) for j in jobs] == [("101", first.directory), ("102", second.directory)]
+    assert all(j.status(refresh=False).state == "COMPLETED" for j in jobs)
+    again = Job.list(tmp_path / "jobs", client=client)  # finished: read from the records, not Slurm
+    assert client.asked == 1 and all(j.status().source == "record" for j in again)
+    found = Job.find(102, tmp_path / "jobs", client=client)
+    assert found.directory == second.directory and found.spec == second.spec
+    with pytest.raises(JobNotFound, match="no job 999 in"):
+        Job.find(999, tmp_path / "jobs", client=client)
+
+
+def test_find_takes_the_latest_of_a_reused_id_and_skips_foreign_directories(tmp_path):
+    client = StandInSlurm()
+    first = submit(tmp_path, client=client)
+    client.submitted.clear()  # Slurm restarted with a fresh state: the id comes again
+    second = submit(tmp_path, client=client)
+    assert first.id == second.id
+    (tmp_path / "jobs" / "not-a-job").mkdir()
+    (tmp_path / "jobs" / ".20260101-000000-abcdef.tmp").mkdir()
+    (tmp_path / "jobs" / "garbage").mkdir()
+    (tmp_path / "jobs" / "garbage" / "job.json").write_text("[1, 2]")
+    assert Job.find(first.id, tmp_path / "jobs", client=client).directory == second.directory
+    assert len(Job.list(tmp_path / "jobs", client=client, status=False)) == 2
+
+
+def test_a_record_without_job_id_is_recovered_from_slurm_s_log(tmp_path):
+    job = submit(tmp_path)
+    record = json.loads((job.directory / "job.json").read_text())
+    record["job_id"] = None  # as if the submitter died between sbatch and the record
+    (job.directory / "job.json").write_text(json.dumps(record))
+    assert Job.list(tmp_path / "jobs", status=False) == []
+    (job.directory / "slurm-4711.out").write_text("")
+    (recovered,) = Job.list(tmp_path / "jobs", status=False)
+    assert recovered.id == "4711"
+    assert json.loads((job.directory / "job.json").read_text())["job_id"] == "4711"
+
+
+def test_wait_reports_each_change_and_returns_the_final_status(tmp_path):
+    client = StandInSlurm(states=("PENDING", "PENDING", "RUNNING", "RUNNING", "COMPLETED"))
+    job = submit(tmp_path, client=client)
+    events: list[Progress] = []
+    status = job.wait(timeout=30, poll_interval=0.01, progress=events.append)
+    assert status.state == "COMPLETED" and status.exit_code == 0
+    assert [e.message for e in events] == ["job 101 PENDING", "job 101 RUNNING on n[1-2]",
+                                           "job 101 COMPLETED on n[1-2]"]
+    assert {e.stage for e in events} == {"job"} and events[-1].fraction == 1.0
+    assert json.loads((job.directory / "job.json").read_text())["final"]["state"] == "COMPLETED"
+
+
+def test_wait_gives_up_after_its_timeout(tmp_path):
+    job = submit(tmp_path, client=StandInSlurm(states=("RUNNING",)))
+    with pytest.raises(JobTimeout, match="job 101 is still RUNNING after 0.3 s") as caught:
+        job.wait(timeout=0.3, poll_interval=0.05)
+    assert caught.value.status.state == "RUNNING"
+    job.cancel()
+    assert job.client.cancelled == ["101"]
+
+
+def test_logs_are_per_rank_and_labelled(tmp_path):
+    job = submit(tmp_path)
+    for rank in (0, 1, 10):
+        (job.directory / f"rank-{rank}.out").write_text(f"hello from {rank}\nbye\n")
+        (job.directory / f"rank-{rank}.err").write_text("" if rank else "warning\n")
+    (job.directory / f"slurm-{job.id}.out").write_text("srun: error: n1: task 0: Exited with exit code 3\n")
+    assert job.logs() == {0: "hello from 0\nbye\n", 1: "hello from 1\nbye\n", 10: "hello from 10\nbye\n"}
+    assert job.logs("err") == {0: "warning\n", 1: "", 10: ""}
+    assert job.labelled_output().splitlines()[:3] == ["0: hello from 0", "0: bye", "1: hello from 1"]
+    assert "task 0: Exited with exit code 3" in job.batch_log()
+    with pytest.raises(JobError, match="stream must be"):
+        job.logs("both")
+
+
+def test_the_default_root_is_on_scratch():
+    assert str(default_root({"SCRATCH": "/scratch/u"})) == "/scratch/u/podman-hpc/jobs"
+    with pytest.raises(JobError, match="SCRATCH is not set"):
+        default_root({})
