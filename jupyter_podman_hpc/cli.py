@@ -201,14 +201,15 @@ class Cli:
         options = [o for o in options if o != "--join"]
         if image is None:
             raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
-        from .engine.launcher import pmi_fd_passthrough, shared_run, step_env_args
+        from .engine.launcher import in_slurm_step, per_process_run, pmi_fd_passthrough, shared_run
         module_args = self.modules.podman_args(chosen, self.environ)
         if shared or any(module.shared_run for module in chosen):
             return shared_run(self.podman, options, module_args, image, command, self.environ,
                               join=True if join else None)
+        if in_slurm_step(self.environ):
+            return per_process_run(self.podman, options, module_args, image, command, self.environ)
         passthrough = pmi_fd_passthrough(self.environ)
-        step_env = step_env_args(self.config, self.environ)
-        argv = self.podman.run_command([*passthrough.run_args, *step_env, *options, image, *command], module_args)
+        argv = self.podman.run_command([*passthrough.run_args, *options, image, *command], module_args)
         return self.exec(argv, passthrough.env)
 
     def _parse_run(self, args: list[str]):

@@ -108,12 +108,66 @@ def pmi_fd_passthrough(environ: Mapping[str, str]) -> Passthrough:
     return Passthrough(["--preserve-fds", "1"], env, (3,))
 
 
+def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequence[str], image: str,
+                    command: Sequence[str], environ: Mapping[str, str]) -> int:
+    """One task's own container in a Slurm step (per-process mode); its exit code.
+
+    podman runs as a child, not in our place: a detached reaper holding a pipe
+    from this process removes the container when the task ends without
+    podman having done it, e.g. when scancel's SIGKILL (after SIGTERM, which
+    a container's PID 1 may ignore) takes podman down and leaves conmon and
+    the container running.
+    """
+    context = step_context(podman.config, environ)
+    name = f"{context.container_name(os.getuid())}.{context.local_id}"
+    named = [] if any(flag_name([o]) == "--name" for o in options) else ["--name", name]
+    reaper = _start_reaper(podman, name) if named else None
+    passthrough = pmi_fd_passthrough(environ)
+    argv = podman.run_command([*passthrough.run_args, *step_env_args(podman.config, environ), *named,
+                               *options, image, *command], module_args)
+    env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
+    process = subprocess.Popen(argv, env=env, pass_fds=passthrough.fds)
+    _forward_signals(process)
+    code = process.wait()
+    if reaper is not None:
+        os.write(reaper, b"d")  # podman ended on its own: nothing to clean up
+    return code
+
+
+def _start_reaper(podman: Podman, name: str) -> int:
+    """Fork a process that removes container ``name`` if this process dies before saying "done".
+
+    Returns the pipe to say it on. The pipe is close-on-exec, so podman and
+    its conmon never hold it: its other end sees EOF when this process dies.
+    """
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.close(write_end)
+            if os.read(read_end, 1) != b"d":  # EOF: the task died with its container running
+                podman.run(podman.command("rm", "--force", "--ignore", "--time", "0", name), check=False)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    os.waitpid(child, 0)
+    return write_end
+
+
+def in_slurm_step(environ: Mapping[str, str]) -> bool:
+    return bool(environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
+
+
 def step_env_args(config, environ: Mapping[str, str]) -> list[str]:
     """In a Slurm step, a per-process container gets the task's Slurm/PMI environment
     (the same ``shared_run_exec_args`` patterns podman-exec mode passes to each exec)."""
-    if environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"):
-        return list(config.shared_run_exec_args)
-    return []
+    return list(config.shared_run_exec_args) if in_slurm_step(environ) else []
 
 
 # --- the task side -----------------------------------------------------------

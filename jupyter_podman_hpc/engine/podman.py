@@ -50,9 +50,13 @@ class Podman:
                      "--storage-opt", f"mount_program={c.mount_program}"]
             if c.cgroup_manager:
                 args += ["--cgroup-manager", c.cgroup_manager]
-            if squashed:
-                stores = ",".join([c.squash_dir, *c.additional_stores])
-                args += ["--storage-opt", f"additionalimagestore={stores}"]
+            # podman refuses to start with a missing store: the user's own squashed
+            # store is made on first use (a long-running API service must see it
+            # from the start); a site store that is missing is left out.
+            _make_dir(c.squash_dir)
+            stores = [s for s in (c.squash_dir, *c.additional_stores) if os.path.isdir(s)]
+            if squashed and stores:
+                args += ["--storage-opt", f"additionalimagestore={','.join(stores)}"]
             if subcommand in CONTAINER_STARTERS | {"pull"}:
                 args += ["--storage-opt", "ignore_chown_errors=true"]
             if subcommand in CONTAINER_STARTERS:
@@ -250,6 +254,13 @@ def error_message(stderr: str, argv: Sequence[str] = ()) -> str:
     errors = [line for line in lines if line.startswith("Error:")]
     line = (errors or lines or [f"podman {' '.join(argv[1:3])} failed"])[-1]
     return line.removeprefix("Error:").strip()
+
+
+def _make_dir(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        pass
 
 
 def _which(name: str, env: Mapping[str, str]) -> str:

@@ -227,8 +227,6 @@ def test_the_batch_script_is_what_sbatch_accepts_for_every_option(stack, root):
     assert result.returncode == 0 and "to start at" in result.stderr, result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="launcher bug (reported): in per-process mode slurmstepd SIGKILLs "
-                   "`podman run --rm` before its container is stopped; the container keeps running")
 def test_cancel_in_per_process_mode_leaves_nothing_either(squashed_tiny, stack, root):
     hpc = squashed_tiny
     spec = JobSpec(image=stack.tiny_image, command=["sh", "-c", "echo started; exec sleep 120"], nodes=4,

@@ -38,12 +38,16 @@ def test_group_options_pairs_flags_with_values():
         [["-e", "A=1"], ["--rm"], ["-w/x"], ["--env=B"]]
 
 
-def test_commands_carry_the_hpc_storage_settings():
-    config = load_config({"SQUASH_DIR": "/sq", "PODMANHPC_ADDITIONAL_STORES": "/extra"})
+def test_commands_carry_the_hpc_storage_settings(tmp_path):
+    squash, extra = tmp_path / "sq", tmp_path / "extra"
+    extra.mkdir()
+    config = load_config({"SQUASH_DIR": str(squash), "PODMANHPC_ADDITIONAL_STORES": f"{extra},{tmp_path}/none"})
     podman = Podman(config, {})
     run = podman.command("run", "--rm", "img")
     assert run[:5] == ["podman", "--root", config.graph_root, "--runroot", config.run_root]
-    assert "additionalimagestore=/sq,/extra" in run and "ignore_chown_errors=true" in run
+    # the user's store is made on first use; a missing site store is left out (podman would refuse)
+    assert f"additionalimagestore={squash},{extra}" in run and "ignore_chown_errors=true" in run
+    assert squash.is_dir()
     assert f"mount_program={config.mount_program}" in run
     pull = podman.command("pull", "img")
     assert not any(a.startswith("additionalimagestore") for a in pull)  # writes never see the store
