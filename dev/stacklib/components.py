@@ -1,6 +1,6 @@
 """The stack's components in the order `up` brings them up."""
 
-from . import host, image, layout, peer, registry, slurm, venv
+from . import host, image, layout, npm, peer, registry, slurm, venv
 from .proc import say
 
 
@@ -15,6 +15,7 @@ def up() -> None:
     registry.up()
     image.up()
     venv.up()
+    npm.up()
     peer.up()
     say("up")
 
@@ -37,6 +38,7 @@ def status() -> dict[str, bool]:
     result.update(registry.status())
     result.update(image.status())
     result.update(venv.status())
+    result.update(npm.status())
     result.update(peer.status())
     return result
 
@@ -62,6 +64,7 @@ def env() -> dict[str, str]:
         "STACK_PARTITION": layout.PARTITION,
         "STACK_LOG": str(layout.LOG),
         # podman-hpc 1.2.2 as a peer: PODMANHPC_CONFIG_FILE=$STACK_PEER_CONFIG $STACK_PEER_BIN ...
+        "JPH_CHP": str(npm.CHP_BIN),
         "STACK_PEER_VENV": str(layout.PEER_VENV),
         "STACK_PEER_CONFIG": str(layout.PEER_CONFIG),
         "STACK_PEER_BIN": str(layout.PEER_BIN),

@@ -1,0 +1,330 @@
+"""Kernelspecs of container kernels: install, list and remove.
+
+A kernelspec written here is a standard Jupyter kernelspec directory
+(``kernel.json`` and the logo) whose ``metadata.kernel_provisioner``
+selects ``podman-hpc-provisioner`` with the image and modules. By default
+it goes to the user's Jupyter data directory (``jupyter --data-dir``),
+where JupyterLab, notebook servers and JupyterHub single-user servers all
+look. Writes are atomic: the directory is assembled beside the kernels
+directory and renamed into place (swapped with the old one when replacing),
+under a lock, so Jupyter never lists a half-written kernelspec.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from jupyter_core.paths import SYSTEM_JUPYTER_PATH, jupyter_data_dir, jupyter_path
+
+from .. import __version__
+from ..engine.errors import EngineError
+from . import PROVISIONER_NAME
+
+KERNEL_ARGV = ["{python}", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+LOGO_FILES = ("logo-svg.svg", "logo-64x64.png", "logo-32x32.png")
+MAX_NAME = 128
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_LOCK_NAME = ".podman-hpc-kernels.lock"
+
+
+class KernelSpecError(EngineError):
+    """A kernelspec cannot be installed, found or removed."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class ContainerKernel:
+    """A podman-hpc kernelspec as found on disk."""
+
+    name: str
+    display_name: str
+    image: str
+    modules: list[str] = field(default_factory=builtins.list)
+    podman_args: list[str] = field(default_factory=builtins.list)
+    path: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- names and locations ---------------------------------------------------------
+
+
+def validate_name(name: str) -> str:
+    """``name`` if Jupyter and we accept it as a kernel name, else KernelSpecError."""
+    if not isinstance(name, str) or not _NAME.match(name) or len(name) > MAX_NAME:
+        raise KernelSpecError(
+            f"invalid kernel name {name!r}: use lower-case letters, digits, '.', '_' and '-' "
+            f"(starting with a letter or digit, at most {MAX_NAME} characters)")
+    return name
+
+
+def default_name(image: str) -> str:
+    """``podman-hpc-<image>`` with the reference's other characters turned into '-'."""
+    slug = re.sub(r"[^a-z0-9._-]+", "-", image.lower()).strip("-._")
+    return f"podman-hpc-{slug}"[:MAX_NAME].rstrip("-._")
+
+
+def default_display_name(image: str) -> str:
+    return f"Python (podman-hpc: {image})"
+
+
+def kernels_dir(*, user: bool = True, sys_prefix: bool = False, prefix: str | os.PathLike | None = None) -> Path:
+    """Where ``install`` writes: ``prefix``, else ``sys.prefix``, else the user's data dir,
+    else the system-wide directory."""
+    if prefix is not None:
+        return Path(prefix) / "share" / "jupyter" / "kernels"
+    if sys_prefix:
+        return Path(sys.prefix) / "share" / "jupyter" / "kernels"
+    if user:
+        return Path(jupyter_data_dir()) / "kernels"
+    return Path(SYSTEM_JUPYTER_PATH[0]) / "kernels"
+
+
+def search_dirs(prefix: str | os.PathLike | None = None) -> builtins.list[Path]:
+    """The kernels directories Jupyter searches (``JUPYTER_PATH``, user, env, system), in its order."""
+    dirs = [Path(d) for d in jupyter_path("kernels")]
+    if prefix is not None:
+        extra = kernels_dir(prefix=prefix)
+        if extra not in dirs:
+            dirs.insert(0, extra)
+    return dirs
+
+
+def _logo_dirs() -> builtins.list[Path]:
+    here = Path(__file__).resolve().parent
+    # a wheel carries the repository's kernels/ folder as package data;
+    # an editable install reads it from the checkout
+    return [here / "resources", here.parents[1] / "kernels"]
+
+
+def logo_files() -> dict[str, bytes]:
+    for directory in _logo_dirs():
+        found = {name: (directory / name).read_bytes() for name in LOGO_FILES if (directory / name).is_file()}
+        if found:
+            return found
+    return {}
+
+
+# --- kernel.json -----------------------------------------------------------------
+
+
+def kernel_json(image: str, *, display_name: str | None = None, modules: Sequence[str] = (),
+                podman_args: Sequence[str] = (), python: str = "python3",
+                interrupt_mode: str = "message") -> dict:
+    """The kernel.json of a container kernel."""
+    config: dict = {"image": image}
+    if modules:
+        config["modules"] = builtins.list(modules)
+    if podman_args:
+        config["podman_args"] = builtins.list(podman_args)
+    return {
+        "argv": [python if arg == "{python}" else arg for arg in KERNEL_ARGV],
+        "display_name": display_name or default_display_name(image),
+        "language": "python",
+        "interrupt_mode": interrupt_mode,
+        # debugpy in the image warns about frozen modules on every start otherwise
+        "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"},
+        "metadata": {
+            "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": config},
+            "podman_hpc": {"image": image, "installed_by": f"jupyter-podman-hpc {__version__}"},
+        },
+    }
+
+
+def _read(directory: Path) -> ContainerKernel | None:
+    """The kernelspec in ``directory`` if it is one of ours."""
+    try:
+        spec = json.loads((directory / "kernel.json").read_text())
+    except (OSError, ValueError):
+        return None
+    provisioner = (spec.get("metadata") or {}).get("kernel_provisioner") or {}
+    if not isinstance(provisioner, dict) or provisioner.get("provisioner_name") != PROVISIONER_NAME:
+        return None
+    config = provisioner.get("config") or {}
+    return ContainerKernel(
+        name=directory.name, display_name=str(spec.get("display_name", "")), image=str(config.get("image", "")),
+        modules=[str(m) for m in config.get("modules") or []],
+        podman_args=[str(a) for a in config.get("podman_args") or []], path=str(directory))
+
+
+# --- writing -----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _locked(kernels: Path) -> Iterator[None]:
+    """Serialise installs and removals in one kernels directory (across processes)."""
+    lock = kernels.parent / _LOCK_NAME
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (renameat2 RENAME_EXCHANGE); False if unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    if result == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(error, os.strerror(error), str(b))
+
+
+def _stage(kernels: Path, name: str, files: dict[str, bytes]) -> Path:
+    """A complete kernelspec directory beside the kernels directory (where Jupyter does not look)."""
+    staging = Path(tempfile.mkdtemp(prefix=f".podman-hpc-kernel-{name}.", dir=kernels.parent))
+    try:
+        for filename, data in files.items():
+            with open(staging / filename, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(staging / filename, 0o644)
+        os.chmod(staging, 0o755)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def _put(staging: Path, target: Path) -> None:
+    """Move the staged directory to ``target``, replacing what is there in one step."""
+    if not target.exists():
+        os.rename(staging, target)
+        return
+    if _exchange(staging, target):
+        shutil.rmtree(staging, ignore_errors=True)  # it holds the old kernelspec now
+        return
+    old = staging.with_name(staging.name + ".old")
+    os.rename(target, old)
+    os.rename(staging, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_modules(modules: Sequence[str]) -> None:
+    """The modules exist in the site configuration and go together."""
+    if not modules:
+        return
+    from ..engine.config import load_config
+    from ..engine.modules import ModuleSet
+    config = load_config(os.environ)
+    ModuleSet.load(config.modules_dir).select(modules)
+
+
+def install(image: str, name: str | None = None, display_name: str | None = None,
+            modules: Iterable[str] = (), *, user: bool = True, sys_prefix: bool = False,
+            prefix: str | os.PathLike | None = None, podman_args: Iterable[str] = (),
+            python: str = "python3", interrupt_mode: str = "message") -> ContainerKernel:
+    """Write (or replace) the kernelspec of a container kernel; returns it as installed.
+
+    A kernelspec of the same name that is not a podman-hpc kernel is never replaced.
+    """
+    from ..engine import reference
+
+    reference.validate(image)
+    name = validate_name(name if name is not None else default_name(image))
+    modules = [m for m in modules]
+    podman_args = [str(a) for a in podman_args]
+    if display_name is not None and (not display_name.strip() or "\n" in display_name or len(display_name) > 200):
+        raise KernelSpecError("the display name must be one non-empty line of at most 200 characters")
+    if interrupt_mode not in ("message", "signal"):
+        raise KernelSpecError(f"interrupt mode must be 'message' or 'signal', not {interrupt_mode!r}")
+    if not python or any(c.isspace() for c in python):
+        raise KernelSpecError(f"invalid python command {python!r} for the image")
+    _check_modules(modules)
+    spec = kernel_json(image, display_name=display_name, modules=modules, podman_args=podman_args,
+                       python=python, interrupt_mode=interrupt_mode)
+    files = {"kernel.json": (json.dumps(spec, indent=1) + "\n").encode(), **logo_files()}
+    kernels = kernels_dir(user=user, sys_prefix=sys_prefix, prefix=prefix)
+    target = kernels / name
+    try:
+        kernels.mkdir(parents=True, exist_ok=True)
+        with _locked(kernels):
+            if target.exists() and _read(target) is None:
+                raise KernelSpecError(f"a kernel named {name} that is not a podman-hpc kernel exists in "
+                                      f"{kernels}: choose another --name")
+            staging = _stage(kernels, name, files)
+            try:
+                _put(staging, target)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+    except OSError as err:
+        raise KernelSpecError(f"cannot write the kernelspec {name} to {kernels}: {err.strerror or err}")
+    installed = _read(target)
+    assert installed is not None
+    return installed
+
+
+def list_kernels(prefix: str | os.PathLike | None = None) -> builtins.list[ContainerKernel]:
+    """The podman-hpc kernelspecs Jupyter sees, one per name (the one Jupyter would use)."""
+    found: dict[str, ContainerKernel] = {}
+    shadowed: set[str] = set()
+    for directory in search_dirs(prefix):
+        try:
+            entries = sorted(directory.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            name = entry.name.lower()
+            if name in found or name in shadowed or not (entry / "kernel.json").is_file():
+                continue
+            kernel = _read(entry)
+            if kernel is None:
+                shadowed.add(name)  # an ordinary kernel of that name comes first
+            else:
+                found[name] = kernel
+    return sorted(found.values(), key=lambda k: k.name)
+
+
+def find(name: str, prefix: str | os.PathLike | None = None) -> ContainerKernel:
+    validate_name(name)
+    for kernel in list_kernels(prefix):
+        if kernel.name == name:
+            return kernel
+    raise KernelSpecError(f"no podman-hpc kernel named {name} (see `jupyter podman-hpc kernel list`)")
+
+
+def remove(name: str, prefix: str | os.PathLike | None = None) -> ContainerKernel:
+    """Remove the kernelspec ``name`` (the one Jupyter would use); returns what was removed."""
+    kernel = find(name, prefix)
+    directory = Path(kernel.path)
+    kernels = directory.parent
+    try:
+        with _locked(kernels):
+            if _read(directory) is None:
+                raise KernelSpecError(f"no podman-hpc kernel named {name} (see `jupyter podman-hpc kernel list`)")
+            doomed = Path(tempfile.mkdtemp(prefix=f".podman-hpc-kernel-{name}.", dir=kernels.parent))
+            os.rename(directory, doomed / name)  # gone from Jupyter's view in one step
+            shutil.rmtree(doomed, ignore_errors=True)
+    except OSError as err:
+        raise KernelSpecError(f"cannot remove the kernelspec {name} from {kernels}: {err.strerror or err}")
+    return kernel
+
+
+# ``kernelspec.list()`` as the fronts call it; the builtin stays reachable as builtins.list.
+list = list_kernels  # noqa: A001

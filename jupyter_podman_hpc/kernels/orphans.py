@@ -1,0 +1,187 @@
+"""Kernel containers whose Jupyter server is gone: labels, the sweep and the watchdog.
+
+Every kernel container carries labels naming its kernel and its owner, the
+process that started it (pid and start time, so a recycled pid is not
+mistaken for the owner), and the host. Two mechanisms remove a container
+whose owner died without shutting it down (``kill -9`` of the server, an
+OOM kill, a node's batch job ending):
+
+- the **watchdog**: a tiny process started beside each kernel, in its own
+  session, that waits (pidfds, no polling) for either the owner or the
+  kernel's ``podman run`` to exit. If the owner goes first it removes the
+  container at once; if the kernel goes first it just exits.
+- the **sweep** (:func:`sweep`), run by the next provisioner in any process
+  of the user on the node, before its first kernel: every container with
+  our label whose owner is dead is removed. It catches what the watchdog
+  could not (a watchdog killed too, a node rebooted with its storage kept).
+
+Run as ``python -m jupyter_podman_hpc.kernels.orphans --owner PID:START
+--client PID --name NAME`` for the watchdog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # the engine is imported lazily: the watchdog must start fast
+    from ..engine.podman import Podman
+
+LABEL = "io.podman-hpc.kernel"
+OWNER_LABEL = "io.podman-hpc.kernel.owner"
+HOST_LABEL = "io.podman-hpc.kernel.host"
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of a process (clock ticks since boot), or None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except (OSError, ValueError):
+        return None
+    fields = text.rpartition(")")[2].split()
+    # after "pid (comm)": state is field 3, starttime field 22
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+def owner_token(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{process_start(pid) or '0'}"
+
+
+def owner_alive(token: str) -> bool:
+    pid, _, start = token.partition(":")
+    try:
+        number = int(pid)
+    except ValueError:
+        return False
+    current = process_start(number)
+    return current is not None and (not start or current == start)
+
+
+def labels(kernel_id: str) -> dict[str, str]:
+    return {LABEL: kernel_id, OWNER_LABEL: owner_token(), HOST_LABEL: socket.gethostname()}
+
+
+def kernel_containers(podman: "Podman") -> list[dict]:
+    """Every container (running or not) of this user's node storage with our label."""
+    result = podman("ps", "--all", "--filter", f"label={LABEL}", "--format", "json", check=False)
+    if result.returncode != 0:
+        return []
+    try:
+        return json.loads(result.stdout or "[]") or []
+    except ValueError:
+        return []
+
+
+def orphans(containers: Sequence[dict], host: str | None = None) -> list[dict]:
+    """The containers whose owner process is gone (on this host)."""
+    host = host or socket.gethostname()
+    found = []
+    for container in containers:
+        tags = container.get("Labels") or {}
+        if tags.get(HOST_LABEL, host) != host:
+            continue  # started on another node sharing this storage: not ours to judge
+        if not owner_alive(tags.get(OWNER_LABEL, "")):
+            found.append(container)
+    return found
+
+
+def remove(podman: "Podman", names: Sequence[str]) -> None:
+    if names:
+        podman("rm", "--force", "--ignore", "--time", "0", *names, check=False)
+
+
+def sweep(podman: "Podman") -> list[str]:
+    """Remove orphaned kernel containers; returns their names."""
+    doomed = orphans(kernel_containers(podman))
+    names = [(c.get("Names") or [c.get("Id", "")])[0] for c in doomed]
+    remove(podman, names)
+    return names
+
+
+def sweep_environment(environ=None) -> list[str]:
+    """:func:`sweep` with the engine configured from ``environ`` (default: this process's),
+    for fronts that start no kernel themselves (a server extension at load, a CLI)."""
+    from ..engine.config import load_config
+    from ..engine.podman import Podman
+    env = dict(os.environ if environ is None else environ)
+    return sweep(Podman(load_config(env), env))
+
+
+# --- the watchdog ------------------------------------------------------------
+
+
+def start_watchdog(owner: str, client_pid: int, name: str) -> subprocess.Popen:
+    """Start the watchdog of one kernel container (detached from the server's session)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", __name__, "--owner", owner, "--client", str(client_pid), "--name", name],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, close_fds=True,
+    )
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (ProcessLookupError, OSError, AttributeError):
+        return None
+
+
+def wait_first(owner: str, client_pid: int) -> str:
+    """Block until the owner or the client exits: "owner" or "client"."""
+    owner_pid = int(owner.partition(":")[0])
+    owner_fd, client_fd = _pidfd(owner_pid), _pidfd(client_pid)
+    # The owner may have died (and its pid been reused) before we opened it.
+    if owner_fd is None or not owner_alive(owner):
+        return "owner"
+    if client_fd is None:
+        return "client"
+    poller = select.poll()
+    poller.register(owner_fd, select.POLLIN)
+    poller.register(client_fd, select.POLLIN)
+    while True:
+        try:
+            events = poller.poll()
+        except InterruptedError:
+            continue
+        ready = {fd for fd, _ in events}
+        if owner_fd in ready:
+            return "owner"
+        if client_fd in ready:
+            return "client"
+
+
+def watchdog(owner: str, client_pid: int, name: str) -> int:
+    first = wait_first(owner, client_pid)
+    if first == "client" and owner_alive(owner):
+        return 0  # the kernel ended while its server lives: the provisioner cleans up
+    from ..engine.config import load_config
+    from ..engine.podman import Podman
+    podman = Podman(load_config(os.environ))
+    remove(podman, [name])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jupyter_podman_hpc.kernels.orphans")
+    parser.add_argument("--owner", required=True, help="PID:START of the kernel's owner")
+    parser.add_argument("--client", required=True, type=int, help="pid of the kernel's podman run")
+    parser.add_argument("--name", required=True, help="the kernel container's name")
+    args = parser.parse_args(argv)
+    try:
+        return watchdog(args.owner, args.client, args.name)
+    except Exception:  # a watchdog has no one to report to; the sweep is the fallback
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,518 @@
+"""``PodmanHPCProvisioner``: Jupyter kernels that run inside podman-hpc images.
+
+A kernelspec selects it with::
+
+    "metadata": {"kernel_provisioner": {
+        "provisioner_name": "podman-hpc-provisioner",
+        "config": {"image": "registry/name:tag", "modules": ["gpu"], "podman_args": []}}}
+
+Launching runs the kernelspec's ``argv`` (the image's ipykernel) with
+``podman-hpc run`` semantics, through the engine's ``Podman`` command
+builder: the site's storage settings and squashed store, the site modules
+named in ``modules``, and for a kernel:
+
+- ``--network host``: the kernel binds the ZeroMQ ports Jupyter chose, on
+  the host's loopback;
+- the connection file's directory, ``$HOME`` and the kernel's working
+  directory mounted at the same paths, ``HOME`` and the working directory
+  set as on the host;
+- the user's uid: rootless podman maps the container's root to the user, so
+  what the kernel writes to ``$HOME`` belongs to the user on the host.
+  ``--userns=keep-id`` (the user's uid inside the container too) is used
+  when the image is in node-local storage (``keep_id: "auto"``); from the
+  squashed store it cannot work on hosts like ours: fuse-overlayfs with uid
+  mapping over a squashfuse lower layer fails every copy-up with EOPNOTSUPP
+  ("creating /etc/mtab symlink: operation not supported", podman-hpc's
+  issue #83);
+- ``--init`` (catatonit as PID 1: signals forwarded, zombies reaped),
+  ``--pull never``, ``--rm``, the name ``podman-hpc-kernel-<kernel id>``
+  and labels naming the kernel, its owner process and the host.
+
+The provisioner keeps the attached ``podman run`` as the kernel's process:
+it lives exactly as long as the container, so ``poll()`` is the container's
+state without asking podman, and the kernel's stderr reaches the server's
+log. ``launch_kernel`` returns once the kernel has opened its ports, and
+fails fast, with a message for the user, when the container exits first
+(image missing, no ipykernel in it, ...).
+
+Interrupts: kernelspecs we write use ``interrupt_mode: message`` (ipykernel
+signals itself inside the container); ``signal`` mode works too: SIGINT is
+sent with ``podman kill --signal`` to catatonit, which forwards it.
+Orphans: see ``orphans`` (a watchdog per kernel, and a sweep before the
+first kernel of every process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fnmatch
+import json
+import os
+import pwd
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning import LocalProvisioner
+from tornado import web
+from traitlets import Bool, Float, List, TraitError, Unicode, Union
+
+from ..engine import EngineError, load_config, reference
+from ..engine.modules import ModuleSet
+from ..engine.podman import Podman, error_message
+from . import orphans
+
+STDERR_TAIL = 40  # lines of the container's stderr kept for error messages
+
+
+class KernelStartError(EngineError, web.HTTPError):
+    """A kernel could not start. ``str()`` is the message; the Jupyter server
+    sends it to the front end (an HTTPError's message is shown to the user,
+    any other exception's is replaced by "Unhandled error")."""
+
+    def __init__(self, message: str):
+        EngineError.__init__(self, message)
+        web.HTTPError.__init__(self, 500, message, reason="Kernel failed to start")
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PodmanHPCProvisioner(LocalProvisioner):
+    """Runs a kernel in a podman-hpc container (see the module's docstring)."""
+
+    image = Unicode("", help="The image whose ipykernel runs the kernel.").tag(config=True)
+    modules = List(Unicode(), help="Site modules (modules.d) to enable, by name or flag.").tag(config=True)
+    podman_args = List(Unicode(), help="Extra `podman run` options, before the image.").tag(config=True)
+    keep_id = Union([Bool(), Unicode()], default_value="auto",
+                    help="--userns=keep-id: 'auto' (when the image is in node-local storage), "
+                         "true or false.").tag(config=True)
+    watchdog = Bool(True, help="Start a watchdog that removes the container if this process dies.").tag(config=True)
+    init = Bool(True, help="Run catatonit as the container's PID 1 (podman run --init).").tag(config=True)
+    startup_timeout = Float(120.0, help="Seconds to wait for the kernel to open its ports.").tag(config=True)
+    pass_env = List(Unicode(), default_value=["JPY_SESSION_NAME", "TERM", "CLICOLOR", "FORCE_COLOR",
+                                              "PYDEVD_*", "USER", "LOGNAME"],
+                    help="Variables of the kernel's environment passed into the container "
+                         "(names or globs), besides HOME and the kernelspec's env.").tag(config=True)
+
+    # The first kernel of each process sweeps orphaned containers.
+    _swept = False
+    _sweep_lock = threading.Lock()
+
+    container_name: str = ""
+    _program = ""  # the kernel's executable in the image
+    _stderr_tail: collections.deque
+    _drain: threading.Thread | None = None
+    _watchdog: subprocess.Popen | None = None
+    _podman: Podman | None = None
+    _module_args: list[str]
+    _lost_check = 0.0
+    _lost_running = False
+
+    def __init__(self, **kwargs: Any):
+        known = set(self.class_trait_names()) | {"parent", "config", "log"}
+        unknown = sorted(key for key in kwargs if key not in known)
+        if unknown:
+            raise KernelStartError(
+                f"unknown key '{unknown[0]}' in the kernelspec's kernel_provisioner config "
+                f"(known keys: image, modules, podman_args, keep_id, watchdog, init, startup_timeout, pass_env)")
+        try:
+            super().__init__(**kwargs)
+        except TraitError as err:
+            raise KernelStartError(f"invalid kernel_provisioner config in the kernelspec: {err}".splitlines()[0])
+        self._stderr_tail = collections.deque(maxlen=STDERR_TAIL)
+        self._module_args = []
+
+    # --- starting ---------------------------------------------------------------
+
+    def _prepare_engine(self) -> None:
+        if not self.image:
+            raise KernelStartError("the kernelspec names no image: set metadata.kernel_provisioner.config.image")
+        try:
+            reference.validate(self.image)
+            config = load_config(os.environ)
+            self._podman = Podman(config, os.environ)
+            site_modules = ModuleSet.load(config.modules_dir)
+            self._module_args = site_modules.podman_args(site_modules.select(self.modules), os.environ)
+        except EngineError as err:
+            raise KernelStartError(f"cannot start a kernel in image {self.image}: {err}")
+
+    def _start_sweep(self) -> None:
+        """Once per process: remove orphaned kernel containers, in the background."""
+        cls = type(self)
+        with cls._sweep_lock:
+            if PodmanHPCProvisioner._swept:
+                return
+            PodmanHPCProvisioner._swept = True
+        podman, log = self._podman, self.log
+
+        def sweep() -> None:
+            try:
+                removed = orphans.sweep(podman)
+                if removed:
+                    log.info("podman-hpc: removed orphaned kernel containers: %s", ", ".join(removed))
+            except Exception as err:  # never fail a kernel start over housekeeping
+                log.warning("podman-hpc: sweeping orphaned kernel containers failed: %s", err)
+
+        threading.Thread(target=sweep, name="podman-hpc-kernel-sweep", daemon=False).start()
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        self._prepare_engine()
+        self._start_sweep()
+        self.container_name = "podman-hpc-kernel-" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(self.kernel_id))
+        return await super().pre_launch(**kwargs)
+
+    def _container_argv(self, cmd: Sequence[str]) -> list[str]:
+        """The kernel command as the image must see it.
+
+        KernelManager replaces a leading "python3" with the server's own
+        interpreter; inside the image it must stay the image's python3.
+        """
+        argv = list(cmd)
+        spec_argv = list(self.kernel_spec.argv) if self.kernel_spec else []
+        if argv and spec_argv and argv[0] == sys.executable and spec_argv[0] != sys.executable:
+            argv[0] = spec_argv[0]
+        return argv
+
+    def _use_keep_id(self) -> bool:
+        if isinstance(self.keep_id, bool):
+            return self.keep_id
+        value = self.keep_id.strip().lower()
+        if value in ("true", "yes", "1", "on"):
+            return True
+        if value in ("false", "no", "0", "off"):
+            return False
+        if value != "auto":
+            raise KernelStartError(f"keep_id must be 'auto', 'true' or 'false', not {self.keep_id!r}")
+        return self._image_in_local_storage()
+
+    def _image_in_local_storage(self) -> bool:
+        """Whether the node-local graph root holds the image (podman then uses that copy)."""
+        assert self._podman is not None
+        path = Path(self._podman.config.graph_root) / "overlay-images" / "images.json"
+        try:
+            records = json.loads(path.read_text() or "[]")
+        except (OSError, ValueError):
+            return False
+        if reference.is_image_id(self.image):
+            prefix = self.image.removeprefix("sha256:")
+            return any(str(r.get("id", "")).startswith(prefix) for r in records)
+        names = set(reference.candidate_names(self.image))
+        return any(names & set(r.get("names") or ()) for r in records)
+
+    def _mounts(self, cwd: str | None) -> list[str]:
+        """Host paths the kernel needs, each mounted at the same path."""
+        wanted = [_home()]
+        connection_file = getattr(self.parent, "connection_file", "") if self.parent else ""
+        connection_file = os.path.realpath(connection_file) if connection_file else ""
+        if connection_file and self.connection_info.get("transport", "tcp") == "ipc":
+            wanted.append(os.path.dirname(connection_file))  # the sockets live beside it
+        if cwd:
+            wanted.append(os.path.realpath(cwd))
+        chosen: list[str] = []
+        for path in sorted({os.path.normpath(p) for p in wanted if p and os.path.isdir(p)}, key=len):
+            if path == "/" or any(path == c or path.startswith(c + "/") for c in chosen):
+                continue
+            if ":" in path or "," in path:
+                raise KernelStartError(f"cannot mount {path} into the kernel container: ':' and ',' "
+                                       "are not allowed in its path")
+            chosen.append(path)
+        args: list[str] = []
+        for path in chosen:
+            args += ["--volume", f"{path}:{path}"]
+        if connection_file and not any(connection_file.startswith(c + "/") for c in chosen):
+            # a tcp kernel needs just the file (often in /tmp: do not share all of it);
+            # ipykernel rewrites it in place once bound
+            if ":" in connection_file or "," in connection_file:
+                raise KernelStartError(f"cannot mount {connection_file} into the kernel container: "
+                                       "':' and ',' are not allowed in its path")
+            args += ["--volume", f"{connection_file}:{connection_file}"]
+        return args
+
+    def _environment(self, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """``--env NAME`` options and the podman process's environment that holds the values.
+
+        Values stay out of podman's command line (a kernelspec's env may hold secrets).
+        """
+        assert self._podman is not None
+        names = {"HOME"} | set(self.kernel_spec.env if self.kernel_spec else {})
+        names |= {name for name in env if any(fnmatch.fnmatchcase(name, p) for p in self.pass_env)}
+        names.discard("JPY_PARENT_PID")  # ipykernel would watch a pid of another namespace
+        podman_env = dict(self._podman.env)
+        for name in names:
+            if name in env:
+                podman_env[name] = env[name]
+        podman_env.setdefault("HOME", _home())
+        args: list[str] = []
+        for name in sorted(names):
+            if name in podman_env:
+                args += ["--env", name]
+        return args, podman_env
+
+    def build_command(self, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> tuple[list[str], dict[str, str]]:
+        """The ``podman run`` command line of the kernel container and podman's environment."""
+        assert self._podman is not None
+        podman = self._podman
+        labels = orphans.labels(str(self.kernel_id))
+        options = ["--rm", "--replace", "--name", self.container_name, "--pull", "never"]
+        if self.init:
+            options.append("--init")
+        for key, value in labels.items():
+            options += ["--label", f"{key}={value}"]
+        networks = _networks([*podman.run_defaults(), *self._module_args, *self.podman_args])
+        if any(n != "host" for n in networks):
+            raise KernelStartError(f"a kernel needs the host network (its ZeroMQ ports), but --network "
+                                   f"{next(n for n in networks if n != 'host')} is set by the site "
+                                   "configuration, a module or podman_args")
+        if not networks:
+            options += ["--network", "host"]
+        if self._use_keep_id():
+            options += ["--userns", "keep-id"]
+        options += self._mounts(cwd)
+        workdir = os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else _home()
+        options += ["--workdir", workdir]
+        env_args, podman_env = self._environment(env)
+        options += env_args
+        kernel_argv = self._container_argv(cmd)
+        self._program = kernel_argv[0] if kernel_argv else ""
+        argv = podman.run_command([*options, *self.podman_args, self.image, *kernel_argv], self._module_args)
+        return argv, podman_env
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        assert self._podman is not None, "pre_launch was not called"
+        env = dict(kwargs.get("env") or os.environ)
+        cwd = kwargs.get("cwd")
+        argv, podman_env = self.build_command(cmd, env, cwd)
+        self.log.info("podman-hpc: starting kernel %s in %s (image %s)", self.kernel_id,
+                      self.container_name, self.image)
+        self.log.debug("podman-hpc: %s", " ".join(argv))
+        self._stderr_tail.clear()
+        self._lost_running = False
+        try:
+            process = self._podman.popen(argv, env=podman_env, stdin=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, start_new_session=True)
+        except EngineError as err:
+            raise KernelStartError(f"cannot start a kernel in image {self.image}: {err}")
+        self.process = process
+        self.pid = self.pgid = process.pid
+        self.cwd = cwd or _home()
+        self._drain = threading.Thread(target=_drain, args=(process.stderr, self._stderr_tail),
+                                       name=f"podman-hpc-kernel-stderr-{self.kernel_id}", daemon=True)
+        self._drain.start()
+        if self.watchdog:
+            try:
+                self._watchdog = orphans.start_watchdog(orphans.owner_token(), process.pid, self.container_name)
+            except OSError as err:
+                self.log.warning("podman-hpc: no watchdog for kernel %s: %s", self.kernel_id, err)
+        await self._wait_until_listening()
+        return self.connection_info
+
+    async def _wait_until_listening(self) -> None:
+        """Return once the kernel listens on its ports; raise if its container ends first."""
+        assert self.process is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                if self._drain is not None:
+                    await asyncio.to_thread(self._drain.join, 5)
+                message = self.explain_exit(code, list(self._stderr_tail))
+                self.log.error("podman-hpc: %s", message)
+                await self._discard()
+                raise KernelStartError(message)
+            if await self._listening():
+                return
+            if time.monotonic() > deadline:
+                await self.kill()
+                await self._discard()
+                raise KernelStartError(
+                    f"the kernel in image {self.image} did not open its ports within "
+                    f"{self.startup_timeout:.0f} s: is its argv an ipykernel? "
+                    f"(last output: {' | '.join(list(self._stderr_tail)[-3:]) or 'none'})")
+            await asyncio.sleep(0.05)
+
+    async def _listening(self) -> bool:
+        info = self.connection_info
+        port = info.get("hb_port")
+        ip = str(info.get("ip") or "127.0.0.1")
+        if not port:
+            return True
+        if info.get("transport", "tcp") == "ipc":
+            return os.path.exists(f"{ip}-{port}")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(ip, int(port)), 1.0)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+        return True
+
+    def explain_exit(self, code: int, stderr: Sequence[str]) -> str:
+        """One sentence for a container that ended before its kernel listened."""
+        text = "\n".join(stderr)
+        image = self.image
+        if re.search(r"image not known|no such image|image .* not found|unable to find", text, re.I):
+            return (f"image {image} is not on this node (neither squashed nor local): "
+                    f"pull it with `podman-hpc pull {image}` or choose another image")
+        if re.search(r"No module named '?ipykernel", text):
+            return f"image {image} has no ipykernel: install it or choose another image"
+        if code == 127 or re.search(r"executable file .* not found|failed to exec pid1: No such file", text):
+            missing = re.search(r'exec: "([^"]+)"', text)
+            program = missing.group(1) if missing else self._program
+            what = f" ({program} is not in the image)" if program else ""
+            return f"image {image} has no ipykernel: install it or choose another image{what}"
+        if "/etc/mtab symlink" in text:
+            return (f"image {image} cannot run with --userns=keep-id from the squashed store on this host: "
+                    "set keep_id to false in the kernelspec")
+        detail = error_message(text) if text.strip() else f"exit code {code}"
+        return f"the kernel container of image {image} exited before the kernel started: {detail}"
+
+    # --- running ------------------------------------------------------------------
+
+    async def poll(self) -> int | None:
+        if self.process is None:
+            return 0
+        code = self.process.poll()
+        if code is None or code >= 0:
+            return code
+        # podman run itself was killed: the container may live on without it.
+        now = time.monotonic()
+        if now - self._lost_check > 1.0:
+            self._lost_check = now
+            self._lost_running = await asyncio.to_thread(self._container_running)
+        return None if self._lost_running else code
+
+    def _container_running(self) -> bool:
+        assert self._podman is not None
+        result = self._podman("container", "inspect", "--format", "{{.State.Running}}",
+                              self.container_name, check=False)
+        return result.returncode == 0 and result.stdout.strip() == "true"
+
+    async def wait(self) -> int | None:
+        if self.process is None:
+            return 0
+        while (code := await self.poll()) is None:
+            await asyncio.sleep(0.1)
+        self.process.wait()
+        if self._drain is not None:
+            await asyncio.to_thread(self._drain.join, 2)
+        self.process = None
+        return code
+
+    async def _podman_quiet(self, *args: str) -> None:
+        if self._podman is None:
+            return
+        result = await asyncio.to_thread(self._podman, *args, check=False)
+        if result.returncode != 0:
+            self.log.debug("podman-hpc: podman %s: %s", " ".join(args[:2]), error_message(result.stderr or ""))
+
+    async def send_signal(self, signum: int) -> None:
+        """Signal the kernel: through podman to the container's init, which forwards it."""
+        if self.process is None or not self.container_name:
+            return
+        if signum == 0:
+            return
+        if signum == signal.SIGKILL:
+            await self.kill()
+            return
+        await self._podman_quiet("kill", "--signal", str(int(signum)), self.container_name)
+
+    async def terminate(self, restart: bool = False) -> None:
+        await self.send_signal(signal.SIGTERM)
+
+    async def kill(self, restart: bool = False) -> None:
+        if self.container_name:
+            await self._podman_quiet("kill", "--signal", "KILL", self.container_name)
+
+    async def _discard(self) -> None:
+        """Forget a kernel that never started: no container, no process, no watchdog."""
+        await self._podman_quiet("rm", "--force", "--ignore", "--time", "0", self.container_name)
+        if self.process is not None:
+            try:
+                await asyncio.to_thread(self.process.wait, 10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+            self.process = None
+        self._reap_watchdog()
+
+    def _reap_watchdog(self) -> None:
+        if self._watchdog is not None and self._watchdog.poll() is not None:
+            self._watchdog = None
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart=restart)
+        if not restart and self.container_name:
+            # podman run --rm removed it when it ended normally; make sure in every case.
+            await self._podman_quiet("rm", "--force", "--ignore", "--time", "0", self.container_name)
+        self._reap_watchdog()
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        # a container also has to be stopped and removed
+        return max(recommended, 10.0)
+
+    def get_stable_start_time(self, recommended: float = 10.0) -> float:
+        return max(recommended, 20.0)
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        info = await super().get_provisioner_info()
+        info.update({"container_name": self.container_name, "image": self.image})
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        await super().load_provisioner_info(provisioner_info)
+        self.container_name = provisioner_info.get("container_name", "")
+        self.image = provisioner_info.get("image", self.image)
+
+
+def _home() -> str:
+    home = os.environ.get("HOME")
+    if home:
+        return home
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return "/"
+
+
+def _networks(args: Sequence[str]) -> list[str]:
+    """The values of --network/--net options in a podman run argument list."""
+    found = []
+    for i, arg in enumerate(args):
+        name, has_value, value = arg.partition("=")
+        if name in ("--network", "--net"):
+            if not has_value:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            found.append(value)
+    return found
+
+
+def _drain(stream, tail: collections.deque) -> None:
+    """Copy the container's stderr to ours, keeping the last lines for error messages."""
+    sink = getattr(sys.stderr, "buffer", None)
+    try:
+        for raw in iter(stream.readline, b""):
+            tail.append(raw.decode(errors="replace").rstrip())
+            try:
+                if sink is not None:
+                    sink.write(raw)
+                    sink.flush()
+                else:
+                    sys.stderr.write(raw.decode(errors="replace"))
+            except (OSError, ValueError):
+                sink = None
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass

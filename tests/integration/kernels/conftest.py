@@ -1,0 +1,225 @@
+"""Fixtures for container kernels on the real stack.
+
+`kernel_site` points this test process (os.environ: the provisioner reads the
+engine's settings from the environment of the process that starts kernels)
+and its subprocesses (`.env`) at the squashed store holding the base image,
+and gives Jupyter throwaway data, runtime, config and kernelspec directories.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from jupyter_podman_hpc.kernels import kernelspec
+from jupyter_podman_hpc.kernels.orphans import LABEL
+from tests.integration.conftest import Hpc
+
+ENGINE_VARS = ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME", "SQUASH_DIR")
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class KernelSite:
+    hpc: Hpc
+    root: Path
+    env: dict[str, str]
+
+    @property
+    def prefix(self) -> Path:
+        return self.root / "prefix"
+
+    def install(self, image: str, name: str, **kwargs) -> kernelspec.ContainerKernel:
+        return kernelspec.install(image, name=name, prefix=self.prefix, **kwargs)
+
+    def set_config(self, name: str, **config) -> None:
+        """Change a kernelspec's provisioner config (keys the CLI does not offer)."""
+        path = self.prefix / "share" / "jupyter" / "kernels" / name / "kernel.json"
+        spec = json.loads(path.read_text())
+        spec["metadata"]["kernel_provisioner"]["config"].update(config)
+        path.write_text(json.dumps(spec))
+
+    def containers(self, kernel_id: str | None = None) -> list[dict]:
+        """Kernel containers in the test storage (all states), optionally of one kernel."""
+        label = f"{LABEL}={kernel_id}" if kernel_id else LABEL
+        out = self.hpc("ps", "--all", "--filter", f"label={label}", "--format", "json").stdout
+        return json.loads(out or "[]") or []
+
+    def container_names(self, kernel_id: str | None = None) -> list[str]:
+        return [c["Names"][0] for c in self.containers(kernel_id)]
+
+    def wait_gone(self, name: str, timeout: float) -> float:
+        """Seconds until the container ``name`` no longer exists (fails after ``timeout``)."""
+        started = time.monotonic()
+        while name in self.container_names():
+            if time.monotonic() - started > timeout:
+                pytest.fail(f"container {name} still exists after {timeout} s: {self.containers()}")
+            time.sleep(0.2)
+        return time.monotonic() - started
+
+
+def site_env(hpc: Hpc, root: Path) -> dict[str, str]:
+    env = dict(hpc.env)
+    env.update({
+        "JUPYTER_PATH": str(root / "prefix" / "share" / "jupyter"),
+        "JUPYTER_DATA_DIR": str(root / "data"),
+        "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(root / "config"),
+        "JUPYTER_PLATFORM_DIRS": "0",
+        "PATH": f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
+    })
+    return env
+
+
+def use_env(monkeypatch, env: dict[str, str]) -> None:
+    for name in (*ENGINE_VARS, "JUPYTER_PATH", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
+                 "JUPYTER_CONFIG_DIR", "JUPYTER_PLATFORM_DIRS"):
+        monkeypatch.setenv(name, env[name])
+
+
+def remove_kernel_containers(hpc: Hpc) -> None:
+    """Containers a failed test left behind (the storage is the tests' own)."""
+    out = hpc("ps", "--all", "--filter", f"label={LABEL}", "--format", "{{.Names}}", check=False).stdout
+    names = out.split()
+    if names:
+        hpc("rm", "--force", "--time", "0", *names, check=False)
+
+
+@pytest.fixture
+def kernel_site(squashed_base, tmp_path, monkeypatch) -> KernelSite:
+    env = site_env(squashed_base, tmp_path)
+    use_env(monkeypatch, env)
+    site = KernelSite(squashed_base, tmp_path, env)
+    yield site
+    remove_kernel_containers(squashed_base)
+
+
+@pytest.fixture
+def tiny_site(squashed_tiny, tmp_path, monkeypatch) -> KernelSite:
+    """Like kernel_site, with the squashed store that holds the tiny image (no python)."""
+    env = site_env(squashed_tiny, tmp_path)
+    use_env(monkeypatch, env)
+    site = KernelSite(squashed_tiny, tmp_path, env)
+    yield site
+    remove_kernel_containers(squashed_tiny)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float, process: subprocess.Popen | None = None, log: Path | None = None,
+              headers: dict[str, str] | None = None) -> None:
+    """Until ``url`` answers 200 (a proxy's 404 before its backend is up does not count)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if process is not None and process.poll() is not None:
+            text = log.read_text()[-4000:] if log and log.exists() else ""
+            pytest.fail(f"the server exited with {process.returncode} before answering {url}\n{text}")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:  # refused, or an HTTPError
+            pass
+        time.sleep(0.2)
+    text = log.read_text()[-4000:] if log and log.exists() else ""
+    pytest.fail(f"{url} did not answer within {timeout} s\n{text}")
+
+
+def stop(process: subprocess.Popen, timeout: float = 20) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Our processes whose command line contains ``text`` (e.g. a container name)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def http(method: str, url: str, token: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+    """One JSON request with token auth; (status, decoded body or {})."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read()
+            status = response.status
+    except urllib.error.HTTPError as err:
+        text, status = err.read(), err.code
+    try:
+        return status, json.loads(text) if text else {}
+    except ValueError:
+        return status, {"raw": text.decode(errors="replace")}
+
+
+async def execute_over_websocket(url: str, token: str, code: str, timeout: float = 60) -> tuple[dict, str]:
+    """Send an execute_request on a kernel's /channels WebSocket; (the reply's content, stdout text)."""
+    import asyncio
+    import datetime
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    connection = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"}))
+    try:
+        msg_id = uuid.uuid4().hex
+        session = uuid.uuid4().hex
+        connection.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "username": "test", "session": session, "msg_type": "execute_request",
+                       "version": "5.3", "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True},
+        }))
+        out: list[str] = []
+        reply: dict | None = None
+        idle = False
+        deadline = asyncio.get_running_loop().time() + timeout
+        while reply is None or not idle:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TimeoutError(f"no execute_reply within {timeout} s (stdout so far: {''.join(out)!r})")
+            raw = await asyncio.wait_for(connection.read_message(), remaining)
+            if raw is None:
+                raise ConnectionError("the kernel's WebSocket closed")
+            msg = json.loads(raw)
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = msg["header"]["msg_type"]
+            if kind == "stream" and msg["content"].get("name") == "stdout":
+                out.append(msg["content"]["text"])
+            elif kind == "execute_reply":
+                reply = msg["content"]
+            elif kind == "status" and msg["content"]["execution_state"] == "idle":
+                idle = True
+        return reply, "".join(out)
+    finally:
+        connection.close()
