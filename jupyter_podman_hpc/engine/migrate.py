@@ -12,10 +12,13 @@ one image from several nodes produce one squash file.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import struct
 import subprocess
+import termios
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,14 +104,32 @@ def _make_squash(podman: Podman, image_id: str, graph: GraphRoot, chain: list[di
 
 
 def _run_mksquashfs(podman: Podman, argv: list[str], progress: ProgressCallback) -> None:
-    """Run mksquashfs, turning its progress bar into events."""
-    process = podman.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    """Run mksquashfs, turning its progress bar into events.
+
+    Its output goes to a pseudo-terminal: into a pipe, mksquashfs buffers the
+    bar and only writes it when done.
+    """
+    leader, follower = os.openpty()
+    # a terminal of zero columns gets no progress bar
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    try:
+        process = podman.popen(argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    finally:
+        os.close(follower)
     tail = b""
-    assert process.stdout is not None
-    while chunk := process.stdout.read1(4096):
-        tail = (tail + chunk)[-4096:]
-        for match in list(_PROGRESS.finditer(chunk))[-1:]:
-            progress(Progress("squash", "squashing", int(match.group(1)), int(match.group(2))))
+    try:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the terminal's other end is closed, mksquashfs is done
+                break
+            if not chunk:
+                break
+            tail = (tail + chunk)[-4096:]
+            for match in list(_PROGRESS.finditer(chunk))[-1:]:
+                progress(Progress("squash", "squashing", int(match.group(1)), int(match.group(2))))
+    finally:
+        os.close(leader)
     if process.wait() != 0:
         text = tail.decode(errors="replace").replace("\r", "\n")
         lines = [line for line in text.splitlines() if line.strip()]

@@ -57,9 +57,11 @@ class Podman:
             stores = [s for s in (c.squash_dir, *c.additional_stores) if os.path.isdir(s)]
             if squashed and stores:
                 args += ["--storage-opt", f"additionalimagestore={','.join(stores)}"]
-            if subcommand in CONTAINER_STARTERS | {"pull"}:
+            # the API service starts containers (and pulls) too
+            starts = subcommand in CONTAINER_STARTERS or (subcommand == "system" and "service" in words[1:2])
+            if starts or subcommand == "pull":
                 args += ["--storage-opt", "ignore_chown_errors=true"]
-            if subcommand in CONTAINER_STARTERS:
+            if starts:
                 args += ["--hooks-dir", c.hooks_dir]
         if c.runtime:
             args += ["--runtime", c.runtime]
