@@ -1,10 +1,12 @@
-"""The jupyter_server extension of jupyter-podman-hpc.
+"""The jupyter_server extension of jupyter-podman-hpc: a REST API and event stream.
 
-Enabled by the `jupyter_podman_hpc` package (see its
-`_jupyter_server_extension_points`), through
-etc/jupyter/jupyter_server_config.d/jupyter_podman_hpc.json that the wheel
-installs. Its handlers and background tasks will be thin translations of
-HTTP requests into engine calls.
+Enabled on install (etc/jupyter/jupyter_server_config.d/jupyter_podman_hpc.json);
+configured with ``c.PodmanHPC.<setting>`` (see ``backend.PodmanHPC``).
+
+- ``backend``: what each endpoint does, as plain methods over the engine and the job API
+- ``handlers``: the REST handlers (thin: check input, call the backend, write JSON)
+- ``tasks``: background pulls, builds and squashes, with progress events
+- ``validation``: checks on request bodies and paths
 """
 
 
@@ -13,4 +15,28 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp) -> None:
-    serverapp.log.info("jupyter_podman_hpc server extension loaded")
+    from .backend import Backend, PodmanHPC
+    from .handlers import handlers
+
+    settings = PodmanHPC(parent=serverapp)
+    backend = Backend(settings, serverapp.root_dir, log=serverapp.log)
+    serverapp.web_app.settings["podman_hpc_backend"] = backend
+    serverapp.web_app.add_handlers(".*$", handlers(serverapp.web_app.settings["base_url"]))
+    _sweep_orphan_kernels(serverapp.log)
+    serverapp.log.info("jupyter_podman_hpc server extension loaded (podman-hpc API at %spodman-hpc/api/)",
+                       serverapp.web_app.settings["base_url"])
+
+
+def _sweep_orphan_kernels(log) -> None:
+    """Container kernels of a server that died (killed, crashed) are removed at the next start."""
+    import threading
+
+    from ..kernels.orphans import sweep_environment
+
+    def sweep():
+        try:
+            sweep_environment()
+        except Exception as err:  # noqa: BLE001 - a failed sweep must not stop the server
+            log.warning("podman-hpc: could not look for orphaned kernel containers: %s", err)
+
+    threading.Thread(target=sweep, name="podman-hpc-orphans", daemon=True).start()

@@ -1,0 +1,206 @@
+"""What the REST API does, as plain methods returning JSON-able data (handlers stay thin).
+
+Every operation is an engine or job-API call; the server only adds its
+settings (traitlets), its root directory and background tasks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from traitlets import Int, Unicode
+from traitlets.config import Configurable
+
+from ..engine.config import SiteConfig, load_config
+from ..engine.errors import EngineError, ImageNotFound
+from ..engine.modules import ModuleSet
+from ..engine.podman import Podman
+from .tasks import Task, TaskManager
+
+
+class PodmanHPC(Configurable):
+    """Settings of the podman-hpc server extension (``c.PodmanHPC.<name>`` in the Jupyter config)."""
+
+    config_file = Unicode("", help="The podman-hpc configuration file (as PODMANHPC_CONFIG_FILE).").tag(config=True)
+    squash_dir = Unicode("", help="The squashed image store (default: SQUASH_DIR, else $SCRATCH/storage).").tag(
+        config=True)
+    job_root = Unicode("", help="Where job directories go (default: $SCRATCH/podman-hpc/jobs).").tag(config=True)
+    default_partition = Unicode("", help="The partition the UI proposes.").tag(config=True)
+    default_account = Unicode("", help="The account the UI proposes.").tag(config=True)
+    default_time = Unicode("00:10:00", help="The time limit the UI proposes.").tag(config=True)
+    default_nodes = Int(1, help="The node count the UI proposes.").tag(config=True)
+    default_tasks_per_node = Int(1, help="The tasks per node the UI proposes.").tag(config=True)
+    max_nodes = Int(64, help="The most nodes a user may request from the UI.").tag(config=True)
+    max_tasks_per_node = Int(256, help="The most tasks per node a user may request from the UI.").tag(config=True)
+    max_containerfile_bytes = Int(256_000, help="The largest Containerfile accepted.").tag(config=True)
+
+
+class Backend:
+    """The server's podman-hpc: configuration, images, builds, jobs and kernels."""
+
+    def __init__(self, settings: PodmanHPC, root_dir: str, log=None):
+        self.settings = settings
+        self.root_dir = root_dir
+        self.tasks = TaskManager(log=log)
+
+    # --- engine configuration -------------------------------------------------
+
+    def environ(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.settings.config_file:
+            env["PODMANHPC_CONFIG_FILE"] = self.settings.config_file
+        return env
+
+    def site(self) -> SiteConfig:
+        return load_config(self.environ(), squash_dir=self.settings.squash_dir or None)
+
+    def podman(self) -> Podman:
+        return Podman(self.site(), self.environ())
+
+    def job_root(self) -> Path:
+        from ..slurm import default_root
+        return Path(self.settings.job_root) if self.settings.job_root else default_root(self.environ())
+
+    # --- images ----------------------------------------------------------------
+
+    def images(self) -> list[dict]:
+        from ..engine.images import list_images
+        return [image.as_dict() for image in list_images(self.podman())]
+
+    def pull(self, image: str, squash: bool) -> Task:
+        from ..engine import api
+
+        config = self.site()
+
+        def work(progress, cancel):
+            if squash:
+                result = api.pull_and_squash(config, image, progress, cancel=cancel)
+                return {"image": image, "id": result.image_id, "squashed": True}
+            return {"image": image, "id": api.pull(config, image, progress, cancel=cancel), "squashed": False}
+
+        return self.tasks.start("pull", f"pull {image}", work)
+
+    def build(self, containerfile: str, tag: str, build_args: dict[str, str], context: Path | None,
+              squash: bool) -> Task:
+        from ..engine import api
+        from ..engine.migrate import migrate
+
+        config = self.site()
+
+        def work(progress, cancel):
+            image_id = api.build(config, containerfile, tag, context, build_args, progress, cancel=cancel)
+            result = {"image": tag, "id": image_id, "squashed": False}
+            if squash and not cancel.is_set():
+                migrate(Podman(config, self.environ()), tag, progress)
+                result["squashed"] = True
+            return result
+
+        return self.tasks.start("build", f"build {tag}", work)
+
+    def squash(self, image: str) -> Task:
+        from ..engine.migrate import migrate
+
+        podman = self.podman()
+
+        def work(progress, cancel):
+            result = migrate(podman, image, progress)
+            return {"image": image, "id": result.image.id, "squashed": True, "already": not result.squashed}
+
+        return self.tasks.start("squash", f"squash {image}", work)
+
+    def remove_squashed(self, image: str) -> dict:
+        from ..engine.migrate import remove_squashed
+        removed, deleted = remove_squashed(self.podman(), image)
+        return {"image": image, "id": removed.id, "deleted": deleted}
+
+    # --- jobs ------------------------------------------------------------------
+
+    def _spec(self, data: dict):
+        from ..slurm import JobSpec
+        return JobSpec.from_dict(data)
+
+    def preview(self, data: dict) -> str:
+        from ..slurm import Job
+        return Job.preview(self._spec(data), self.job_root(), config=self.site(), environ=self.environ())
+
+    def submit(self, data: dict) -> dict:
+        from ..slurm import Job, SlurmClient
+        from ..engine.store import SquashStore
+        spec = self._spec(data)
+        config = self.site()
+        if SquashStore(config.squash_dir).find(spec.image) is None:
+            raise ImageNotFound(f"image {spec.image} is not squashed: squash it before running it at scale")
+        job = Job.submit(spec, self.job_root(), client=SlurmClient(env=self.environ()), config=config)
+        return job.as_dict(status=True)
+
+    def jobs(self) -> list[dict]:
+        from ..slurm import Job, SlurmClient
+        jobs = Job.list(self.job_root(), client=SlurmClient(env=self.environ()))
+        return [job.as_dict() for job in reversed(jobs)]
+
+    def _job(self, job_id: str):
+        from ..slurm import Job, SlurmClient
+        return Job.find(job_id, self.job_root(), client=SlurmClient(env=self.environ()))
+
+    def job(self, job_id: str) -> dict:
+        return self._job(job_id).as_dict(status=True)
+
+    def logs(self, job_id: str) -> dict:
+        job = self._job(job_id)
+        return {"id": job.id, "ranks": {str(rank): text for rank, text in sorted(job.logs().items())},
+                "errors": {str(rank): text for rank, text in sorted(job.logs("err").items())},
+                "batch": job.batch_log()}
+
+    def cancel(self, job_id: str) -> dict:
+        job = self._job(job_id)
+        job.cancel()
+        return job.as_dict(status=True)
+
+    # --- kernels ---------------------------------------------------------------
+
+    def kernels(self) -> list[dict]:
+        from ..kernels import kernelspec
+        return [kernel.as_dict() for kernel in kernelspec.list_kernels()]
+
+    def install_kernel(self, image: str, display_name: str | None, modules: list[str],
+                       name: str | None) -> dict:
+        from ..kernels import kernelspec
+        return kernelspec.install(image, name=name, display_name=display_name, modules=modules).as_dict()
+
+    def remove_kernel(self, name: str) -> dict:
+        from ..kernels import kernelspec
+        return kernelspec.remove(name).as_dict()
+
+    # --- what the UI needs -------------------------------------------------------
+
+    def ui_config(self) -> dict:
+        config = self.site()
+        s = self.settings
+        try:
+            modules = [m.describe() for m in ModuleSet.load(config.modules_dir, cache_dir=config.run_root)
+                       if m.cli_arg and not m.hidden]
+        except EngineError as err:
+            modules, module_error = [], str(err)
+        else:
+            module_error = None
+        try:
+            from ..slurm import SlurmClient
+            partitions = [p.as_dict() for p in SlurmClient(env=self.environ()).partitions()]
+            slurm_error = None
+        except EngineError as err:
+            partitions, slurm_error = [], str(err)
+        default_partition = s.default_partition or next(
+            (p["name"] for p in partitions if p.get("default")), "")
+        return {
+            "defaults": {"nodes": s.default_nodes, "tasks_per_node": s.default_tasks_per_node,
+                         "time": s.default_time, "partition": default_partition,
+                         "account": s.default_account, "mode": "podman-exec"},
+            "limits": {"max_nodes": s.max_nodes, "max_tasks_per_node": s.max_tasks_per_node,
+                       "max_containerfile_bytes": s.max_containerfile_bytes},
+            "modules": modules, "module_error": module_error,
+            "partitions": partitions, "slurm_error": slurm_error,
+            "squash_dir": config.squash_dir, "job_root": str(self.job_root()),
+            "modes": ["podman-exec", "per-process"],
+        }
+

@@ -1,0 +1,311 @@
+"""REST handlers under ``<base_url>/podman-hpc/api/``: parse and check, call the backend, write JSON.
+
+Every handler is authenticated and authorized (resource ``podman-hpc``);
+writes from a browser need the XSRF token, as every Jupyter API. Engine
+errors become 4xx answers ``{"message": ...}``; nothing is started on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import wraps
+from urllib.parse import unquote
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from ..engine.errors import EngineError, ImageNotFound
+from . import validation as v
+from .backend import Backend
+from .tasks import FINISHED
+
+RESOURCE = "podman-hpc"
+
+
+def engine_errors(method):
+    """EngineError -> 400 (404 when something named does not exist), with its message."""
+    @wraps(method)
+    async def wrapper(self, *args, **kwargs):
+        try:
+            return await method(self, *args, **kwargs)
+        except EngineError as err:
+            not_found = isinstance(err, ImageNotFound) or type(err).__name__ in ("JobNotFound",) or \
+                "no podman-hpc kernel named" in str(err)
+            raise web.HTTPError(404 if not_found else 400, reason=str(err).splitlines()[0])
+    return wrapper
+
+
+class Base(APIHandler):
+    auth_resource = RESOURCE
+
+    @property
+    def backend(self) -> Backend:
+        return self.settings["podman_hpc_backend"]
+
+    async def blocking(self, fn, *args):
+        """Engine calls run podman or Slurm: keep them off the server's event loop."""
+        from tornado.ioloop import IOLoop
+        return await IOLoop.current().run_in_executor(None, fn, *args)
+
+    def reply(self, data, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        # one sentence for the user, as {"message": ...}; never a traceback
+        self.set_header("Content-Type", "application/json")
+        reason = self._reason
+        exc_info = kwargs.get("exc_info")
+        if exc_info and isinstance(exc_info[1], web.HTTPError) and exc_info[1].reason:
+            reason = exc_info[1].reason
+        self.finish(json.dumps({"message": reason}))
+
+
+class ImagesHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def get(self):
+        self.reply({"images": await self.blocking(self.backend.images)})
+
+
+class PullHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def post(self):
+        body = v.json_body(self.request)
+        task = self.backend.pull(v.image(body), v.boolean(body, "squash", True))
+        self.reply(task.as_dict(), 202)
+
+
+class BuildHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def post(self):
+        limit = self.backend.settings.max_containerfile_bytes
+        body = v.json_body(self.request, limit=limit + 64_000)
+        tag = v.image(body, "tag")
+        text = body.get("containerfile")
+        path = v.string(body, "path", required=False)
+        if (text is None) == (not path):
+            raise v.BadRequest("give either 'containerfile' (its text) or 'path' (a file in the server's root)")
+        if path:
+            file = v.inside_root(self.backend.root_dir, path, "path")
+            if not file.is_file():
+                raise v.BadRequest(f"'path': {path} is not a file", 404)
+            if file.stat().st_size > limit:
+                raise v.BadRequest(f"the Containerfile is larger than {limit} bytes", 413)
+            text = file.read_text(errors="replace")
+        else:
+            text = v.string(body, "containerfile", max_length=limit)
+        context_path = v.string(body, "context", required=False)
+        context = None
+        if context_path:
+            context = v.inside_root(self.backend.root_dir, context_path, "context")
+            if not context.is_dir():
+                raise v.BadRequest(f"'context': {context_path} is not a directory", 404)
+        elif path:
+            context = file.parent  # as `podman build -f dir/Containerfile dir`
+        build_args = v.string_map(body, "build_args")
+        task = self.backend.build(text, tag, build_args, context, v.boolean(body, "squash", False))
+        self.reply(task.as_dict(), 202)
+
+
+class SquashHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def post(self):
+        body = v.json_body(self.request)
+        self.reply(self.backend.squash(v.image(body)).as_dict(), 202)
+
+
+class SquashedImageHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def delete(self, image):
+        image = v.image({"image": unquote(image)})
+        self.reply(await self.blocking(self.backend.remove_squashed, image))
+
+
+class TasksHandler(Base):
+    @web.authenticated
+    @authorized
+    async def get(self):
+        self.reply({"tasks": [task.as_dict() for task in self.backend.tasks.list()]})
+
+
+class TaskHandler(Base):
+    def _task(self, task_id):
+        task = self.backend.tasks.get(task_id)
+        if task is None:
+            raise web.HTTPError(404, reason=f"no task {task_id}")
+        return task
+
+    @web.authenticated
+    @authorized
+    async def get(self, task_id):
+        self.reply(self._task(task_id).as_dict(log_lines=200))
+
+    @web.authenticated
+    @authorized
+    async def delete(self, task_id):
+        task = self._task(task_id)
+        self.backend.tasks.cancel(task)
+        self.reply(task.as_dict(), 202)
+
+
+class TaskEventsHandler(Base):
+    """Server-sent events: every event of the task from the start (or from Last-Event-ID)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, task_id):
+        task = self.backend.tasks.get(task_id)
+        if task is None:
+            raise web.HTTPError(404, reason=f"no task {task_id}")
+        self.set_header("Content-Type", "text/event-stream")
+        self.set_header("Cache-Control", "no-cache")
+        last = self.request.headers.get("Last-Event-ID") or self.get_argument("after", "-1")
+        try:
+            last = int(last)
+        except ValueError:
+            raise web.HTTPError(400, reason="Last-Event-ID must be a number")
+        try:
+            while True:
+                events = await self.backend.tasks.events_after(task, last)
+                for event in events:
+                    self.write(f"id: {event.id}\nevent: {event.kind}\ndata: {json.dumps(event.data)}\n\n")
+                    last = event.id
+                await self.flush()
+                if task.state in FINISHED and not [e for e in task.events if e.id > last]:
+                    break
+        except StreamClosedError:
+            return
+        self.finish()
+
+
+class JobsHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def get(self):
+        self.reply({"jobs": await self.blocking(self.backend.jobs)})
+
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def post(self):
+        body = v.json_body(self.request)
+        spec = self._checked_spec(body)
+        if self.get_argument("preview", "0") in ("1", "true", "yes"):
+            self.reply({"script": await self.blocking(self.backend.preview, spec)})
+        else:
+            self.reply(await self.blocking(self.backend.submit, spec), 201)
+
+    def _checked_spec(self, body: dict) -> dict:
+        """The limits the server sets, and notebook/script paths resolved inside its root."""
+        limits = self.backend.settings
+        spec = dict(body)
+        if "nodes" in spec:
+            v.integer(spec, "nodes", low=1, high=limits.max_nodes)
+        if "tasks_per_node" in spec:
+            v.integer(spec, "tasks_per_node", low=1, high=limits.max_tasks_per_node)
+        for key in ("notebook", "python_script"):
+            if spec.get(key) is not None:
+                path = v.inside_root(self.backend.root_dir, v.string(spec, key), key)
+                if not path.is_file():
+                    raise v.BadRequest(f"'{key}': {spec[key]} is not a file", 404)
+                spec[key] = str(path)
+        for key in ("command", "args", "modules", "extra_directives"):
+            if key in spec and spec[key] is not None:
+                v.string_list(spec, key)
+        if "environment" in spec:
+            v.string_map(spec, "environment")
+        return spec
+
+
+class JobHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def get(self, job_id):
+        self.reply(await self.blocking(self.backend.job, job_id))
+
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def delete(self, job_id):
+        self.reply(await self.blocking(self.backend.cancel, job_id))
+
+
+class JobLogsHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def get(self, job_id):
+        self.reply(await self.blocking(self.backend.logs, job_id))
+
+
+class KernelsHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def get(self):
+        self.reply({"kernels": await self.blocking(self.backend.kernels)})
+
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def post(self):
+        body = v.json_body(self.request)
+        image = v.image(body)
+        display_name = v.string(body, "display_name", required=False, max_length=200) or None
+        name = v.string(body, "name", required=False, max_length=64) or None
+        modules = v.string_list(body, "modules")
+        kernel = await self.blocking(self.backend.install_kernel, image, display_name, modules, name)
+        self.reply(kernel, 201)
+
+
+class KernelHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def delete(self, name):
+        self.reply(await self.blocking(self.backend.remove_kernel, name))
+
+
+class ConfigHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def get(self):
+        self.reply(await self.blocking(self.backend.ui_config))
+
+
+ROUTES = [
+    (r"images", ImagesHandler),
+    (r"images/pull", PullHandler),
+    (r"images/build", BuildHandler),
+    (r"images/squash", SquashHandler),
+    (r"images/squashed/(.+)", SquashedImageHandler),
+    (r"tasks", TasksHandler),
+    (r"tasks/([0-9a-f]+)", TaskHandler),
+    (r"tasks/([0-9a-f]+)/events", TaskEventsHandler),
+    (r"jobs", JobsHandler),
+    (r"jobs/([^/]+)", JobHandler),
+    (r"jobs/([^/]+)/logs", JobLogsHandler),
+    (r"kernels", KernelsHandler),
+    (r"kernels/([^/]+)", KernelHandler),
+    (r"config", ConfigHandler),
+]
+
+
+def handlers(base_url: str) -> list[tuple[str, type]]:
+    return [(url_path_join(base_url, "podman-hpc", "api", pattern) + "$", handler) for pattern, handler in ROUTES]

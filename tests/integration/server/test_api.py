@@ -1,0 +1,218 @@
+"""The REST API on a real jupyter_server with the real stack behind it."""
+
+import asyncio
+import json
+import os
+import uuid
+
+from tests.conftest import run
+
+
+async def finished(api, task, timeout=300):
+    for _ in range(int(timeout / 0.5)):
+        status, body = await api("GET", "tasks", task["id"])
+        assert status == 200
+        if body["state"] in ("succeeded", "failed", "cancelled"):
+            return body
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"task {task['id']} did not finish: {body}")
+
+
+def events(stream: str) -> list[tuple[str, dict]]:
+    found = []
+    for block in stream.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        found.append((fields["event"], json.loads(fields["data"])))
+    return found
+
+
+async def test_every_endpoint_needs_authentication(jp_fetch, server_hpc):
+    for method, path in (("GET", "images"), ("POST", "images/pull"), ("GET", "jobs"), ("POST", "jobs"),
+                         ("GET", "kernels"), ("GET", "config"), ("GET", "tasks")):
+        response = await jp_fetch("podman-hpc", "api", *path.split("/"), method=method, raise_error=False,
+                                  headers={"Authorization": "token wrong"},
+                                  body="{}" if method == "POST" else None)
+        assert response.code in (401, 403), (method, path, response.code)
+
+
+async def test_config_gives_the_ui_defaults_limits_modules_and_partitions(api, server_hpc):
+    status, config = await api("GET", "config")
+    assert status == 200
+    assert config["limits"]["max_nodes"] == 4
+    assert config["defaults"]["partition"] == "debug" and config["defaults"]["mode"] == "podman-exec"
+    assert {"openmpi-pmix", "gpu", "jupyter"} <= {m["name"] for m in config["modules"]}
+    assert [p["name"] for p in config["partitions"]] == ["debug"]
+
+
+async def test_images_lists_the_squashed_store(api, server_hpc, stack):
+    status, body = await api("GET", "images")
+    assert status == 200
+    (tiny,) = [i for i in body["images"] if stack.tiny_image in i["names"]]
+    assert tiny["squashed"] is True and tiny["local"] is False and tiny["size"] > 0
+
+
+async def test_pull_streams_progress_and_squashes(api, server_hpc, stack):
+    reference = f"{stack.registry}/tests/server-pull:{uuid.uuid4().hex[:8]}"
+    context = server_hpc.work / "ctx"
+    context.mkdir()
+    (context / "Containerfile").write_text(f"FROM {stack.tiny_image}\nRUN head -c 3000000 /dev/urandom > /blob\n")
+    run(["podman", "build", "--network", "host", "-t", reference, context])
+    run(["podman", "push", reference])
+    try:
+        status, task = await api("POST", "images/pull", body={"image": reference})
+        assert status == 202 and task["state"] in ("queued", "running")
+        done = await finished(api, task)
+        assert done["state"] == "succeeded", done
+        status, stream = await api("GET", "tasks", task["id"], "events")
+        kinds = events(stream)
+        pulls = [data for kind, data in kinds if kind == "progress" and data["stage"] == "pull"]
+        assert any(p["current"] and p["total"] for p in pulls), "no byte progress was streamed"
+        assert any(kind == "progress" and data["stage"] == "squash" for kind, data in kinds)
+        assert kinds[-1] == ("state", {"state": "succeeded", "result": done["result"], "error": None})
+        _, body = await api("GET", "images")
+        assert any(reference in i["names"] and i["squashed"] for i in body["images"])
+        status, removed = await api("DELETE", "images", "squashed", reference)
+        assert status == 200 and removed["deleted"] is True
+    finally:
+        run(["skopeo", "delete", "--tls-verify=false", f"docker://{reference}"], check=False)
+        run(["podman", "rmi", "--ignore", reference], check=False)
+
+
+async def test_build_from_text_and_from_a_file_in_the_root(api, server_hpc, stack, jp_root_dir):
+    status, task = await api("POST", "images/build", body={
+        "containerfile": f"FROM {stack.tiny_image}\nARG WORD\nRUN echo $WORD > /word\n",
+        "tag": "localhost/tests/server-build:1", "build_args": {"WORD": "hello"}, "squash": True})
+    assert status == 202
+    done = await finished(api, task)
+    assert done["state"] == "succeeded", done
+    assert "STEP 3/3: RUN echo $WORD > /word" in done["log"]
+    assert server_hpc("run", "--rm", "localhost/tests/server-build:1", "cat", "/word").stdout.strip() == "hello"
+
+    (jp_root_dir / "proj").mkdir()
+    (jp_root_dir / "proj" / "data.txt").write_text("from the context\n")
+    (jp_root_dir / "proj" / "Containerfile").write_text(f"FROM {stack.tiny_image}\nCOPY data.txt /data.txt\n")
+    status, task = await api("POST", "images/build", body={"path": "proj/Containerfile",
+                                                          "tag": "localhost/tests/server-build:2"})
+    assert status == 202
+    assert (await finished(api, task))["state"] == "succeeded"
+
+
+async def test_a_failed_build_reports_its_step(api, server_hpc, stack):
+    status, task = await api("POST", "images/build", body={
+        "containerfile": f"FROM {stack.tiny_image}\nRUN echo about to fail && false\n",
+        "tag": "localhost/tests/server-fail:1"})
+    done = await finished(api, task)
+    assert done["state"] == "failed" and "RUN echo about to fail && false" in done["error"]
+
+
+async def test_a_running_build_can_be_cancelled(api, server_hpc, stack):
+    status, task = await api("POST", "images/build", body={
+        "containerfile": f"FROM {stack.tiny_image}\nRUN sleep 120\n", "tag": "localhost/tests/server-cancel:1"})
+    for _ in range(60):
+        _, body = await api("GET", "tasks", task["id"])
+        if any("STEP 2/2" in line for line in body["log"]) or (body["progress"] or {}).get("current") == 2:
+            break
+        await asyncio.sleep(0.5)
+    status, _ = await api("DELETE", "tasks", task["id"])
+    assert status == 202
+    done = await finished(api, task, timeout=30)
+    assert done["state"] == "cancelled"
+
+
+async def test_bad_input_is_refused_with_a_message_and_starts_nothing(api, server_hpc, jp_root_dir, tmp_path,
+                                                                     job_root):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "Containerfile").write_text("FROM scratch\n")
+    (jp_root_dir / "escape").symlink_to(outside)
+    cases = [
+        ("images/pull", {"image": "Not A Reference"}, 400, "invalid image reference"),
+        ("images/pull", {"image": "ok:tag\nrm -rf /"}, 400, "invalid image reference"),
+        ("images/pull", {}, 400, "'image' is required"),
+        ("images/build", {"path": "../etc/passwd", "tag": "x:1"}, 400, "'..'"),
+        ("images/build", {"path": "/etc/passwd", "tag": "x:1"}, 400, "relative"),
+        ("images/build", {"path": "escape/Containerfile", "tag": "x:1"}, 403, "outside"),
+        ("images/build", {"containerfile": "FROM x\n" * 5000, "tag": "x:1"}, 400, "longer than"),
+        ("images/build", {"containerfile": "FROM x\n", "tag": "x:1", "context": "../"}, 400, "'..'"),
+        ("jobs", {"image": "localhost/x:1", "command": ["true"], "nodes": 0}, 400, "between 1 and 4"),
+        ("jobs", {"image": "localhost/x:1", "command": ["true"], "nodes": 5}, 400, "between 1 and 4"),
+        ("jobs", {"image": "localhost/x:1", "command": ["true"], "partition": "debug\n#SBATCH --uid=0"}, 400,
+         "partition"),
+        ("jobs", {"image": "localhost/x:1", "command": ["true"], "environment": {"A": "1\nB"}}, 400, "newline"),
+        ("jobs", {"image": "localhost/x:1", "notebook": "../../x.ipynb"}, 400, "'..'"),
+        ("kernels", {"image": "bad image"}, 400, "invalid image reference"),
+    ]
+    for path, body, code, words in cases:
+        status, answer = await api("POST", *path.split("/"), body=body)
+        assert status == code, (path, body, status, answer)
+        assert words in answer["message"], (path, answer)
+    status, answer = await api("POST", "images", "pull", body=b"x" * 1_100_000)
+    assert status == 413
+    status, answer = await api("POST", "images", "pull", body="not json")
+    assert status == 400 and "JSON" in answer["message"]
+    _, tasks = await api("GET", "tasks")
+    assert tasks["tasks"] == []  # nothing was started
+    assert list(job_root.iterdir()) == []
+
+
+async def test_jobs_preview_submit_status_logs_and_cancel(api, server_hpc, stack, job_root):
+    env = {k: server_hpc.env[k] for k in ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT",
+                                          "PODMANHPC_CONFIG_HOME")}
+    spec = {"image": stack.tiny_image, "command": ["sh", "-c", "echo rank $SLURM_PROCID"], "nodes": 2,
+            "tasks_per_node": 2, "time": "00:05:00", "environment": env}
+    status, preview = await api("POST", "jobs", body=spec, params={"preview": "1"})
+    assert status == 200 and "podman-hpc shared-run" in preview["script"] and "srun" in preview["script"]
+    assert list(job_root.iterdir()) == []  # a preview writes nothing
+    status, job = await api("POST", "jobs", body=spec)
+    assert status == 201, job
+    for _ in range(240):
+        status, current = await api("GET", "jobs", job["id"])
+        if current["status"]["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        await asyncio.sleep(0.5)
+    assert current["status"]["state"] == "COMPLETED", current
+    status, logs = await api("GET", "jobs", job["id"], "logs")
+    assert sorted(logs["ranks"].values()) == [f"rank {i}\n" for i in range(4)]
+    _, listed = await api("GET", "jobs")
+    assert job["id"] in [j["id"] for j in listed["jobs"]]
+
+    long = {**spec, "command": ["sleep", "300"]}
+    status, job = await api("POST", "jobs", body=long)
+    status, cancelled = await api("DELETE", "jobs", job["id"])
+    assert status == 200
+    for _ in range(120):
+        _, current = await api("GET", "jobs", job["id"])
+        if current["status"]["state"] == "CANCELLED":
+            break
+        await asyncio.sleep(0.5)
+    assert current["status"]["state"] == "CANCELLED"
+    status, missing = await api("GET", "jobs", "999999")
+    assert status == 404
+
+
+async def test_unsquashed_images_are_refused_for_jobs(api, server_hpc):
+    status, answer = await api("POST", "jobs", body={"image": "localhost/never/squashed:1", "command": ["true"]})
+    assert status == 404 and "not squashed" in answer["message"]
+
+
+async def test_kernels_install_list_remove(api, server_hpc, stack):
+    status, kernel = await api("POST", "kernels", body={"image": stack.base_image, "display_name": "Base (test)",
+                                                        "modules": ["home"], "name": "test-base"})
+    assert status == 201 and kernel["name"] == "test-base"
+    _, listed = await api("GET", "kernels")
+    assert [k["name"] for k in listed["kernels"]] == ["test-base"]
+    status, _ = await api("DELETE", "kernels", "test-base")
+    assert status == 200
+    status, answer = await api("DELETE", "kernels", "test-base")
+    assert status == 404
+
+
+async def test_jobs_are_found_again_by_a_new_server(api, server_hpc, stack, jp_serverapp):
+    from jupyter_podman_hpc.server.backend import Backend
+    env = {k: server_hpc.env[k] for k in ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT",
+                                          "PODMANHPC_CONFIG_HOME")}
+    status, job = await api("POST", "jobs", body={"image": stack.tiny_image, "command": ["true"], "environment": env})
+    assert status == 201
+    fresh = Backend(jp_serverapp.web_app.settings["podman_hpc_backend"].settings, jp_serverapp.root_dir)
+    assert job["id"] in [j["id"] for j in fresh.jobs()]
+    assert os.path.isdir(job["directory"])
