@@ -15,3 +15,10 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     """The server extension that the installed jupyter_server config enables."""
     return [{"module": "jupyter_podman_hpc.server"}]
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext jupyter_podman_hpc``: the ``%podman_hpc`` magics (imported only then)."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)

@@ -144,11 +144,7 @@ class Cli:
         from .engine.images import list_images
         if args:  # podman's own options (--format, -q, filters): podman answers
             return self.exec(self.podman.command("images", *args))
-        rows = [("REPOSITORY:TAG", "IMAGE ID", "CREATED", "SIZE", "SQUASHED", "STORE")]
-        for image in list_images(self.podman):
-            for name in image.names or ["<none>"]:
-                rows.append((name, image.short_id, image.created[:19].replace("T", " "),
-                             _human_size(image.size), "yes" if image.squashed else "no", image.stores))
+        rows = image_rows(list_images(self.podman))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -213,11 +209,7 @@ class Cli:
         return self.exec(argv, passthrough.env)
 
     def _parse_run(self, args: list[str]):
-        flags = self.modules.by_flag()
-        options, image, command = split_at_image(args, self.podman.options("run"), [*flags, "--join"])
-        chosen_names = [flags[o].name for o in options if o in flags]
-        options = [o for o in options if o not in flags]
-        return options, image, command, self.modules.select(chosen_names)
+        return parse_run_args(self.podman, self.modules, args)
 
     def passthrough(self, subcommand: str, args: list[str]) -> int:
         return self.exec(self.podman.command(subcommand, *args))
@@ -251,6 +243,31 @@ class Cli:
             os.execvpe(argv[0], list(argv), env or self.podman.env)
         except FileNotFoundError:
             raise EngineError(f"podman not found: {argv[0]} (set podman_bin in the site configuration)", 127)
+
+
+def parse_run_args(podman: Podman, modules: ModuleSet, args: Sequence[str], extra_flags: Sequence[str] = ("--join",)):
+    """``[options] IMAGE [COMMAND...]`` of run/shared-run: (podman options, image, command, chosen modules).
+
+    Module flags (``--gpu``, ``--openmpi-pmix``...) and ``extra_flags`` are told apart from
+    podman's own run options; the modules are checked for conflicts and dependencies.
+    Shared by the CLI and the ``%podman_hpc run`` magic.
+    """
+    flags = modules.by_flag()
+    options, image, command = split_at_image(args, podman.options("run"), [*flags, *extra_flags])
+    chosen_names = [flags[o].name for o in options if o in flags]
+    options = [o for o in options if o not in flags]
+    return options, image, command, modules.select(chosen_names)
+
+
+def image_rows(images) -> list[tuple[str, ...]]:
+    """The images table of ``podman-hpc images`` (a header, then one row per name), as the
+    CLI prints it and the ``%podman_hpc images`` magic shows it."""
+    rows = [("REPOSITORY:TAG", "IMAGE ID", "CREATED", "SIZE", "SQUASHED", "STORE")]
+    for image in images:
+        for name in image.names or ["<none>"]:
+            rows.append((name, image.short_id, image.created[:19].replace("T", " "),
+                         _human_size(image.size), "yes" if image.squashed else "no", image.stores))
+    return rows
 
 
 def _human_size(size: int) -> str:

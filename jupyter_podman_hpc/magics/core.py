@@ -1,0 +1,423 @@
+"""The ``%podman_hpc`` line magic and ``%%podman_hpc`` cell magic.
+
+Each subcommand parses its words (``parser``), calls the engine or the job
+API, and renders the engine's progress (``render``); it adds no logic of
+its own. Errors become ``MagicError``: IPython shows it as one short message
+(no traceback) and the cell fails, so "Run all" stops there as it would on
+an exception; ``--debug`` re-raises the original exception instead.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+from typing import Iterator
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from ..engine.errors import EngineError
+from .parser import HelpRequested, MagicUsageError, parse, subparser
+from .render import Renderer, make_renderer
+
+STDERR_TAIL = 8192   # bytes of a run's stderr kept for its error message
+
+
+class MagicError(Exception):
+    """A failure of a magic, shown as a short message without a traceback."""
+
+    def __init__(self, message: str, usage: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.usage = usage.strip()
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows instead of a traceback (it asks exceptions for this)."""
+        lines = [f"podman-hpc: error: {self.message}"]
+        if self.usage:
+            lines += ["", *self.usage.splitlines()]
+        return lines
+
+
+def _usage(command: str) -> str:
+    found = subparser(command)
+    return found.format_usage() if found is not None else ""
+
+
+@contextlib.contextmanager
+def _rendering(renderer: Renderer) -> Iterator[Renderer]:
+    try:
+        yield renderer
+    except EngineError as err:
+        renderer.failed(str(err), getattr(err, "output", "") or "")
+        raise
+    except KeyboardInterrupt:
+        renderer.failed("interrupted")
+        raise
+    finally:
+        renderer.close()
+
+
+@magics_class
+class PodmanHPCMagics(Magics):
+    """``%podman_hpc COMMAND ...`` (``%podman_hpc help`` lists the commands)."""
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell, **kwargs)
+        self.last_renderer: Renderer | None = None   # the last progress renderer (for tests and debugging)
+
+    @line_cell_magic
+    def podman_hpc(self, line: str, cell: str | None = None):
+        """podman-hpc from a notebook: build, pull, squash, images, run, submit, jobs, kernels.
+
+        ``%podman_hpc help`` lists the commands, ``%podman_hpc help COMMAND`` shows one's
+        options. Add ``--debug`` to see the full traceback of an error.
+        """
+        try:
+            args = parse(line)
+        except HelpRequested as request:
+            print(request.text.rstrip())
+            return None
+        except MagicUsageError as err:
+            raise MagicError(err.message, err.usage) from None
+        handler = getattr(self, f"_cmd_{args.command}")
+        try:
+            return handler(args, cell)
+        except (MagicError, KeyboardInterrupt):
+            raise
+        except MagicUsageError as err:
+            if args.debug:
+                raise
+            raise MagicError(err.message, err.usage) from None
+        except EngineError as err:
+            if args.debug:
+                raise
+            raise MagicError(str(err)) from None
+        except Exception as err:
+            if args.debug:
+                raise
+            raise MagicError(f"{type(err).__name__}: {err} (add --debug to see where)") from None
+
+    # --- helpers ----------------------------------------------------------------------
+
+    @staticmethod
+    def _config():
+        from ..engine.config import load_config
+        return load_config(os.environ)
+
+    def _renderer(self, title: str, **kwargs) -> Renderer:
+        self.last_renderer = make_renderer(title, **kwargs)
+        return self.last_renderer
+
+    @staticmethod
+    def _no_cell(args: Namespace, cell: str | None) -> None:
+        if cell is not None and cell.strip():
+            raise MagicError(f"{args.command} takes no cell body (only build does)", _usage(args.command))
+
+    # --- images -----------------------------------------------------------------------
+
+    def _cmd_build(self, args: Namespace, cell: str | None):
+        from ..engine import api
+
+        if args.file:
+            if cell is not None and cell.strip():
+                raise MagicError("give the Containerfile either as the cell body or with --file, not both",
+                                 _usage("build"))
+            try:
+                containerfile = Path(args.file).expanduser().read_text()
+            except OSError as err:
+                raise MagicError(f"cannot read {args.file}: {err.strerror}")
+        elif cell is None or not cell.strip():
+            raise MagicError("build needs a Containerfile: write it in the cell body of "
+                             "%%podman_hpc build (or give --file PATH)", _usage("build"))
+        else:
+            containerfile = cell
+        config = self._config()
+        renderer = self._renderer(f"build {args.tag}", log=args.log)
+        with _rendering(renderer):
+            image_id = api.build(config, containerfile, args.tag, args.context, dict(args.build_args),
+                                 renderer, no_cache=args.no_cache)
+            renderer.done(f"Built {args.tag} ({image_id[:12]})")
+            if args.squash:
+                self._squash(config, args.tag, renderer)
+        return None
+
+    def _squash(self, config, ref: str, renderer: Renderer) -> None:
+        from ..engine.migrate import migrate
+        from ..engine.podman import Podman
+
+        renderer.note(f"Squashing {ref}")
+        result = migrate(Podman(config, os.environ), ref, renderer)
+        if result.squashed:
+            renderer.done(f"Squashed {ref} ({result.image.short_id}) into {config.squash_dir}")
+        else:
+            renderer.done(f"{ref} ({result.image.short_id}) is already in the squashed store {config.squash_dir}")
+
+    def _cmd_pull(self, args: Namespace, cell: str | None):
+        from ..engine import api
+
+        self._no_cell(args, cell)
+        config = self._config()
+        renderer = self._renderer(f"pull {args.image}")
+        with _rendering(renderer):
+            if args.no_squash:
+                image_id = api.pull(config, args.image, renderer)
+                renderer.done(f"Pulled {args.image} ({image_id[:12]})")
+            else:
+                result = api.pull_and_squash(config, args.image, renderer)
+                squash = result.squash
+                if squash.squashed:
+                    renderer.done(f"Squashed {args.image} ({squash.image.short_id}) into {config.squash_dir}")
+                else:
+                    renderer.done(f"{args.image} ({squash.image.short_id}) is already in the squashed store "
+                                  f"{config.squash_dir}")
+        return None
+
+    def _cmd_squash(self, args: Namespace, cell: str | None):
+        self._no_cell(args, cell)
+        config = self._config()
+        renderer = self._renderer(f"squash {args.image}")
+        with _rendering(renderer):
+            self._squash(config, args.image, renderer)
+        return None
+
+    _cmd_migrate = _cmd_squash
+
+    def _cmd_rmsqi(self, args: Namespace, cell: str | None):
+        from ..engine.migrate import remove_squashed
+        from ..engine.podman import Podman
+
+        self._no_cell(args, cell)
+        config = self._config()
+        image, deleted = remove_squashed(Podman(config, os.environ), args.image)
+        if deleted:
+            print(f"Removed {args.image} ({image.short_id}) from {config.squash_dir}")
+        else:
+            print(f"Untagged {args.image} ({image.short_id}) in {config.squash_dir}")
+        return None
+
+    def _cmd_images(self, args: Namespace, cell: str | None):
+        from ..engine.images import list_images
+        from ..engine.podman import Podman
+        from .display import ImageList
+
+        self._no_cell(args, cell)
+        images = list_images(Podman(self._config(), os.environ))
+        if args.filter:
+            text = args.filter
+            images = [i for i in images if any(text in name for name in i.names) or i.id.startswith(text)]
+        return ImageList(images)
+
+    # --- run ----------------------------------------------------------------------------
+
+    def _cmd_run(self, args: Namespace, cell: str | None):
+        from ..cli import parse_run_args
+        from ..engine.modules import ModuleSet
+        from ..engine.podman import Podman
+
+        self._no_cell(args, cell)
+        config = self._config()
+        podman = Podman(config, os.environ)
+        modules = ModuleSet.load(config.modules_dir, cache_dir=config.run_root)
+        options, image, command, chosen = parse_run_args(podman, modules, args.args, extra_flags=("--debug",))
+        if "--debug" in options:
+            args.debug = True
+            options = [o for o in options if o != "--debug"]
+        if image is None:
+            raise MagicError("run needs an IMAGE", _usage("run"))
+        shared = [m for m in chosen if m.shared_run]
+        if shared:
+            raise MagicError(f"module '{shared[0].name}' ({shared[0].flag}) runs one container per node "
+                             "under Slurm: use %podman_hpc submit")
+        if not any(o.split("=", 1)[0] in ("--rm", "-d", "--detach") for o in options):
+            options = ["--rm", *options]   # a cell run leaves no container behind
+        argv = podman.run_command([*options, image, *command], modules.podman_args(chosen, os.environ))
+        code, stderr = stream(argv, podman.env)
+        if code != 0:
+            from ..engine.podman import error_message
+            podman_said = [line for line in stderr.splitlines() if line.strip().startswith("Error:")]
+            if podman_said:
+                raise MagicError(f"{error_message(stderr)} (exit code {code})")
+            raise MagicError(f"the command exited with code {code}")
+        return None
+
+    # --- jobs ---------------------------------------------------------------------------
+
+    def _spec(self, args: Namespace):
+        from ..slurm import JobSpec
+
+        environment: dict[str, str] = {}
+        for key, value in args.env:
+            if value is None:
+                if key not in os.environ:
+                    raise MagicError(f"--env {key}: {key} is not set in this kernel (give {key}=VALUE)")
+                value = os.environ[key]
+            environment[key] = value
+        return JobSpec(
+            image=args.image, command=tuple(args.argv) if args.argv else None,
+            python_script=args.script, notebook=args.notebook, args=tuple(args.args),
+            nodes=args.nodes, tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task,
+            gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition, account=args.account,
+            qos=args.qos, reservation=args.reservation, modules=tuple(args.modules), environment=environment,
+            workdir=args.workdir, extra_directives=tuple(args.directives), mode=args.mode,
+            job_name=args.job_name)
+
+    def _cmd_submit(self, args: Namespace, cell: str | None):
+        from ..engine.store import SquashStore
+        from ..slurm import Job as SlurmJob
+        from ..slurm import SlurmClient
+        from .jobs import Job
+
+        self._no_cell(args, cell)
+        spec = self._spec(args)
+        config = self._config()
+        if args.preview:
+            print(SlurmJob.preview(spec, config=config, environ=os.environ).rstrip())
+            return None
+        from ..engine.modules import ModuleSet
+        spec.check_modules(ModuleSet.load(config.modules_dir, cache_dir=config.run_root))
+        stores = [d for d in (config.squash_dir, *config.additional_stores) if os.path.isdir(d)]
+        if not any(SquashStore(d).find(spec.image) is not None for d in stores):
+            raise MagicError(f"image {spec.image} is not in the squashed store {config.squash_dir}, where the "
+                             f"nodes run it from: squash it first (%podman_hpc squash {spec.image}, or "
+                             f"%podman_hpc pull {spec.image})")
+        notes: list[str] = []
+
+        def progress(event) -> None:
+            if event.message and not event.message.startswith(("submitting", "submitted")):
+                notes.append(event.message)
+        job = SlurmJob.submit(spec, client=SlurmClient(), config=config, progress=progress)
+        for note in notes:
+            print(note)
+        print(f"Submitted job {job.id} ({spec.nodes} node(s) x {spec.tasks_per_node} task(s), {spec.mode}) "
+              f"in {job.directory}")
+        return Job(job)
+
+    @staticmethod
+    def _find(job_id: str):
+        from ..slurm import Job as SlurmJob
+        from ..slurm import SlurmClient
+        return SlurmJob.find(job_id, client=SlurmClient())
+
+    def _cmd_jobs(self, args: Namespace, cell: str | None):
+        from ..slurm import Job as SlurmJob
+        from ..slurm import SlurmClient
+        from .jobs import Job, JobList
+
+        self._no_cell(args, cell)
+        jobs = []
+        for job in reversed(SlurmJob.list(client=SlurmClient())):
+            try:
+                status = job.status(refresh=False)
+            except EngineError:
+                status = None
+            jobs.append(Job(job, status))
+        return JobList(jobs)
+
+    def _cmd_logs(self, args: Namespace, cell: str | None):
+        self._no_cell(args, cell)
+        job = self._find(args.job_id)
+        if args.batch:
+            text = job.batch_log()
+        else:
+            text = job.labelled_output("err" if args.err else "out")
+        if text:
+            print(text.rstrip("\n"))
+        else:
+            what = "Slurm's log" if args.batch else "standard error" if args.err else "output"
+            print(f"No {what} from job {job.id} (yet)")
+        return None
+
+    def _cmd_cancel(self, args: Namespace, cell: str | None):
+        self._no_cell(args, cell)
+        job = self._find(args.job_id)
+        job.cancel()
+        print(f"Cancelled job {job.id}")
+        return None
+
+    # --- kernels, info ------------------------------------------------------------------
+
+    def _cmd_kernel(self, args: Namespace, cell: str | None):
+        from ..kernels import kernelspec
+        from .display import KernelList
+
+        self._no_cell(args, cell)
+        if args.action == "install":
+            kernel = kernelspec.install(args.image, name=args.name, display_name=args.display_name,
+                                        modules=args.modules)
+            print(f"Installed kernel {kernel.name} ({kernel.display_name}) in {kernel.path}")
+            return None
+        if args.action == "list":
+            return KernelList(kernelspec.list_kernels())
+        kernel = kernelspec.remove(args.name)
+        print(f"Removed kernel {kernel.name} from {kernel.path}")
+        return None
+
+    def _cmd_info(self, args: Namespace, cell: str | None):
+        from ..cli import Cli, Options
+
+        self._no_cell(args, cell)
+        Cli(Options(), dict(os.environ)).infohpc([])
+        return None
+
+
+def stream(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run ``argv``, copying its stdout and stderr to ours as they come; (exit code, stderr's tail).
+
+    An interrupt (the kernel's stop button) stops the process (SIGTERM, then SIGKILL
+    after 10 s; podman passes the signal to the container) and is raised again.
+    """
+    try:
+        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, start_new_session=True)
+    except FileNotFoundError:
+        raise MagicError(f"{argv[0]} not found (set podman_bin in the site configuration)")
+    tail = b""
+    decoders = {}
+    with selectors.DefaultSelector() as selector:
+        for pipe, target in ((process.stdout, "stdout"), (process.stderr, "stderr")):
+            os.set_blocking(pipe.fileno(), False)
+            selector.register(pipe, selectors.EVENT_READ, target)
+            decoders[target] = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            while selector.get_map():
+                for key, _ in selector.select():
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        text = decoders[key.data].decode(b"", final=True)
+                    else:
+                        text = decoders[key.data].decode(chunk)
+                        if key.data == "stderr":
+                            tail = (tail + chunk)[-STDERR_TAIL:]
+                    if text:
+                        out = sys.stdout if key.data == "stdout" else sys.stderr
+                        out.write(text)
+                        out.flush()
+            code = process.wait()
+        except BaseException:
+            _stop(process)
+            raise
+    return code, tail.decode(errors="replace")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+__all__ = ["PodmanHPCMagics", "MagicError", "stream"]
