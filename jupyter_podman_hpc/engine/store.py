@@ -364,3 +364,13 @@ class SquashStore:
 def _touch(fd: int) -> None:
     """Write a new last-writer token, as containers/storage's lockfile Touch() does."""
     os.pwrite(fd, secrets.token_hex(32).encode(), 0)
+
+
+def find_squashed(config, ref: str) -> StoredImage | None:
+    """``ref`` in the user's squashed store or one of the site's additional stores."""
+    for directory in (config.squash_dir, *config.additional_stores):
+        if os.path.isdir(directory):
+            found = SquashStore(directory).find(ref)
+            if found is not None:
+                return found
+    return None

@@ -269,7 +269,6 @@ class PodmanHPCMagics(Magics):
             job_name=args.job_name)
 
     def _cmd_submit(self, args: Namespace, cell: str | None):
-        from ..engine.store import SquashStore
         from ..slurm import Job as SlurmJob
         from ..slurm import SlurmClient
         from .jobs import Job
@@ -280,13 +279,6 @@ class PodmanHPCMagics(Magics):
         if args.preview:
             print(SlurmJob.preview(spec, config=config, environ=os.environ).rstrip())
             return None
-        from ..engine.modules import ModuleSet
-        spec.check_modules(ModuleSet.load(config.modules_dir, cache_dir=config.run_root))
-        stores = [d for d in (config.squash_dir, *config.additional_stores) if os.path.isdir(d)]
-        if not any(SquashStore(d).find(spec.image) is not None for d in stores):
-            raise MagicError(f"image {spec.image} is not in the squashed store {config.squash_dir}, where the "
-                             f"nodes run it from: squash it first (%podman_hpc squash {spec.image}, or "
-                             f"%podman_hpc pull {spec.image})")
         notes: list[str] = []
 
         def progress(event) -> None:

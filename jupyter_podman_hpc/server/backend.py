@@ -13,7 +13,7 @@ from traitlets import Int, Unicode
 from traitlets.config import Configurable
 
 from ..engine.config import SiteConfig, load_config
-from ..engine.errors import EngineError, ImageNotFound
+from ..engine.errors import EngineError
 from ..engine.modules import ModuleSet
 from ..engine.podman import Podman
 from .tasks import Task, TaskManager
@@ -126,11 +126,8 @@ class Backend:
 
     def submit(self, data: dict) -> dict:
         from ..slurm import Job, SlurmClient
-        from ..engine.store import SquashStore
         spec = self._spec(data)
         config = self.site()
-        if SquashStore(config.squash_dir).find(spec.image) is None:
-            raise ImageNotFound(f"image {spec.image} is not squashed: squash it before running it at scale")
         job = Job.submit(spec, self.job_root(), client=SlurmClient(env=self.environ()), config=config)
         return job.as_dict(status=True)
 

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from ..engine.config import SiteConfig, load_config
-from ..engine.errors import EngineError
+from ..engine.errors import EngineError, ImageNotFound
 from ..engine.modules import ModuleSet
 from ..engine.progress import Progress, ProgressCallback, ignore
+from ..engine.store import find_squashed
 from . import notebook as notebooks
 from .client import JobStatus, SlurmClient, SlurmError
 from .script import PYTHON, RunTarget, render
@@ -171,6 +172,9 @@ class Job:
         config = config or load_config(client.env)
         modules = ModuleSet.load(config.modules_dir)
         spec.check_modules(modules)
+        if find_squashed(config, spec.image) is None:
+            raise ImageNotFound(f"image {spec.image} is not in the squashed store {config.squash_dir}, where the "
+                                "nodes run it from: squash it first (podman-hpc migrate, or pull)")
         root = Path(root) if root is not None else default_root(client.env)
         try:
             root.mkdir(parents=True, exist_ok=True)

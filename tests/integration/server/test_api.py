@@ -192,7 +192,7 @@ async def test_jobs_preview_submit_status_logs_and_cancel(api, server_hpc, stack
 
 async def test_unsquashed_images_are_refused_for_jobs(api, server_hpc):
     status, answer = await api("POST", "jobs", body={"image": "localhost/never/squashed:1", "command": ["true"]})
-    assert status == 404 and "not squashed" in answer["message"]
+    assert status == 404 and "not in the squashed store" in answer["message"]
 
 
 async def test_kernels_install_list_remove(api, server_hpc, stack):

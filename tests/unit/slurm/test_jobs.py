@@ -8,6 +8,7 @@ import nbformat
 import pytest
 
 from jupyter_podman_hpc.engine.config import SiteConfig
+from jupyter_podman_hpc.engine.errors import ImageNotFound
 from jupyter_podman_hpc.engine.progress import Progress
 from jupyter_podman_hpc.slurm.client import JobStatus, SlurmClient, SlurmError
 from jupyter_podman_hpc.slurm.jobs import Job, JobError, JobNotFound, JobTimeout, default_root
@@ -43,9 +44,26 @@ class StandInSlurm(SlurmClient):
         self.cancelled.append(job_id)
 
 
+def squashed_config(tmp_path) -> SiteConfig:
+    """A site whose squashed store holds IMAGE (its records; the nodes are not involved here)."""
+    store = tmp_path / "squash"
+    (store / "overlay-images").mkdir(parents=True, exist_ok=True)
+    (store / "overlay-images" / "images.json").write_text(
+        json.dumps([{"id": "ab" * 32, "names": [IMAGE], "layer": "cd" * 32}]))
+    return SiteConfig(squash_dir=str(store))
+
+
 def submit(tmp_path, spec=None, client=None, **kwargs):
     spec = spec or JobSpec(image=IMAGE, command=["echo", "hi"], nodes=2, tasks_per_node=2)
-    return Job.submit(spec, tmp_path / "jobs", client=client or StandInSlurm(), config=SiteConfig(), **kwargs)
+    return Job.submit(spec, tmp_path / "jobs", client=client or StandInSlurm(), config=squashed_config(tmp_path),
+                      **kwargs)
+
+
+def test_an_image_that_is_not_squashed_is_refused(tmp_path):
+    spec = JobSpec(image="registry.example.org:5000/team/other:1.0", command=["true"])
+    with pytest.raises(ImageNotFound, match="not in the squashed store"):
+        Job.submit(spec, tmp_path / "jobs", client=StandInSlurm(), config=squashed_config(tmp_path))
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
 
 
 def test_submit_writes_a_complete_job_directory(tmp_path):
