@@ -224,9 +224,14 @@ def slurmd_up(node: str) -> None:
     ], env=_daemon_env(), ready=lambda: _port_open(layout.node_port(node)))
 
 
+def _usable(state: str) -> bool:
+    # A trailing "*" means slurmctld has not heard from the node: jobs sent there would wait forever.
+    return state in ("idle", "mix", "alloc")
+
+
 def nodes_idle() -> bool:
     states = _sinfo_states()
-    return all(states.get(node, "").rstrip("*") in ("idle", "mix", "alloc") for node in layout.NODES)
+    return all(_usable(states.get(node, "")) for node in layout.NODES)
 
 
 def resume_nodes() -> None:
@@ -274,5 +279,5 @@ def status() -> dict[str, bool]:
     }
     for node in layout.NODES:
         result[f"slurmd {node}"] = running_pid(f"slurmd-{node}") is not None and \
-            states.get(node, "").rstrip("*") in ("idle", "mix", "alloc")
+            _usable(states.get(node, ""))
     return result

@@ -169,7 +169,8 @@ class Job:
                config: SiteConfig | None = None, progress: ProgressCallback = ignore) -> "Job":
         """Write the job directory, submit it with sbatch, and return the job."""
         client = client or SlurmClient()
-        config = config or load_config(client.env)
+        # The nodes see the submitter's environment and, over it, the one the script exports.
+        config = config or load_config({**(client.env or os.environ), **spec.environment})
         modules = ModuleSet.load(config.modules_dir)
         spec.check_modules(modules)
         if find_squashed(config, spec.image) is None:

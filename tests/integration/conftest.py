@@ -81,7 +81,9 @@ def cleanup_hpc(hpc: Hpc) -> None:
     script = 'podman-hpc rm --all --force --time 0 >/dev/null 2>&1; ' \
              'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1"\' sh "$1"'
     run(["sh", "-c", script, "sh", root], env=hpc.env, check=False)
-    hpc.srun(f"-N{len(hpc.stack.nodes)}", "--ntasks-per-node=1", "sh", "-c", script, "sh", root, check=False)
+    # --immediate: when another job holds the nodes, leave the (private, /tmp) leftovers rather than hang.
+    hpc.srun(f"-N{len(hpc.stack.nodes)}", "--ntasks-per-node=1", "--immediate=60", "sh", "-c", script, "sh", root,
+             check=False, timeout=180)
     shutil.rmtree(hpc.work, ignore_errors=True)
 
 
