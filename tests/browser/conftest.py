@@ -7,6 +7,12 @@ directories, so a user's own settings cannot change what a test sees. The
 installed extensions (sys.prefix/share/jupyter, sys.prefix/etc/jupyter) are
 still found: that is what is under test.
 
+`stack_lab` is such a JupyterLab on the cluster-in-a-box: its server extension
+uses the engine storage of `squashed_base` (tests/integration/conftest.py: a
+private graph root and a squashed store holding the base image) and writes job
+directories to the shared scratch (`c.PodmanHPC.job_root`), since the nodes
+write the ranks' logs there. Tests that use it need the stack.
+
 `page` is a fresh chromium page (fresh profile) whose console messages and
 uncaught page errors are collected in `console`. A screenshot of every test's
 page is written to tests/artifacts/ (or, if the checkout is not writable by
@@ -17,6 +23,7 @@ Playwright never downloads a browser here: it drives /usr/bin/chromium.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -30,6 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import Stack
+# The stack's session fixtures, shared with the browser tests (pytest registers imported fixtures).
+from tests.integration.conftest import Hpc, squashed_base  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("JPH_CHROMIUM", "/usr/bin/chromium"))
@@ -63,6 +74,7 @@ class JupyterLab:
     token: str
     root_dir: Path
     log: Path
+    data_dir: Path  # JUPYTER_DATA_DIR of the server (its user kernelspecs)
 
     def lab_url(self, path: str = "lab") -> str:
         return f"{self.url}{path}?token={self.token}"
@@ -90,29 +102,38 @@ def _wait_until_up(process: subprocess.Popen, lab: JupyterLab) -> None:
     pytest.fail(f"jupyter lab did not answer {lab.url}api/status within {START_TIMEOUT} s:\n{lab.log_tail()}")
 
 
-@pytest.fixture(scope="session")
-def jupyterlab(tmp_path_factory) -> JupyterLab:
-    """A JupyterLab server of this environment on 127.0.0.1; stopped at the end."""
-    base = tmp_path_factory.mktemp("jupyterlab")
+@contextlib.contextmanager
+def running_lab(base: Path, *, env: dict[str, str] | None = None, args: list[str] | None = None):
+    """`jupyter lab` with throwaway Jupyter directories under ``base``; stopped on exit.
+
+    ``env`` is added to the server's environment (e.g. the engine's storage
+    settings), ``args`` to its command line (e.g. ``--PodmanHPC.job_root=...``).
+    """
     root = base / "root"
     root.mkdir()
-    env = dict(os.environ)
+    server_env = dict(os.environ)
     for name in ("config", "data", "runtime", "settings", "workspaces"):
         (base / name).mkdir()
-    env.update(
+    server_env.update(
         JUPYTER_CONFIG_DIR=str(base / "config"),
         JUPYTER_DATA_DIR=str(base / "data"),
         JUPYTER_RUNTIME_DIR=str(base / "runtime"),
         JUPYTERLAB_SETTINGS_DIR=str(base / "settings"),
         JUPYTERLAB_WORKSPACES_DIR=str(base / "workspaces"),
     )
-    env.pop("JUPYTER_NO_CONFIG", None)  # sys.prefix/etc/jupyter enables our server extension
+    server_env.pop("JUPYTER_NO_CONFIG", None)  # sys.prefix/etc/jupyter enables our server extension
+    # no "get notified about Jupyter news?" toast over the screenshots (and no fetch of the news)
+    news = base / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false"}')
+    server_env.update(env or {})
     port = _free_port()
     lab = JupyterLab(
         url=f"http://127.0.0.1:{port}/",
         token=uuid.uuid4().hex,
         root_dir=root,
         log=base / "jupyterlab.log",
+        data_dir=base / "data",
     )
     command = [
         sys.executable, "-m", "jupyterlab",
@@ -123,10 +144,11 @@ def jupyterlab(tmp_path_factory) -> JupyterLab:
         f"--IdentityProvider.token={lab.token}",
         f"--ServerApp.root_dir={root}",
         *(["--allow-root"] if os.geteuid() == 0 else []),
+        *(args or []),
     ]
     with lab.log.open("w") as log:
         process = subprocess.Popen(
-            command, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            command, cwd=root, env=server_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:
@@ -139,6 +161,49 @@ def jupyterlab(tmp_path_factory) -> JupyterLab:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def jupyterlab(tmp_path_factory) -> JupyterLab:
+    """A JupyterLab server of this environment on 127.0.0.1; stopped at the end."""
+    with running_lab(tmp_path_factory.mktemp("jupyterlab")) as lab:
+        yield lab
+
+
+# --- JupyterLab on the stack ----------------------------------------------------------
+
+ENGINE_VARIABLES = ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME", "SQUASH_DIR")
+
+
+@dataclass(frozen=True)
+class StackLab:
+    """A JupyterLab whose podman-hpc API works on the cluster-in-a-box.
+
+    Its engine uses ``hpc``'s storage (a private graph root and a squashed
+    store holding the base image) and writes job directories to ``job_root``
+    on the shared scratch, where the nodes write the ranks' logs.
+    """
+
+    lab: JupyterLab
+    stack: Stack
+    hpc: Hpc
+    job_root: Path
+
+    def __getattr__(self, name):  # url, token, root_dir, lab_url, log_tail, ...
+        return getattr(self.lab, name)
+
+
+@pytest.fixture(scope="session")
+def stack_lab(tmp_path_factory, stack, squashed_base) -> StackLab:
+    """JupyterLab with the engine environment of `squashed_base` and job directories on the scratch."""
+    job_root = stack.work_dir("browser-jobs")
+    env = {name: squashed_base.env[name] for name in ENGINE_VARIABLES}
+    try:
+        with running_lab(tmp_path_factory.mktemp("stack-lab"), env=env,
+                         args=[f"--PodmanHPC.job_root={job_root}"]) as lab:
+            yield StackLab(lab=lab, stack=stack, hpc=squashed_base, job_root=job_root)
+    finally:
+        shutil.rmtree(job_root, ignore_errors=True)
 
 
 @dataclass
