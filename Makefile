@@ -8,11 +8,12 @@ STACK := ./dev/stack
 AS_USER := ./dev/as-user
 PYTEST_ARGS ?=
 
-.PHONY: help stack-up stack-down stack-status test test-unit demo
+.PHONY: help stack-up stack-down stack-status test test-unit demo bench bench-smoke
 
 help:
 	@echo "make demo    bring the stack up and start JupyterLab on 127.0.0.1"
 	@echo "make test    bring the stack up and run the whole test suite"
+	@echo "make bench   the benchmarks (bench/README.md); make bench-smoke: one quick run"
 	@echo "make stack-up | stack-down | stack-status"
 
 stack-up:
@@ -35,3 +36,10 @@ test-unit:
 
 demo: stack-up
 	$(AS_USER) ./dev/demo
+
+# Benchmarks (bench/README.md): not part of `make test`, except the smoke run (tests/bench).
+bench: stack-up
+	$(AS_USER) python bench/run.py
+
+bench-smoke: stack-up
+	$(AS_USER) python bench/run.py --smoke --output /tmp/jph-bench-smoke

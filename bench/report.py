@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from common import Sample, markdown_table, summarize, write_csv
+from common import Failure, Sample, markdown_table, summarize, write_csv
 
-BASELINES = {"launch": "bare", "squash": "plain mksquashfs"}
+# The configuration each benchmark's other configurations are compared with (same run, same size).
+BASELINES = {"launch": "bare", "squash": "plain mksquashfs", "lammps": "bare", "pynamic": "bare",
+             "kernel": "local ipykernel"}
 
 
 def _cell(stats: dict[str, float] | None) -> str:
@@ -39,38 +41,42 @@ def table(samples: Sequence[Sample], benchmark: str, metric: str) -> str:
             for c in configs:
                 if c != baseline:
                     other = stats.get((benchmark, metric, size, c))
-                    row.append(f"+{other['median'] - base['median']:.2f} s ({other['median'] / base['median']:.1f}x)"
+                    row.append(f"{other['median'] - base['median']:+.2f} s ({other['median'] / base['median']:.2f}x)"
                                if other else "—")
         rows.append(row)
     return markdown_table(header, rows)
 
 
-def plot(samples: Sequence[Sample], benchmark: str, metric: str, path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+def plot(samples: Sequence[Sample], benchmark: str, metric: str, path: Path) -> None:
+    import matplotlib  # here, not at the top: the tables need no plotting library
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     stats = summarize(s for s in samples if s.benchmark == benchmark and s.metric == metric)
     configs = list(dict.fromkeys(s.config for s in samples if s.benchmark == benchmark and s.metric == metric))
     sizes = _order({size for (_, _, size, _) in stats})
     figure, axes = plt.subplots(figsize=(10, 5))
     width = 0.8 / max(len(configs), 1)
     for i, config in enumerate(configs):
-        values = [stats.get((benchmark, metric, size, config), {}).get("median", 0) for size in sizes]
-        axes.bar([x + i * width for x in range(len(sizes))], values, width, label=config)
+        found = [stats.get((benchmark, metric, size, config)) for size in sizes]
+        values = [s["median"] if s else 0 for s in found]
+        spread = [[s["median"] - s["min"] if s else 0 for s in found],
+                  [s["max"] - s["median"] if s else 0 for s in found]]
+        axes.bar([x + i * width for x in range(len(sizes))], values, width, label=config, yerr=spread, capsize=2)
     axes.set_xticks([x + width * (len(configs) - 1) / 2 for x in range(len(sizes))], sizes)
-    axes.set_ylabel(f"{metric.replace('_', ' ')} (median)")
+    axes.set_ylabel(f"{metric.replace('_', ' ')} (median, min–max)")
     axes.set_title(benchmark)
     axes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
-    return True
 
 
-def write(samples: Sequence[Sample], machine: dict[str, str], directory: Path, stem: str, smoke: bool) -> Path:
+def write(samples: Sequence[Sample], machine: dict[str, str], directory: Path, stem: str, smoke: bool,
+          notes: Mapping[str, str] | None = None, failures: Sequence[Failure] = ()) -> Path:
+    """``<stem>.md`` (machine, one table and plot per benchmark and metric, failures), ``<stem>.csv``
+    (every sample) and ``<stem>-<benchmark>-<metric>.png``; ``notes`` describe a benchmark's set-up."""
+    notes = notes or {}
     directory.mkdir(parents=True, exist_ok=True)
     write_csv(samples, directory / f"{stem}.csv")
     lines = [f"# Benchmark results {stem}", ""]
@@ -79,11 +85,21 @@ def write(samples: Sequence[Sample], machine: dict[str, str], directory: Path, s
     lines += ["## Machine", "", markdown_table(["", ""], machine.items()), ""]
     lines += ["Cells: median (min–max) over the repetitions, in seconds; the last columns give the",
               "difference and ratio of each configuration's median to the baseline measured in the same run.", ""]
+    described: set[str] = set()
     for benchmark, metric in dict.fromkeys((s.benchmark, s.metric) for s in samples):
-        lines += [f"## {benchmark}: {metric.replace('_', ' ')}", "", table(samples, benchmark, metric), ""]
+        lines += [f"## {benchmark}: {metric.replace('_', ' ')}", ""]
+        if benchmark in notes and benchmark not in described:
+            described.add(benchmark)
+            lines += [notes[benchmark], ""]
+        lines += [table(samples, benchmark, metric), ""]
         image = f"{stem}-{benchmark}-{metric}.png"
-        if plot(samples, benchmark, metric, directory / image):
-            lines += [f"![{benchmark}]({image})", ""]
+        plot(samples, benchmark, metric, directory / image)
+        lines += [f"![{benchmark}]({image})", ""]
+    if failures:
+        lines += ["## Failures", "", "Runs that gave no number (they are missing from the tables above):", ""]
+        lines += [markdown_table(["benchmark", "configuration", "size", "repetition", "error"],
+                                 [(f.benchmark, f.config, f.size, f.repetition if f.repetition >= 0 else "—",
+                                   f.message.replace("|", "/").replace("\n", " ")) for f in failures]), ""]
     lines += [f"Raw samples: [{stem}.csv]({stem}.csv)", ""]
     path = directory / f"{stem}.md"
     path.write_text("\n".join(lines))

@@ -1,28 +1,38 @@
 #!/usr/bin/env python3
 """Run the benchmarks on the cluster-in-a-box and write bench/results/<date>-<host>.{md,csv,*.png}.
 
-    bench/run.py             the full comparison (make bench)
-    bench/run.py --smoke     one repetition at the smallest sizes (make bench-smoke)
+    bench/run.py                   the full comparison (make bench)
+    bench/run.py --smoke           one repetition at the smallest sizes (make bench-smoke)
+    bench/run.py --only lammps     some of: launch lammps pynamic squash kernel
 
 Run as the stack user with the stack's environment (dev/as-user does it).
+Images the application benchmarks need are built once and kept squashed in
+$SCRATCH/bench/images; generated workloads in $SCRATCH/bench/pynamic.
+Exits 1 when a benchmark or a run failed (the results file lists them).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import shutil
+import os
+import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import kernel  # noqa: E402
+import lammps  # noqa: E402
 import launch  # noqa: E402
+import pynamic  # noqa: E402
 import report  # noqa: E402
 import squash  # noqa: E402
-from common import Sample, machine  # noqa: E402
+from common import BenchError, Failure, PrivateStorage, Sample, machine, remove_tree  # noqa: E402
 
+BENCHMARKS = ["launch", "lammps", "pynamic", "squash", "kernel"]
 FULL_SIZES = [(n, k) for n in (1, 2, 4) for k in (1, 2, 4, 8)]
 SMOKE_SIZES = [(1, 1)]
 LAUNCH_CONFIGS = ["bare", "podman-exec", "podman-exec --join", "per-process", "1.2.2 shared-run", "1.2.2 run"]
@@ -32,31 +42,96 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="one repetition, smallest sizes")
     parser.add_argument("--repetitions", type=int, default=5)
-    parser.add_argument("--only", nargs="*", default=["launch", "squash"], help="benchmarks to run")
+    parser.add_argument("--only", nargs="*", choices=BENCHMARKS, default=BENCHMARKS, help="benchmarks to run")
     parser.add_argument("--image", default=None, help="image to launch (default: the stack's base image)")
     parser.add_argument("--output", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args(argv)
+    try:  # find out now, not after an hour of measuring
+        args.output.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"cannot create the results directory {args.output}: {err.strerror}")
+    if not os.access(args.output, os.W_OK):
+        parser.error(f"cannot write results to {args.output}: make it writable for this user or pass --output DIR")
 
-    import os
+    # scancel, timeout, kill: end like Ctrl-C, so the clean-up below runs
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows as it happens, also in a log file
     repetitions = 1 if args.smoke else args.repetitions
     sizes = SMOKE_SIZES if args.smoke else FULL_SIZES
-    image = args.image or (os.environ["STACK_TINY_IMAGE"] if args.smoke else os.environ["STACK_BASE_IMAGE"])
+    base = os.environ["STACK_BASE_IMAGE"]  # what the application and kernel benchmarks build on
+    image = args.image or (os.environ["STACK_TINY_IMAGE"] if args.smoke else base)
     work = Path(os.environ["SCRATCH"]) / "bench" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     work.mkdir(parents=True)
     samples: list[Sample] = []
+    failures: list[Failure] = []
+    notes: dict[str, str] = {}
+    # the application benchmarks' containers: a node-local storage of their own on every node
+    storage = PrivateStorage(work.name)
+
+    def attempt(name: str, run) -> None:
+        """Run one benchmark; a benchmark that cannot run is reported, the others still run."""
+        if name not in args.only:
+            return
+        print(f"== {name}", flush=True)
+        try:
+            run()
+        except (BenchError, subprocess.SubprocessError, OSError) as err:
+            failures.append(Failure(name, "-", "-", -1, f"{type(err).__name__}: {err}"))
+            print(f"{name}: FAILED {err}", flush=True)
+
     try:
-        setup = launch.prepare(image, work, with_peer=True)
-        if "launch" in args.only:
-            samples += launch.measure(setup, LAUNCH_CONFIGS, sizes, repetitions)
-        if "squash" in args.only:
-            samples += squash.measure(setup, work / "squash", repetitions)
+        prepared: list[launch.Setup] = []
+
+        def launch_setup() -> launch.Setup:
+            """The launched image squashed for both tools (shared by launch and squash)."""
+            if not prepared:
+                prepared.append(launch.prepare(image, work, with_peer=True))
+            return prepared[0]
+
+        def run_launch() -> None:
+            setup = launch_setup()
+            notes["launch"] = (f"`{image}` running `true` under `srun -N<nodes> --ntasks-per-node=<tasks>`; "
+                               "step seconds: wall time of the whole srun.")
+            samples.extend(launch.measure(setup, LAUNCH_CONFIGS, sizes, repetitions))
+
+        def run_lammps() -> None:
+            problem = lammps.SMOKE if args.smoke else lammps.FULL
+            nodes = lammps.SMOKE_NODES if args.smoke else lammps.FULL_NODES
+            lammps_setup = lammps.prepare(base, work, storage)
+            notes["lammps"] = lammps.describe(problem)
+            samples.extend(lammps.measure(lammps_setup, lammps.CONFIGS, nodes, problem, repetitions, failures))
+
+        def run_pynamic() -> None:
+            workload = pynamic.SMOKE if args.smoke else pynamic.FULL
+            pynamic_setup = pynamic.prepare(base, workload, storage)
+            notes["pynamic"] = pynamic.describe(pynamic_setup)
+            samples.extend(pynamic.measure(pynamic_setup, pynamic.CONFIGS, pynamic.VARIANTS,
+                                           pynamic.SMOKE_SIZES if args.smoke else pynamic.FULL_SIZES,
+                                           repetitions, failures))
+
+        def run_squash() -> None:
+            setup = launch_setup()
+            notes["squash"] = f"Squashing `{image}` (lz4) into an empty store."
+            samples.extend(squash.measure(setup, work / "squash", repetitions))
+
+        def run_kernel() -> None:
+            notes["kernel"] = (f"Launch to the first kernel_info reply; the container kernel runs `{base}` "
+                               "from the squashed store with a node-local storage that never pulled it.")
+            samples.extend(kernel.measure(base, work, repetitions, failures))
+
+        for name, run in (("launch", run_launch), ("lammps", run_lammps), ("pynamic", run_pynamic),
+                          ("squash", run_squash), ("kernel", run_kernel)):
+            attempt(name, run)
     finally:
-        import subprocess
-        subprocess.run(["podman", "unshare", "rm", "-rf", str(work)], check=False)
-        shutil.rmtree(work, ignore_errors=True)
+        if {"lammps", "pynamic"} & set(args.only):
+            storage.remove()
+        remove_tree(work)
     stem = f"{dt.date.today().isoformat()}-{socket.gethostname()}{'-smoke' if args.smoke else ''}"
-    path = report.write(samples, machine(), args.output, stem, smoke=args.smoke)
+    path = report.write(samples, machine(), args.output, stem, smoke=args.smoke, notes=notes, failures=failures)
     print(f"results: {path}")
+    if failures:
+        print(f"{len(failures)} failure(s): see the results file", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -24,6 +24,8 @@ PACKAGES = [
     # the podman-hpc 1.2.2 peer: its fuse-overlayfs-wrap waits with inotifywait;
     # a static mksquashfs is built from a Debian source package
     "inotify-tools", "make", "dpkg-dev", "xz-utils", "liblz4-dev", "zlib1g-dev",
+    # bare-metal LAMMPS for the EXAALT-like benchmark
+    "lammps",
 ]
 
 # podman reads drop-ins from here; our file only says what this host needs.
