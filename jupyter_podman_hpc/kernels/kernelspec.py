@@ -167,11 +167,13 @@ def _read(directory: Path) -> ContainerKernel | None:
 
 @contextlib.contextmanager
 def _locked(kernels: Path) -> Iterator[None]:
-    """Serialise installs and removals in one kernels directory (across processes)."""
+    """Serialise installs and removals in one kernels directory (across processes and threads)."""
     lock = kernels.parent / _LOCK_NAME
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX)
+        # flock, not lockf: POSIX record locks belong to the process, so the
+        # server's threads would not exclude each other.
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

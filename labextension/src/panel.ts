@@ -49,6 +49,7 @@ import {
   formatElapsed,
   h,
   messageOf,
+  reconcileRows,
   setAttr,
   setText
 } from './util';
@@ -235,30 +236,8 @@ export class ImagesSection extends PanelWithToolbar {
       return;
     }
     this._loaded = true;
-    const seen = new Set<string>();
-    let previous: HTMLElement | null = null;
-    for (const image of images) {
-      seen.add(image.id);
-      let row = this._rows.get(image.id);
-      if (row) {
-        row.update(image);
-      } else {
-        row = new ImageRow(image, this);
-        this._rows.set(image.id, row);
-      }
-      // keep the server's order, moving a node only when it is out of place
-      const expected: Element | null = previous ? previous.nextElementSibling : this._list.firstElementChild;
-      if (expected !== row.node) {
-        this._list.insertBefore(row.node, expected);
-      }
-      previous = row.node;
-    }
-    for (const [id, row] of this._rows) {
-      if (!seen.has(id)) {
-        row.node.remove();
-        this._rows.delete(id);
-      }
-    }
+    // the server's order
+    reconcileRows(this._list, this._rows, images, image => image.id, image => new ImageRow(image, this));
     showStatus(this._status, images.length ? '' : 'No images yet: pull or build one.');
   }
 
@@ -602,30 +581,10 @@ export class JobsSection extends PanelWithToolbar {
   }
 
   private _show(jobs: IJob[]): void {
-    let previous: HTMLElement | null = null;
-    const seen = new Set<string>();
-    for (const job of jobs) {
-      const key = job.id || job.directory;
-      seen.add(key);
-      let row = this._rows.get(key);
-      if (row) {
-        row.update(job);
-      } else {
-        row = new JobRow(job, this);
-        this._rows.set(key, row);
-      }
-      row.node.classList.toggle('jp-mod-selected', key === this._selected);
-      const expected: Element | null = previous ? previous.nextElementSibling : this._list.firstElementChild;
-      if (expected !== row.node) {
-        this._list.insertBefore(row.node, expected);
-      }
-      previous = row.node;
-    }
+    const keyOf = (job: IJob) => job.id || job.directory;
+    reconcileRows(this._list, this._rows, jobs, keyOf, job => new JobRow(job, this));
     for (const [key, row] of this._rows) {
-      if (!seen.has(key)) {
-        row.node.remove();
-        this._rows.delete(key);
-      }
+      row.node.classList.toggle('jp-mod-selected', key === this._selected);
     }
   }
 

@@ -206,3 +206,41 @@ export function messageOf(error: unknown): string {
   }
   return String(error);
 }
+
+/**
+ * Show one row per item in `list`, in the items' order, reusing the rows of
+ * `rows` (by key): rows are updated in place and moved only when out of
+ * place, so a refresh keeps focus, scroll and open details.
+ */
+export function reconcileRows<T, R extends { node: HTMLElement; update(item: T): void }>(
+  list: HTMLElement,
+  rows: Map<string, R>,
+  items: T[],
+  keyOf: (item: T) => string,
+  create: (item: T) => R
+): void {
+  const seen = new Set<string>();
+  let previous: HTMLElement | null = null;
+  for (const item of items) {
+    const key = keyOf(item);
+    seen.add(key);
+    let row = rows.get(key);
+    if (row) {
+      row.update(item);
+    } else {
+      row = create(item);
+      rows.set(key, row);
+    }
+    const expected: Element | null = previous ? previous.nextElementSibling : list.firstElementChild;
+    if (expected !== row.node) {
+      list.insertBefore(row.node, expected);
+    }
+    previous = row.node;
+  }
+  for (const [key, row] of rows) {
+    if (!seen.has(key)) {
+      row.node.remove();
+      rows.delete(key);
+    }
+  }
+}
