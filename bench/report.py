@@ -48,7 +48,7 @@ def table(samples: Sequence[Sample], benchmark: str, metric: str) -> str:
 
 
 def plot(samples: Sequence[Sample], benchmark: str, metric: str, path: Path) -> None:
-    import matplotlib  # here, not at the top: the tables need no plotting library
+    import matplotlib  # on first use: importing it takes a good part of a second
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
