@@ -2,7 +2,7 @@
 
 - ``spec``: ``JobSpec``, what a job runs and on what, validated field by field
 - ``script``: ``render(spec, job_dir)``, the batch script a user would write by hand
-- ``client``: the only module that runs sbatch, squeue, sacct, scancel and sinfo
+- ``client``: the only module that runs sbatch, squeue, sacct, scontrol, scancel and sinfo
 - ``jobs``: ``Job``, a job directory on the shared scratch, found again after a restart
 - ``notebook``: a notebook converted (nbconvert) into the script every rank runs
 

@@ -1,4 +1,4 @@
-"""The one place that talks to Slurm: sbatch, squeue, sacct, scancel and sinfo.
+"""The one place that talks to Slurm: sbatch, squeue, sacct, scontrol, scancel and sinfo.
 
 Commands run as argument lists (never through a shell) with a timeout; a
 failure becomes ``SlurmError`` carrying Slurm's own message. Job states are
@@ -196,6 +196,12 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
     return found
 
 
+def parse_scontrol_exit_code(text: str) -> tuple[Optional[int], Optional[int]]:
+    """(exit code, signal) from ``scontrol show job -o``'s ``ExitCode=N:S``; (None, None) if absent."""
+    match = re.search(r"(?:^|\s)ExitCode=(\d+):(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else (None, None)
+
+
 @dataclass(frozen=True)
 class Partition:
     """A partition as the UI shows it."""
@@ -319,9 +325,19 @@ class SlurmClient:
                     found[job_id] = status
             elif not found:
                 raise SlurmError(_slurm_message(accounted.stderr, "sacct"))
+        for job_id in ask:
+            status = found.get(job_id)
+            if status is not None and status.finished and status.source == "squeue":
+                # slurmdbd lags slurmctld by a moment after the end; slurmctld has the exit code
+                found[job_id] = self._with_exit_code(status)
         for job_id in ids:
             found.setdefault(job_id, JobStatus(job_id, "UNKNOWN", reason="Slurm has no record of this job"))
         return found
+
+    def _with_exit_code(self, status: JobStatus) -> JobStatus:
+        shown = self._run("scontrol", ["show", "job", "-o", status.job_id], check=False)
+        code, signal = parse_scontrol_exit_code(shown.stdout) if shown.returncode == 0 else (None, None)
+        return status if code is None else replace(status, exit_code=code, signal=signal or None)
 
     def status(self, job_id: str) -> JobStatus:
         """The status of one job; SlurmError if Slurm has no record of it."""

@@ -265,7 +265,7 @@ class Job:
             for job in jobs:
                 job._status = (JobStatus.from_dict({**job.record.final, "source": "record"})
                                if job.record.final else found.get(job.id))
-                if job._status is not None and job._status.finished and not job.record.final:
+                if job._status is not None and not job.record.final:
                     job._remember(job._status)
         return jobs
 
@@ -318,12 +318,16 @@ class Job:
             raise JobError(f"{self.directory} has no Slurm job id: it was never submitted")
         status = self.client.status(self.id)
         self._status = status
-        if status.finished:
-            self._remember(status)
+        self._remember(status)
         return status
 
     def _remember(self, status: JobStatus) -> None:
-        self._update_record(final=status.as_dict())
+        """Record a finished job's end, after which the record answers instead of Slurm.
+
+        Not while only squeue knows the end without its exit code: that would fix a half-known end forever.
+        """
+        if status.finished and (status.exit_code is not None or status.source == "sacct"):
+            self._update_record(final=status.as_dict())
 
     def wait(self, timeout: float | None = None, poll_interval: float = 1.0,
              progress: ProgressCallback = ignore) -> JobStatus:

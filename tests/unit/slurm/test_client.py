@@ -4,7 +4,8 @@ and how the client turns Slurm's failures into messages (with stand-in commands)
 import pytest
 
 from jupyter_podman_hpc.slurm.client import (JobStatus, SlurmClient, SlurmError, expand_nodelist,
-                                             normalize_state, parse_sacct, parse_sinfo, parse_squeue)
+                                             normalize_state, parse_sacct, parse_scontrol_exit_code,
+                                             parse_sinfo, parse_squeue)
 
 # squeue -h -t all -o '%i|%T|%N|%M|%S|%e|%r' (Slurm 22.05)
 SQUEUE = """\
@@ -179,3 +180,19 @@ def test_status_asks_sacct_for_jobs_squeue_no_longer_knows(tmp_path):
     assert client.statuses(["95", "999"])["999"].state == "UNKNOWN"
     with pytest.raises(SlurmError, match="Slurm has no record of job 999"):
         client.status("999")
+
+
+def test_an_end_squeue_shows_before_slurmdbd_has_it_takes_the_exit_code_from_slurmctld(tmp_path):
+    # Just after the end, squeue says COMPLETED/FAILED while sacct still says RUNNING (slurmdbd lags):
+    # a race the real cluster loses only now and then, so stand-ins play it.
+    squeue = stand_in(tmp_path, "squeue", "echo '315|FAILED|n[1-4]|0:04|2026-12-01T03:06:08|2026-12-01T03:06:12|None'")
+    sacct = stand_in(tmp_path, "sacct", "echo '315|RUNNING|0:0|n[1-4]|00:00:04|2026-12-01T03:06:08|Unknown|None'")
+    scontrol = stand_in(tmp_path, "scontrol", (
+        "echo 'JobId=315 JobState=FAILED Reason=NonZeroExitCode DerivedExitCode=0:0 ExitCode=3:0 NodeList=n[1-4]'"))
+    status = SlurmClient(commands={"squeue": squeue, "sacct": sacct, "scontrol": scontrol}).status("315")
+    assert (status.state, status.exit_code, status.signal, status.source) == ("FAILED", 3, None, "squeue")
+
+
+def test_scontrol_exit_codes_are_read_and_derived_ones_ignored():
+    assert parse_scontrol_exit_code("JobId=9 DerivedExitCode=5:0 ExitCode=0:15 Foo=bar") == (0, 15)
+    assert parse_scontrol_exit_code("slurm_load_jobs error: Invalid job id specified") == (None, None)

@@ -204,3 +204,18 @@ def test_the_default_root_is_on_scratch():
     assert str(default_root({"SCRATCH": "/scratch/u"})) == "/scratch/u/podman-hpc/jobs"
     with pytest.raises(JobError, match="SCRATCH is not set"):
         default_root({})
+
+
+def test_an_end_known_without_its_exit_code_is_not_recorded_as_final(tmp_path):
+    class LaggingSlurm(StandInSlurm):
+        """squeue knows the end; neither slurmdbd nor slurmctld gave the exit code yet."""
+
+        def statuses(self, job_ids):
+            return {j: JobStatus(j, "COMPLETED", raw_state="COMPLETED", source="squeue") for j in job_ids}
+
+    job = submit(tmp_path, client=LaggingSlurm())
+    assert job.status().state == "COMPLETED"
+    assert json.loads((job.directory / "job.json").read_text())["final"] is None
+    job.client = StandInSlurm(states=("COMPLETED",))
+    assert job.status().exit_code == 0
+    assert json.loads((job.directory / "job.json").read_text())["final"]["exit_code"] == 0
