@@ -207,21 +207,45 @@ def slurmctld_up() -> None:
                  ready=lambda: succeeds(["scontrol", "ping"], env=_daemon_env()))
 
 
+def _checkout_for_nodes() -> str:
+    """The checkout, if the nodes' private /tmp would hide it ("" otherwise).
+
+    The stack's venv has the project installed in editable mode from the
+    checkout, so ranks on the nodes import it from there.
+    """
+    return str(layout.CHECKOUT) if Path("/tmp") in layout.CHECKOUT.parents else ""
+
+
+# Run inside the node's own mount namespace: the checkout (if under /tmp) is
+# bound aside first, /tmp becomes the node's directory, the checkout is bound
+# back at its path, and / is made shared, as rootless podman expects.
+_NODE_NAMESPACE = """\
+tmp=$1 node=$2 checkout=$3 aside=$4
+if [ -n "$checkout" ]; then mkdir -p "$aside" && mount --bind "$checkout" "$aside"; fi
+mount --bind "$tmp" /tmp
+if [ -n "$checkout" ]; then mkdir -p "$checkout" && mount --bind "$aside" "$checkout" && umount "$aside"; fi
+mount --make-rshared /
+exec slurmd -D -N "$node"
+"""
+
+
 def slurmd_up(node: str) -> None:
     name = f"slurmd-{node}"
+    checkout = _checkout_for_nodes()
+    started_with = layout.NODE_ROOT / node / "checkout"
     if running_pid(name):
-        return
+        if started_with.exists() and started_with.read_text() == checkout:
+            return
+        say(f"restarting slurmd {node}: the checkout it must see moved")
+        stop_daemon(name)
     tmp = layout.node_tmp(node)
     tmp.mkdir(parents=True, exist_ok=True)
     tmp.chmod(0o1777)
+    started_with.write_text(checkout)
     say(f"starting slurmd {node}")
-    # A private mount namespace whose /tmp is the node's own directory; / is
-    # then made shared inside it, as rootless podman expects.
-    start_daemon(name, [
-        "unshare", "--mount", "--propagation", "private", "sh", "-c",
-        'mount --bind "$1" /tmp && mount --make-rshared / && exec slurmd -D -N "$2"',
-        "sh", str(tmp), node,
-    ], env=_daemon_env(), ready=lambda: _port_open(layout.node_port(node)))
+    start_daemon(name, ["unshare", "--mount", "--propagation", "private", "sh", "-c", _NODE_NAMESPACE,
+                        "sh", str(tmp), node, checkout, str(layout.NODE_ROOT / node / "checkout-aside")],
+                 env=_daemon_env(), ready=lambda: _port_open(layout.node_port(node)))
 
 
 def _usable(state: str) -> bool:
