@@ -9,6 +9,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import socket
 from pathlib import Path
 
@@ -229,6 +230,23 @@ exec slurmd -D -N "$node"
 """
 
 
+def _stop_podman_pause_processes(node_tmp: Path) -> None:
+    """Stop rootless podman's pause processes left by the node's previous slurmd.
+
+    Podman joins a user's pause process for its namespaces, so one that
+    outlived slurmd would keep the mounts of the old namespace (an old
+    checkout, a /tmp since replaced) for every later container on the node.
+    """
+    for pidfile in node_tmp.glob("podman-run-*/libpod/tmp/pause.pid"):
+        try:
+            pid = int(pidfile.read_text().strip())
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "catatonit":
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # gone already, or not a pause process any more
+        pidfile.unlink(missing_ok=True)
+
+
 def slurmd_up(node: str) -> None:
     name = f"slurmd-{node}"
     checkout = _checkout_for_nodes()
@@ -241,6 +259,7 @@ def slurmd_up(node: str) -> None:
     tmp = layout.node_tmp(node)
     tmp.mkdir(parents=True, exist_ok=True)
     tmp.chmod(0o1777)
+    _stop_podman_pause_processes(tmp)
     started_with.write_text(checkout)
     say(f"starting slurmd {node}")
     start_daemon(name, ["unshare", "--mount", "--propagation", "private", "sh", "-c", _NODE_NAMESPACE,
