@@ -35,9 +35,10 @@ def root(stack):
 
 
 def leftovers(hpc):
-    """Per node: the store's containers, step directories and fuse mounts that remain."""
-    script = ('podman-hpc ps -a --format "container {{.Names}}"; '
+    """Per node: the store's containers, step directories, pid files and fuse mounts that remain."""
+    script = ('podman-hpc ps -a --format "container {{.Names}} {{.Status}}"; '
               'ls -A "$PODMANHPC_RUN_ROOT/shared-run" 2>/dev/null | sed "s/^/stepdir /"; '
+              'ls -A "$PODMANHPC_RUN_ROOT/per-process" 2>/dev/null | sed "s/^/pidfile /"; '
               'podman unshare cat /proc/self/mountinfo | grep -E "squashfuse|fuse-overlayfs" '
               '| grep -F -e "$PODMANHPC_GRAPH_ROOT" -e "$SQUASH_DIR" | sed "s/^/mount /"; true')
     outputs = hpc.on_each_node("sh", "-c", script)
