@@ -192,10 +192,10 @@ def scratch() -> None:
     user_dir = layout.SCRATCH / layout.USER
     user_dir.mkdir(exist_ok=True)
     os.chown(user_dir, entry.pw_uid, entry.pw_gid)
-    # Screenshots and logs the tests leave for people to look at.
-    artifacts = layout.CHECKOUT / "tests" / "artifacts"
-    artifacts.mkdir(exist_ok=True)
-    os.chown(artifacts, entry.pw_uid, entry.pw_gid)
+    # Screenshots and logs the tests leave for people to look at, and benchmark results (make bench).
+    for output in (layout.CHECKOUT / "tests" / "artifacts", layout.CHECKOUT / "bench" / "results"):
+        output.mkdir(exist_ok=True)
+        os.chown(output, entry.pw_uid, entry.pw_gid)
 
 
 def which(program: str) -> str:
