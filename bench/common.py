@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import fcntl
 import hashlib
 import os
 import platform
@@ -15,7 +13,9 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
+
+from jupyter_podman_hpc.engine.locks import flocked
 
 
 @dataclass(frozen=True)
@@ -155,16 +155,10 @@ def store_env(squash_dir: Path | None = None) -> dict[str, str]:
     return {**os.environ, "SQUASH_DIR": str(squash_dir or image_store())}
 
 
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
+def locked(path: Path):
     """An exclusive lock held across processes (two benchmark runs building one image)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return flocked(path)
 
 
 def image_digest(ref: str) -> str:

@@ -39,7 +39,6 @@ images through it (use ``engine.api``, the CLI or ``engine.images``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -50,10 +49,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Mapping
 
 from .config import SiteConfig
 from .errors import EngineError
+from .locks import flocked
 from .podman import Podman
 from .store import SquashStore
 
@@ -235,15 +235,9 @@ class ApiService:
     def alive(self, timeout: float = PING_TIMEOUT) -> bool:
         return self.socket.is_socket() and ping(self.socket, timeout)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self):
         _run_root(self.config)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+        return flocked(self.lock_path, 0o600)
 
     def ensure(self) -> str:
         """The service's URL, after starting it if nobody answers on its socket."""

@@ -13,10 +13,8 @@ under a lock, so Jupyter never lists a half-written kernelspec.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
@@ -25,12 +23,13 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 from jupyter_core.paths import SYSTEM_JUPYTER_PATH, jupyter_data_dir, jupyter_path
 
 from .. import __version__
 from ..engine.errors import EngineError
+from ..engine.locks import flocked
 from . import PROVISIONER_NAME
 
 KERNEL_ARGV = ["{python}", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
@@ -165,18 +164,9 @@ def _read(directory: Path) -> ContainerKernel | None:
 # --- writing -----------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _locked(kernels: Path) -> Iterator[None]:
+def _locked(kernels: Path):
     """Serialise installs and removals in one kernels directory (across processes and threads)."""
-    lock = kernels.parent / _LOCK_NAME
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        # flock, not lockf: POSIX record locks belong to the process, so the
-        # server's threads would not exclude each other.
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return flocked(kernels.parent / _LOCK_NAME)
 
 
 def _exchange(a: Path, b: Path) -> bool:
