@@ -114,7 +114,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
     _watchdog: subprocess.Popen | None = None
     _podman: Podman | None = None
     _module_args: list[str]
-    _lost_check = 0.0
+    _lost_check = float("-inf")  # monotonic time may be below 1 s on a fresh boot
     _lost_running = False
 
     def __init__(self, **kwargs: Any):

@@ -266,7 +266,9 @@ class _Throttle:
 
     def __call__(self, key: Any, apply) -> None:
         now = time.monotonic()
-        if now - self.last.get(key, 0.0) >= self.interval:
+        last = self.last.get(key)
+        # The first update of a key always passes: monotonic time starts near zero at boot.
+        if last is None or now - last >= self.interval:
             self.last[key] = now
             self.pending.pop(key, None)
             apply()

@@ -160,6 +160,13 @@ def test_widget_updates_are_throttled_and_the_last_one_is_kept(monkeypatch):
     assert renderer.squash_bar.value == 1.0
 
 
+def test_the_first_update_passes_on_a_freshly_booted_machine(monkeypatch):
+    monkeypatch.setattr(render.time, "monotonic", lambda: 0.05)   # 50 ms after boot
+    renderer = WidgetRenderer("squash x", display=False)
+    renderer(Progress("squash", "squashing", 1, 100))
+    assert renderer.squash_bar.value == 0.01
+
+
 # --- which renderer ---------------------------------------------------------------------------
 
 
