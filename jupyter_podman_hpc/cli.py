@@ -14,7 +14,7 @@ from typing import Sequence, TextIO
 
 from . import __version__
 from .engine.config import load_config
-from .engine.errors import EngineError
+from .engine.errors import EngineError, InvalidInput
 from .engine.modules import ModuleSet
 from .engine.podman import Podman, split_at_image
 from .engine.progress import Progress
@@ -39,7 +39,7 @@ podman-hpc commands:
 """
 
 
-class UsageError(EngineError):
+class UsageError(InvalidInput):
     exit_code = 125
 
 
@@ -225,10 +225,10 @@ class Cli:
                 if module.cli_arg and not module.hidden:
                     print(f"  {module.flag:<22} {module.help}")
             print("\nPodman options follow:")
-            result = self.podman.run([self.config.podman_bin, "run", "--help"], check=False)
+            result = self.podman.run(self.podman.help_command("run"), check=False)
         else:
             print(USAGE)
-            result = self.podman.run([self.config.podman_bin, "--help"], check=False)
+            result = self.podman.run(self.podman.help_command(), check=False)
             print("Podman help follows:")
         print(result.stdout.replace("podman ", "podman-hpc ").rstrip())
         return 0

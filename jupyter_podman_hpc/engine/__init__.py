@@ -12,9 +12,11 @@
 """
 
 from .config import SiteConfig, load_config
-from .errors import ConfigError, EngineError, ImageNotFound, InvalidReference, ModuleError, PodmanError
+from .errors import (Conflict, ConfigError, EngineError, ImageNotFound, InvalidInput, InvalidReference,
+                     ModuleError, NotFound, PermissionDenied, PodmanError)
 
 __all__ = [
     "SiteConfig", "load_config",
-    "EngineError", "ConfigError", "ModuleError", "ImageNotFound", "InvalidReference", "PodmanError",
+    "EngineError", "InvalidInput", "NotFound", "Conflict", "PermissionDenied",
+    "ConfigError", "ModuleError", "ImageNotFound", "InvalidReference", "PodmanError",
 ]

@@ -1,4 +1,10 @@
-"""The engine's errors: each carries a one-line message for the user and an exit code."""
+"""The engine's errors: each carries a one-line message for the user and an exit code.
+
+Fronts act on the kind of an error, never on its message: the CLI exits with
+``exit_code``, the magics print the message, the REST API answers the HTTP
+status of the kind (one table, ``server/handlers.py``). Raise the most precise
+kind; a module's own errors derive from one of these.
+"""
 
 
 class EngineError(Exception):
@@ -12,19 +18,35 @@ class EngineError(Exception):
             self.exit_code = exit_code
 
 
-class ConfigError(EngineError):
+class InvalidInput(EngineError):
+    """What the user gave is malformed or not allowed (an option, a field, a name)."""
+
+
+class NotFound(EngineError):
+    """Something the user named does not exist (an image, a job, a kernel)."""
+
+
+class Conflict(EngineError):
+    """What was asked clashes with what exists or runs (a name taken, a lock held)."""
+
+
+class PermissionDenied(EngineError):
+    """The user may not read or write what was asked (a shared store, a directory)."""
+
+
+class ConfigError(InvalidInput):
     """The site configuration or the environment is invalid."""
 
 
-class ModuleError(EngineError):
+class ModuleError(InvalidInput):
     """Modules were asked for that do not exist, conflict or lack a dependency."""
 
 
-class ImageNotFound(EngineError):
+class ImageNotFound(NotFound):
     """No local or squashed image matches the reference."""
 
 
-class InvalidReference(EngineError):
+class InvalidReference(InvalidInput):
     """A string is not a valid image reference."""
 
 

@@ -162,7 +162,7 @@ def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
                 os.dup2(devnull, fd)
             os.close(write_end)
             if os.read(read_end, 1) != b"d":
-                podman.run(podman.command("rm", "--force", "--ignore", "--time", "0", name), check=False)
+                podman.remove_containers(name)
             pidfile.unlink(missing_ok=True)
         finally:
             os._exit(0)
@@ -218,8 +218,8 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
             if code is not None:
                 return code
         passthrough = pmi_fd_passthrough(environ)
-        argv = podman.command("exec", *passthrough.run_args, *config.shared_run_exec_args,
-                              *exec_options, name, *command)
+        argv = podman.exec_command(name, command, [*passthrough.run_args, *config.shared_run_exec_args,
+                                                   *exec_options])
         env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
         process = subprocess.Popen(argv, env=env, pass_fds=passthrough.fds)
         _forward_signals(process)
@@ -473,4 +473,4 @@ class StepMonitor:
                 return
 
     def _remove_container(self) -> None:
-        self.podman.run(self.podman.command("rm", "--force", "--ignore", "--time", "0", self.name), check=False)
+        self.podman.remove_containers(self.name)

@@ -93,6 +93,18 @@ class Podman:
         self.ensure_hooks()
         return self.command(subcommand, *self.run_defaults(), *module_args, *args)
 
+    def exec_command(self, container: str, command: Sequence[str], options: Sequence[str] = ()) -> list[str]:
+        """``podman exec [options] CONTAINER COMMAND...``."""
+        return self.command("exec", *options, container, *command)
+
+    def remove_command(self, *names: str) -> list[str]:
+        """``podman rm`` that stops the containers at once and ignores those already gone."""
+        return self.command("rm", "--force", "--ignore", "--time", "0", *names)
+
+    def help_command(self, subcommand: str | None = None) -> list[str]:
+        """``podman [SUBCOMMAND] --help`` (help needs no storage settings)."""
+        return [self.config.podman_bin, *([subcommand] if subcommand else []), "--help"]
+
     # --- running ----------------------------------------------------------
 
     def run(self, argv: Sequence[str], *, check: bool = True, input: str | None = None,
@@ -114,8 +126,9 @@ class Podman:
         squashed = kwargs.pop("squashed", None)
         return self.run(self.command(subcommand, *args, squashed=squashed), **kwargs)
 
-    def json(self, subcommand: str | Sequence[str], *args: str, **kwargs):
-        return json.loads(self(subcommand, *args, **kwargs).stdout or "null")
+    def remove_containers(self, *names: str) -> subprocess.CompletedProcess | None:
+        """Remove containers now, whatever their state; ones already gone are no error."""
+        return self.run(self.remove_command(*names), check=False) if names else None
 
     def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
         kwargs.setdefault("env", self.env)
@@ -170,7 +183,7 @@ class Podman:
             return json.loads(cache.read_text())
         except (OSError, ValueError):
             pass
-        table = parse_options(self.run(self.command(subcommand, "--help")).stdout)
+        table = parse_options(self.run(self.help_command(subcommand)).stdout)
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_name(f".{cache.name}.{os.getpid()}")

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 from jupyter_core.paths import SYSTEM_JUPYTER_PATH, jupyter_data_dir, jupyter_path
 
 from .. import __version__
-from ..engine.errors import EngineError
+from ..engine.errors import EngineError, NotFound
 from ..engine.locks import flocked
 from . import PROVISIONER_NAME
 
@@ -43,6 +43,10 @@ class KernelSpecError(EngineError):
     """A kernelspec cannot be installed, found or removed."""
 
     exit_code = 1
+
+
+class KernelNotFound(KernelSpecError, NotFound):
+    """No podman-hpc kernelspec has that name."""
 
 
 @dataclass(frozen=True)
@@ -298,7 +302,7 @@ def find(name: str, prefix: str | os.PathLike | None = None) -> ContainerKernel:
     for kernel in list_kernels(prefix):
         if kernel.name == name:
             return kernel
-    raise KernelSpecError(f"no podman-hpc kernel named {name} (see `jupyter podman-hpc kernel list`)")
+    raise KernelNotFound(f"no podman-hpc kernel named {name} (see `jupyter podman-hpc kernel list`)")
 
 
 def remove(name: str, prefix: str | os.PathLike | None = None) -> ContainerKernel:
@@ -309,7 +313,7 @@ def remove(name: str, prefix: str | os.PathLike | None = None) -> ContainerKerne
     try:
         with _locked(kernels):
             if _read(directory) is None:
-                raise KernelSpecError(f"no podman-hpc kernel named {name} (see `jupyter podman-hpc kernel list`)")
+                raise KernelNotFound(f"no podman-hpc kernel named {name} (see `jupyter podman-hpc kernel list`)")
             doomed = Path(tempfile.mkdtemp(prefix=f".podman-hpc-kernel-{name}.", dir=kernels.parent))
             os.rename(directory, doomed / name)  # gone from Jupyter's view in one step
             shutil.rmtree(doomed, ignore_errors=True)

@@ -96,8 +96,7 @@ def orphans(containers: Sequence[dict], host: str | None = None) -> list[dict]:
 
 
 def remove(podman: "Podman", names: Sequence[str]) -> None:
-    if names:
-        podman("rm", "--force", "--ignore", "--time", "0", *names, check=False)
+    podman.remove_containers(*names)
 
 
 def sweep(podman: "Podman") -> list[str]:

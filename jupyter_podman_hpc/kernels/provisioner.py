@@ -410,6 +410,10 @@ class PodmanHPCProvisioner(LocalProvisioner):
         self.process = None
         return code
 
+    async def _remove_container(self) -> None:
+        if self._podman is not None and self.container_name:
+            await asyncio.to_thread(self._podman.remove_containers, self.container_name)
+
     async def _podman_quiet(self, *args: str) -> None:
         if self._podman is None:
             return
@@ -437,7 +441,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
 
     async def _discard(self) -> None:
         """Forget a kernel that never started: no container, no process, no watchdog."""
-        await self._podman_quiet("rm", "--force", "--ignore", "--time", "0", self.container_name)
+        await self._remove_container()
         if self.process is not None:
             try:
                 await asyncio.to_thread(self.process.wait, 10)
@@ -454,7 +458,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
         await super().cleanup(restart=restart)
         if not restart and self.container_name:
             # podman run --rm removed it when it ended normally; make sure in every case.
-            await self._podman_quiet("rm", "--force", "--ignore", "--time", "0", self.container_name)
+            await self._remove_container()
         self._reap_watchdog()
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:

@@ -17,7 +17,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from ..engine.errors import EngineError, ImageNotFound
+from ..engine.errors import Conflict, EngineError, InvalidInput, NotFound, PermissionDenied
 from . import validation as v
 from .backend import Backend
 from .tasks import FINISHED
@@ -25,16 +25,29 @@ from .tasks import FINISHED
 RESOURCE = "podman-hpc"
 
 
+# The one table from the engine's kinds of error to HTTP status.
+HTTP_STATUS = ((NotFound, 404), (PermissionDenied, 403), (Conflict, 409), (InvalidInput, 400))
+
+
+def http_status(err: EngineError, default: int = 400) -> int:
+    """The status of an engine error's kind (``default`` for any other EngineError)."""
+    return next((status for kind, status in HTTP_STATUS if isinstance(err, kind)), default)
+
+
+def http_error(err: EngineError, default: int = 400) -> web.HTTPError:
+    """The HTTPError a handler raises for an engine error: its status and its first line."""
+    message = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return web.HTTPError(http_status(err, default), reason=message)
+
+
 def engine_errors(method):
-    """EngineError -> 400 (404 when something named does not exist), with its message."""
+    """EngineError -> its HTTP status (``http_status``), with its message."""
     @wraps(method)
     async def wrapper(self, *args, **kwargs):
         try:
             return await method(self, *args, **kwargs)
         except EngineError as err:
-            not_found = isinstance(err, ImageNotFound) or type(err).__name__ in ("JobNotFound",) or \
-                "no podman-hpc kernel named" in str(err)
-            raise web.HTTPError(404 if not_found else 400, reason=str(err).splitlines()[0])
+            raise http_error(err) from err
     return wrapper
 
 

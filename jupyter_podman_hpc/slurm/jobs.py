@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from ..engine.config import SiteConfig, load_config
-from ..engine.errors import EngineError, ImageNotFound
+from ..engine.errors import EngineError, ImageNotFound, NotFound
 from ..engine.modules import ModuleSet
 from ..engine.progress import Progress, ProgressCallback, ignore
 from ..engine.store import find_squashed
@@ -53,7 +53,7 @@ class JobError(EngineError):
     """A job cannot be created, found or read."""
 
 
-class JobNotFound(JobError):
+class JobNotFound(JobError, NotFound):
     """No job directory records that job."""
 
 

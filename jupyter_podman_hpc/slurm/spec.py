@@ -20,7 +20,7 @@ from pathlib import PurePosixPath
 from typing import Any, Iterable, Mapping, Optional
 
 from ..engine import reference
-from ..engine.errors import EngineError, ModuleError
+from ..engine.errors import EngineError, InvalidInput, ModuleError
 from ..engine.modules import Module, ModuleSet
 
 MODES = ("podman-exec", "per-process")
@@ -77,7 +77,7 @@ LIMITS = {"nodes": (1, 100_000), "tasks_per_node": (1, 4096), "cpus_per_task": (
           "gpus_per_node": (0, 64)}
 
 
-class JobSpecError(EngineError):
+class JobSpecError(InvalidInput):
     """A job specification has a bad value; the message names the field."""
 
     exit_code = 125

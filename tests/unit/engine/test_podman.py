@@ -62,3 +62,12 @@ def test_run_defaults_disable_seccomp_as_podman_hpc_does():
 def test_without_default_args_only_user_settings_remain():
     config = load_config({"PODMANHPC_USE_DEFAULT_ARGS": "false"})
     assert "--root" not in Podman(config, {}).command("run", "img")
+
+
+def test_builders_for_remove_exec_and_help():
+    podman = Podman(load_config({"PODMANHPC_USE_DEFAULT_ARGS": "false", "PODMANHPC_PODMAN_BIN": "/x/podman"}), {})
+    assert podman.remove_command("a", "b")[-7:] == ["rm", "--force", "--ignore", "--time", "0", "a", "b"]
+    assert podman.exec_command("c", ["ls", "-l"], ["-e", "A=1"])[-6:] == ["exec", "-e", "A=1", "c", "ls", "-l"]
+    assert podman.help_command("run") == ["/x/podman", "run", "--help"]
+    assert podman.help_command() == ["/x/podman", "--help"]
+    assert podman.remove_containers() is None        # nothing to remove: podman is not run

@@ -1,0 +1,25 @@
+"""Engine errors become HTTP answers by their kind, in one table."""
+
+import pytest
+
+from jupyter_podman_hpc.engine.errors import (Conflict, ConfigError, EngineError, ImageNotFound, PermissionDenied,
+                                              PodmanError)
+from jupyter_podman_hpc.kernels.kernelspec import KernelNotFound
+from jupyter_podman_hpc.server.handlers import http_error, http_status
+from jupyter_podman_hpc.slurm.jobs import JobNotFound
+from jupyter_podman_hpc.slurm.spec import JobSpecError
+
+
+@pytest.mark.parametrize("error, status", [
+    (ImageNotFound("x"), 404), (JobNotFound("x"), 404), (KernelNotFound("x"), 404),
+    (PermissionDenied("x"), 403), (Conflict("x"), 409),
+    (JobSpecError("x"), 400), (ConfigError("x"), 400), (PodmanError("x"), 400), (EngineError("x"), 400),
+])
+def test_each_kind_of_error_has_its_status(error, status):
+    assert http_status(error) == status
+
+
+def test_the_answer_carries_the_first_line_of_the_message():
+    error = http_error(ImageNotFound("image 100% gone\npodman said more"))
+    assert (error.status_code, error.reason) == (404, "image 100% gone")
+    assert http_error(EngineError("x"), default=500).status_code == 500
