@@ -61,7 +61,6 @@ from typing import Any, Sequence
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
-from tornado import web
 from traitlets import Bool, Float, List, TraitError, Unicode, Union
 
 from ..engine import EngineError, load_config, reference
@@ -72,18 +71,9 @@ from . import orphans
 STDERR_TAIL = 40  # lines of the container's stderr kept for error messages
 
 
-class KernelStartError(EngineError, web.HTTPError):
-    """A kernel could not start. ``str()`` is the message; the Jupyter server
-    sends it to the front end (an HTTPError's message is shown to the user,
-    any other exception's is replaced by "Unhandled error")."""
-
-    def __init__(self, message: str):
-        EngineError.__init__(self, message)
-        web.HTTPError.__init__(self, 500, message, reason="Kernel failed to start")
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+class KernelStartError(EngineError):
+    """A kernel could not start; ``str()`` is the message for the user (the
+    server extension hands it to jupyter_server as an HTTP error)."""
 
 
 class PodmanHPCProvisioner(LocalProvisioner):

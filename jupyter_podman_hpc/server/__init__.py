@@ -23,8 +23,27 @@ def _load_jupyter_server_extension(serverapp) -> None:
     serverapp.web_app.settings["podman_hpc_backend"] = backend
     serverapp.web_app.add_handlers(".*$", handlers(serverapp.web_app.settings["base_url"]))
     _sweep_orphan_kernels(serverapp.log)
+    _kernel_start_errors_as_messages(serverapp.kernel_manager)
     serverapp.log.info("jupyter_podman_hpc server extension loaded (podman-hpc API at %spodman-hpc/api/)",
                        serverapp.web_app.settings["base_url"])
+
+
+def _kernel_start_errors_as_messages(kernel_manager) -> None:
+    """A container kernel that cannot start says why (not "Unhandled error") to the user."""
+    from jupyter_core.utils import ensure_async
+
+    from ..engine.errors import EngineError
+    from .handlers import KernelStartFailed
+
+    start = kernel_manager.start_kernel
+
+    async def start_kernel(*args, **kwargs):
+        try:
+            return await ensure_async(start(*args, **kwargs))
+        except EngineError as err:
+            raise KernelStartFailed(err) from err
+
+    kernel_manager.start_kernel = start_kernel
 
 
 def _sweep_orphan_kernels(log) -> None:

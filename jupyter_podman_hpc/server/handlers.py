@@ -40,6 +40,18 @@ def http_error(err: EngineError, default: int = 400) -> web.HTTPError:
     return web.HTTPError(http_status(err, default), reason=message)
 
 
+class KernelStartFailed(web.HTTPError):
+    """An engine error of a kernel start, for jupyter_server's own kernel and session
+    handlers: they show the user an HTTPError's ``log_message`` (any other exception
+    becomes "Unhandled error"), and ``str()`` of it when starting a session."""
+
+    def __init__(self, err: EngineError):
+        super().__init__(http_status(err, default=500), str(err), reason="Kernel failed to start")
+
+    def __str__(self) -> str:
+        return self.get_message() or ""
+
+
 def engine_errors(method):
     """EngineError -> its HTTP status (``http_status``), with its message."""
     @wraps(method)

@@ -87,5 +87,8 @@ def test_a_kernel_that_cannot_start_is_a_message_for_the_user(kernel_site, serve
     assert status == 500, body
     assert body["message"].startswith(f"image {image} is not on this node"), body
     assert seconds < 15
+    # what a client of the kernels API sees (jupyter_server hides other errors than HTTP ones)
+    status, body = http("POST", f"{base}/api/kernels", token, {"name": "srv-absent"})
+    assert status == 500 and body["message"].startswith(f"image {image} is not on this node"), body
     status, kernels = http("GET", f"{base}/api/kernels", token)
     assert status == 200 and kernels == []

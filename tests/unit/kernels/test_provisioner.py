@@ -9,6 +9,7 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
 from tornado import web
 
+from jupyter_podman_hpc.engine.errors import EngineError
 from jupyter_podman_hpc.kernels import kernelspec
 from jupyter_podman_hpc.kernels.orphans import HOST_LABEL, LABEL, OWNER_LABEL, owner_token
 from jupyter_podman_hpc.kernels.provisioner import KernelStartError, PodmanHPCProvisioner, _networks
@@ -155,10 +156,10 @@ def test_config_errors_are_messages(site):
         make(modules=["nosuch"])
 
 
-def test_start_errors_reach_jupyter_server_users():
+def test_start_errors_are_engine_errors_without_web_types():
     error = KernelStartError("image X has no ipykernel: install it or choose another image")
-    assert isinstance(error, web.HTTPError) and error.status_code == 500
-    assert error.log_message == str(error) == "image X has no ipykernel: install it or choose another image"
+    assert isinstance(error, EngineError) and not isinstance(error, web.HTTPError)
+    assert str(error) == "image X has no ipykernel: install it or choose another image"
 
 
 @pytest.mark.parametrize("code, stderr, expected", [
