@@ -24,7 +24,6 @@ NAMESPACES = ("user", "cgroup", "ipc", "uts", "net", "pid", "mnt")  # user first
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _CAP_VERSION_3 = 0x20080522
-_SYS_CAPSET = 126  # x86_64
 _RLIMITS = {
     "Max cpu time": resource.RLIMIT_CPU, "Max file size": resource.RLIMIT_FSIZE,
     "Max data size": resource.RLIMIT_DATA, "Max stack size": resource.RLIMIT_STACK,
@@ -126,7 +125,8 @@ def _set_caps(caps: dict[str, int]) -> None:
     high = lambda v: v >> 32  # noqa: E731
     data = struct.pack("IIIIII", low(caps["CapEff"]), low(caps["CapPrm"]), low(caps["CapInh"]),
                        high(caps["CapEff"]), high(caps["CapPrm"]), high(caps["CapInh"]))
-    _check(_libc.syscall(_SYS_CAPSET, ctypes.c_char_p(header), ctypes.c_char_p(data)), "setting capabilities")
+    # libc's wrapper, not syscall(2) with a number: the numbers differ between machines
+    _check(_libc.capset(ctypes.c_char_p(header), ctypes.c_char_p(data)), "setting capabilities")
 
 
 def _join_cgroups(pid: int) -> None:
@@ -164,10 +164,15 @@ def join_and_run(pid: int, command: Sequence[str], env_overrides: Mapping[str, s
     for kind in NAMESPACES:
         if os.stat(f"/proc/{pid}/ns/{kind}").st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino:
             files[kind] = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY)
-    root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY)
     _join_cgroups(pid)
     if "user" in files:
         _check(_libc.setns(files.pop("user"), 0), "joining the user namespace")
+    try:
+        # only now: a rootless container's root is a FUSE mount, which
+        # refuses processes outside the user namespace that mounted it
+        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as err:
+        raise JoinFailed(f"opening the container's root: {err.strerror}")
     credentials = _credentials(pid)  # now seen from inside the container's user namespace
     for kind, fd in files.items():
         _check(_libc.setns(fd, 0), f"joining the {kind} namespace")

@@ -17,6 +17,7 @@ users and nodes sharing a host never collide.
 from __future__ import annotations
 
 import fcntl
+import json
 import math
 import os
 import re
@@ -30,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from . import commands
 from .errors import EngineError
 from .join import CannotJoin, JoinFailed, join_and_run
 from .podman import Podman, error_message, flag_name, group_options
 
-READY = b"ready\n"
+READY = b"ready "  # + the RunningContainer as JSON + newline
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     argv = podman.run_command([*passthrough.run_args, *step_env_args(podman.config, environ), *named,
                                *options, image, *command], module_args)
     env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
-    process = subprocess.Popen(argv, env=env, pass_fds=passthrough.fds)
+    process = commands.popen(argv, env=env, pass_fds=passthrough.fds)
     _forward_signals(process)
     code = process.wait()
     if reaper is not None:
@@ -207,21 +209,27 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
     directory = Path(config.run_root) / "shared-run" / context.key
     directory.mkdir(parents=True, exist_ok=True)
     name = context.container_name(os.getuid())
-    run_options, exec_options = _split_options(podman, options)
-    pidfile = directory / "container.pid"
-    start = podman.run_command([*run_options, "-d", "--replace", "--name", name, "--pidfile", str(pidfile),
-                                image, *config.shared_run_command], module_args)
-    connection = _join_step(podman, directory, name, start, context)
+    run_options, exec_options, entrypoint = _split_options(podman, options)
+    # The node container only keeps the namespaces alive: the image's
+    # ENTRYPOINT is for the tasks, which run what `podman run IMAGE ARGS` would.
+    keep_alive = ["--entrypoint", json.dumps(config.shared_run_command)]
+    start = ContainerStart(
+        podman.run_command([*run_options, "-d", "--replace", "--name", name, "--pidfile",
+                            str(directory / "container.pid"), *keep_alive, image], module_args),
+        None if entrypoint is not None else podman.command(("image", "inspect"), "--format", IMAGE_COMMAND, image),
+        config.shared_run_command)
+    connection, container = _join_step(podman, directory, name, start, context)
     try:
+        command = task_command(entrypoint, container, command)
         if join if join is not None else config.shared_run_exec_mode == "join":
-            code = _run_joined(pidfile, [*config.shared_run_exec_args, *exec_options], command, environ)
+            code = _run_joined(container.pid, [*config.shared_run_exec_args, *exec_options], command, environ)
             if code is not None:
                 return code
         passthrough = pmi_fd_passthrough(environ)
         argv = podman.exec_command(name, command, [*passthrough.run_args, *config.shared_run_exec_args,
                                                    *exec_options])
         env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
-        process = subprocess.Popen(argv, env=env, pass_fds=passthrough.fds)
+        process = commands.popen(argv, env=env, pass_fds=passthrough.fds)
         _forward_signals(process)
         return process.wait()
     finally:
@@ -267,40 +275,107 @@ def _workdir(exec_options: Sequence[str]) -> str | None:
     return None
 
 
-def _run_joined(pidfile: Path, exec_options: Sequence[str], command: Sequence[str],
+def _run_joined(pid: int, exec_options: Sequence[str], command: Sequence[str],
                 environ: Mapping[str, str]) -> int | None:
     """Run the task by joining the container; None when podman exec must do it instead."""
     env = exec_env(exec_options, environ)
     if env is None:
         return None
     try:
-        pid = int(pidfile.read_text().strip())
         return join_and_run(pid, command, env, _workdir(exec_options))
-    except (CannotJoin, OSError, ValueError):
+    except (CannotJoin, OSError):
         return None
     except JoinFailed as err:
         raise EngineError(f"shared-run: cannot enter the container: {err}")
 
 
-def _split_options(podman: Podman, options: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The user's options for starting the container, and those that also apply to each exec."""
+def _split_options(podman: Podman, options: Sequence[str]) -> tuple[list[str], list[str], list[str] | None]:
+    """The user's options for starting the container, those that also apply to each exec,
+    and the user's ``--entrypoint`` (None without one), which is each task's."""
     run_table = podman.options("run")
     exec_table = podman.options("exec")
     run_options: list[str] = []
     exec_options: list[str] = []
-    for group in group_options(options, run_table):
+    entrypoint = None
+    for group in _split_short_flags(group_options(options, run_table), run_table):
         name = flag_name(group)
         if name in ("--rm", "-d", "--detach", "--name"):
             continue  # the launcher decides these
+        if name == "--entrypoint":
+            entrypoint = parse_entrypoint(group[0].partition("=")[2] if "=" in group[0] else group[-1])
+            continue
         if name in exec_table and name not in ("-d", "--detach", "--preserve-fds"):
             exec_options += group
         if name not in ("-i", "--interactive", "-t", "--tty"):
             run_options += group
-    return run_options, exec_options
+    return run_options, exec_options, entrypoint
 
 
-def _join_step(podman: Podman, directory: Path, name: str, start: list[str],
-               context: StepContext) -> socket.socket:
+def _split_short_flags(groups: list[list[str]], table: Mapping[str, bool]) -> list[list[str]]:
+    """Grouped short flags as podman reads them: ``-it`` -> ``-i``, ``-t``; ``-eA=1`` -> ``-e A=1``."""
+    split: list[list[str]] = []
+    for group in groups:
+        word = group[0]
+        if len(group) > 1 or word.startswith("--") or len(word) <= 2 or not word.startswith("-"):
+            split.append(group)
+            continue
+        letters = word[1:]
+        for i, letter in enumerate(letters):
+            if table.get(f"-{letter}") and i + 1 < len(letters):
+                split.append([f"-{letter}", letters[i + 1:]])
+                break
+            split.append([f"-{letter}"])
+    return split
+
+
+def parse_entrypoint(value: str) -> list[str]:
+    """``--entrypoint`` as podman reads it: a JSON array, else one word; "" for none."""
+    if value.startswith("["):
+        try:
+            words = json.loads(value)
+            if isinstance(words, list) and all(isinstance(w, str) for w in words):
+                return words
+        except ValueError:
+            pass
+    return [value] if value else []
+
+
+@dataclass(frozen=True)
+class ContainerStart:
+    """How a step monitor starts the node's container and learns what its tasks run."""
+
+    run: list[str]                 # podman run -d ... IMAGE, with the keep-alive as entrypoint
+    inspect: list[str] | None      # podman image inspect for the image's ENTRYPOINT and CMD
+    keep_alive: list[str]
+
+
+@dataclass(frozen=True)
+class RunningContainer:
+    """What the monitor tells each task: the container's first process, the image's command."""
+
+    pid: int
+    entrypoint: list[str] | None = None
+    cmd: list[str] | None = None
+
+
+IMAGE_COMMAND = "{{json .Config.Entrypoint}}\t{{json .Config.Cmd}}"
+
+
+def task_command(entrypoint: list[str] | None, container: RunningContainer, args: Sequence[str]) -> list[str]:
+    """What ``podman run IMAGE ARGS`` runs: ENTRYPOINT + (ARGS or CMD); a ``--entrypoint``
+    replaces the image's and drops its CMD."""
+    if entrypoint is not None:
+        command = [*entrypoint, *args]
+    else:
+        image_entrypoint = [] if container.entrypoint in (None, [""]) else container.entrypoint
+        command = [*image_entrypoint, *(args or container.cmd or [])]
+    if not command:
+        raise EngineError("shared-run: no command given, and the image has no ENTRYPOINT or CMD")
+    return command
+
+
+def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart,
+               context: StepContext) -> tuple[socket.socket, RunningContainer]:
     """Connect to the node's step monitor (starting it if we are first) and wait until ready."""
     config = podman.config
     address = directory / "monitor.sock"
@@ -319,16 +394,27 @@ def _join_step(podman: Podman, directory: Path, name: str, start: list[str],
     timeout = _scaled(config.wait_timeout, context.tasks_on_node) + 60
     connection.settimeout(timeout)
     try:
-        reply = connection.recv(4096)
+        reply = _read_line(connection)
     except socket.timeout:
         connection.close()
         raise EngineError(f"shared-run: container {name} did not start within {timeout:.0f} s")
     connection.settimeout(None)
-    if reply != READY:
+    if not reply.startswith(READY):
         connection.close()
         message = reply.decode(errors="replace").strip().removeprefix("failed ") or "the step monitor exited"
         raise EngineError(f"shared-run: cannot start container {name}: {message}")
-    return connection
+    return connection, RunningContainer(**json.loads(reply[len(READY):]))
+
+
+def _read_line(connection: socket.socket) -> bytes:
+    """One line from the monitor (b"" if it closed first)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = connection.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    return data
 
 
 def _scaled(value: float, tasks: int) -> float:
@@ -363,8 +449,10 @@ def _forward_signals(process: subprocess.Popen) -> None:
 
 # --- the step monitor ----------------------------------------------------------
 
+MONITOR_LOG = "shared-run-monitor.log"  # in the run root: it outlives the step directories
 
-def _start_monitor(podman: Podman, directory: Path, address: Path, name: str, start: list[str],
+
+def _start_monitor(podman: Podman, directory: Path, address: Path, name: str, start: ContainerStart,
                    tasks: int) -> None:
     """Fork the detached monitor; return once its socket accepts connections."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -380,7 +468,7 @@ def _start_monitor(podman: Podman, directory: Path, address: Path, name: str, st
             # Let go of everything the task holds: Slurm's output pipes (srun
             # waits for them), PMI_FD, the step lock.
             devnull = os.open(os.devnull, os.O_RDWR)
-            log = os.open(directory / "monitor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            log = os.open(Path(podman.config.run_root) / MONITOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             os.dup2(devnull, 0)
             os.dup2(log, 1)
             os.dup2(log, 2)
@@ -400,8 +488,10 @@ def _start_monitor(podman: Podman, directory: Path, address: Path, name: str, st
 class StepMonitor:
     """Owns the node's container for one step: starts it, counts tasks, removes it."""
 
+    REMOVE_ATTEMPTS = 5
+
     def __init__(self, podman: Podman, directory: Path, listener: socket.socket, name: str,
-                 start: list[str], tasks: int):
+                 start: ContainerStart, tasks: int):
         self.podman = podman
         self.directory = directory
         self.listener = listener
@@ -411,25 +501,77 @@ class StepMonitor:
         self.selector = selectors.DefaultSelector()
         self.finished = 0
         self.state = b""
+        self.keep_alive: tuple[int, str] | None = None  # the container's first process: pid, start time
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ)
         try:
-            # podman run --replace removes a stale container of a crashed step with the same name
-            result = self.podman.run(self.start, check=False)
-            if result.returncode == 0:
-                self.state = READY
-            else:
-                self.state = f"failed {error_message(result.stderr, self.start)}\n".encode()
-                print(self.state.decode(), end="", flush=True)
+            self.state = self._start_container()
+            if not self.state.startswith(READY):
+                self._log(self.state.decode().strip())
             self._serve()
         finally:
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)  # the clean-up runs to its end
             self._remove_container()
             self.listener.close()
             shutil.rmtree(self.directory, ignore_errors=True)
-        return 0 if self.state == READY else 1
+        return 0 if self.state.startswith(READY) else 1
+
+    def _log(self, message: str) -> None:
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {self.name}: {message}", flush=True)
+
+    def _start_container(self) -> bytes:
+        """Start the container; the line every task gets (ready + what it needs, or failed + why)."""
+        # podman run --replace removes a stale container of a crashed step with the same name
+        inspect = self.start.inspect and self.podman.popen(self.start.inspect, stdout=subprocess.PIPE,
+                                                           stderr=subprocess.PIPE, text=True)
+        result = self.podman.run(self.start.run, check=False)
+        if result.returncode != 0:
+            if inspect:
+                inspect.kill()
+                inspect.wait()
+            return f"failed {error_message(result.stderr, self.start.run)}\n".encode()
+        entrypoint = cmd = None
+        if inspect:
+            out, err = inspect.communicate()
+            if inspect.returncode != 0:  # podman run may have pulled the image meanwhile
+                again = self.podman.run(self.start.inspect, check=False)
+                out, err = (again.stdout, again.stderr) if again.returncode == 0 else (None, again.stderr)
+            if out is None:
+                return f"failed cannot read the image's ENTRYPOINT and CMD: {error_message(err)}\n".encode()
+            entrypoint, cmd = (json.loads(part) for part in out.strip().split("\t"))
+        pid = self._wait_for_keep_alive()
+        if pid is None:
+            return (f"failed the container's keep-alive command ({' '.join(self.start.keep_alive)}) "
+                    f"did not start: does the image have it?\n").encode()
+        return READY + json.dumps(RunningContainer(pid, entrypoint, cmd).__dict__).encode() + b"\n"
+
+    def _wait_for_keep_alive(self) -> int | None:
+        """The container's first process once it runs the keep-alive command (None if it died).
+
+        podman run -d returns when the runtime has been told to start: for a
+        moment the first process is still the runtime's init, with the
+        runtime's environment and credentials, which a joining task must not copy.
+        """
+        expected = ("\0".join(self.start.keep_alive) + "\0").encode()
+        deadline = time.monotonic() + self.podman.config.wait_timeout
+        try:
+            pid = int((self.directory / "container.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    if cmdline.read() == expected:
+                        self.keep_alive = (pid, _start_time(pid))
+                        return pid
+            except OSError:
+                return None
+            time.sleep(0.001)
+        return None
 
     def _send(self, connection: socket.socket) -> None:
         try:
@@ -446,7 +588,7 @@ class StepMonitor:
             timeout = None if open_connections else max(0.0, idle_limit - (time.monotonic() - last_change))
             events = self.selector.select(timeout)
             if not events and not open_connections:
-                print(f"no task connected for {idle_limit:.0f} s: removing {self.name}", flush=True)
+                self._log(f"no task connected for {idle_limit:.0f} s: removing the container")
                 return
             for key, _ in events:
                 if key.fileobj is self.listener:
@@ -469,8 +611,42 @@ class StepMonitor:
                         open_connections -= 1
                         self.finished += 1
                         last_change = time.monotonic()
-            if self.state != READY and not open_connections:
+            if not self.state.startswith(READY) and not open_connections:
                 return
 
     def _remove_container(self) -> None:
-        self.podman.remove_containers(self.name)
+        """podman rm until the container is confirmed gone; what fails is logged."""
+        for attempt in range(1, self.REMOVE_ATTEMPTS + 1):
+            result = self.podman.remove_containers(self.name)
+            if self._gone(result.returncode == 0):
+                if attempt > 1:
+                    self._log(f"removed at attempt {attempt}")
+                return
+            why = error_message(result.stderr or "") if result.returncode else "podman rm succeeded"
+            self._log(f"still there after podman rm (attempt {attempt}): {why}")
+            if self._keep_alive_running():
+                os.kill(self.keep_alive[0], signal.SIGKILL)  # ours: conmon then sees the container end
+            time.sleep(0.5 * attempt)
+        self._log(f"could not be removed after {self.REMOVE_ATTEMPTS} attempts")
+
+    def _gone(self, removed: bool) -> bool:
+        """Whether the container is gone: its first process is dead, and podman rm said so
+        (or, when we never knew that process or rm failed, podman has no such container)."""
+        if self._keep_alive_running():
+            return False
+        if removed and self.keep_alive:
+            return True
+        exists = self.podman.run(self.podman.command(("container", "exists"), self.name), check=False)
+        return exists.returncode == 1
+
+    def _keep_alive_running(self) -> bool:
+        return bool(self.keep_alive) and _start_time(self.keep_alive[0]) == self.keep_alive[1]
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time (tells it from a later one with the same pid); "" if none."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""

@@ -117,15 +117,30 @@ def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stac
     probe = ('id; umask; pwd; env | grep -v -E "^(_|SHLVL|PWD)=" | sort; grep -E "^Cap|^NoNewPrivs|^Seccomp" '
              '/proc/self/status; for n in ipc mnt net pid user uts; do readlink /proc/self/ns/$n; done; '
              'cut -d" " -f2,5 /proc/self/mountinfo | sort; ulimit -n; ulimit -u; exit 3')
-    outputs = {}
+    outputs, execs = {}, {}
     for mode in ([], ["--join"]):
-        result = hpc.srun("-N1", "-n2", "podman-hpc", "shared-run", *mode, "-e", "EXTRA=1", "-w", "/etc",
-                          stack.base_image, "bash", "-c", probe + " # $SLURM_LOCALID", check=False)
+        podman, calls = recording_podman(hpc, "join" if mode else "exec")
+        result = run(["srun", "-N1", "-n2", "podman-hpc", "shared-run", *mode, "-e", "EXTRA=1", "-w", "/etc",
+                      stack.base_image, "bash", "-c", probe + " # $SLURM_LOCALID"],
+                     env={**hpc.env, "PODMANHPC_PODMAN_BIN": podman}, check=False)
         assert result.returncode == 3, result.stderr
         outputs[bool(mode)] = result.stdout
+        execs[bool(mode)] = [line for line in calls.read_text().splitlines()
+                             if " exec " in f" {line} " and not line.endswith("--help")]
     podman_exec, joined = outputs[False], outputs[True]
+    assert len(execs[False]) == 2 and execs[True] == []  # each task really went its own way
     assert normalized(joined) == normalized(podman_exec)
     assert "EXTRA=1" in joined and "SLURM_PROCID=1" in joined and "\n/etc\n" in joined
+
+
+def recording_podman(hpc, name):
+    """A podman that writes down its arguments before it runs: (its path, the list's path)."""
+    calls = hpc.work / f"{name}-calls"
+    calls.touch()
+    wrapper = hpc.work / f"{name}-podman"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec podman "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), calls
 
 
 def normalized(text):
@@ -136,7 +151,7 @@ def normalized(text):
     for line in text.splitlines():
         if line.startswith(("ipc:", "mnt:", "net:", "pid:", "user:", "uts:")):
             continue
-        if line.startswith(("SLURM_", "PMI_", "PMIX_")):
+        if line.startswith(("SLURM_", "SLURMD_", "PMI_", "PMIX_")):
             line = line.split("=", 1)[0] + "=..."
         lines.append(line)
     return sorted(lines)

@@ -1,6 +1,7 @@
 """Launcher helpers: Slurm's task counts, step context, names and exec environments."""
 
 from jupyter_podman_hpc.engine.config import load_config
+from jupyter_podman_hpc.engine.errors import EngineError
 from jupyter_podman_hpc.engine.launcher import exec_env, step_context, step_env_args, tasks_per_node
 
 
@@ -32,3 +33,27 @@ def test_per_process_containers_get_the_slurm_environment_only_in_a_step():
     config = load_config({})
     assert step_env_args(config, {}) == []
     assert "SLURM_*" in step_env_args(config, {"SLURM_STEP_ID": "0"})
+
+
+def test_task_command_is_what_podman_run_would_run():
+    from jupyter_podman_hpc.engine.launcher import RunningContainer, parse_entrypoint, task_command
+    image = RunningContainer(1, ["/bin/sh", "-c"], ["echo default"])
+    assert task_command(None, image, ["echo hi"]) == ["/bin/sh", "-c", "echo hi"]
+    assert task_command(None, image, []) == ["/bin/sh", "-c", "echo default"]
+    assert task_command(["/bin/echo"], image, []) == ["/bin/echo"]  # --entrypoint drops the CMD
+    assert task_command(None, RunningContainer(1, None, ["sh"]), ["true"]) == ["true"]
+    assert parse_entrypoint('["a", "b c"]') == ["a", "b c"]
+    assert parse_entrypoint("/bin/echo") == ["/bin/echo"] and parse_entrypoint("") == []
+    try:
+        task_command(None, RunningContainer(1, None, None), [])
+    except EngineError as err:
+        assert "no command" in str(err)
+    else:
+        raise AssertionError("an image without a command must be refused")
+
+
+def test_grouped_short_flags_are_split_as_podman_reads_them():
+    from jupyter_podman_hpc.engine.launcher import _split_short_flags
+    table = {"-i": False, "-t": False, "-e": True, "-w": True}
+    assert _split_short_flags([["-it"], ["-eA=1"], ["-e", "B=2"], ["--tty"]], table) == [
+        ["-i"], ["-t"], ["-e", "A=1"], ["-e", "B=2"], ["--tty"]]
