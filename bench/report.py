@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import deepcam
 from common import Failure, Sample, markdown_table, summarize, write_csv
 
 # The configuration each benchmark's other configurations are compared with (same run, same size).
 BASELINES = {"launch": "bare", "squash": "plain mksquashfs", "lammps": "bare", "pynamic": "bare",
-             "kernel": "local ipykernel"}
+             "kernel": "local ipykernel", "deepcam": "bare", "readpath": "plain directory"}
+# Benchmarks whose metrics include consecutive phases of one run: also a stacked bar per size.
+PHASES = {deepcam.BENCHMARK: deepcam.PHASES}
 
 
 def _cell(stats: dict[str, float] | None) -> str:
@@ -47,11 +50,15 @@ def table(samples: Sequence[Sample], benchmark: str, metric: str) -> str:
     return markdown_table(header, rows)
 
 
-def plot(samples: Sequence[Sample], benchmark: str, metric: str, path: Path) -> None:
+def _pyplot():
     import matplotlib  # on first use: importing it takes a good part of a second
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def plot(samples: Sequence[Sample], benchmark: str, metric: str, path: Path) -> None:
+    plt = _pyplot()
     stats = summarize(s for s in samples if s.benchmark == benchmark and s.metric == metric)
     configs = list(dict.fromkeys(s.config for s in samples if s.benchmark == benchmark and s.metric == metric))
     sizes = _order({size for (_, _, size, _) in stats})
@@ -67,6 +74,59 @@ def plot(samples: Sequence[Sample], benchmark: str, metric: str, path: Path) -> 
     axes.set_ylabel(f"{metric.replace('_', ' ')} (median, min–max)")
     axes.set_title(benchmark)
     axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _phase_name(metric: str) -> str:
+    return metric.removesuffix("_seconds").replace("_", " ")
+
+
+def phase_table(samples: Sequence[Sample], benchmark: str, phases: Sequence[str]) -> str:
+    """Per size and configuration: each phase's median, their sum, and the start (all phases
+    but the last) against the baseline's."""
+    stats = summarize(s for s in samples if s.benchmark == benchmark and s.metric in phases)
+    configs = list(dict.fromkeys(s.config for s in samples if s.benchmark == benchmark))
+    baseline = BASELINES.get(benchmark)
+    start = " + ".join(_phase_name(m) for m in phases[:-1])
+    header = ["size", "configuration", *[f"{_phase_name(m)} (s)" for m in phases], "sum (s)", f"{start} (s)",
+              f"{start} vs {baseline}"]
+    rows = []
+    for size in _order({size for (_, _, size, _) in stats}):
+        medians = {c: [stats[(benchmark, m, size, c)]["median"] if (benchmark, m, size, c) in stats else None
+                       for m in phases] for c in configs}
+        base = medians.get(baseline)
+        base_start = sum(base[:-1]) if base and None not in base else None
+        for config in configs:
+            values = medians[config]
+            if None in values:
+                rows.append([size, config, *["—"] * (len(phases) + 3)])
+                continue
+            own_start = sum(values[:-1])
+            versus = f"{own_start - base_start:+.2f} s ({own_start / base_start:.2f}x)" if base_start else "—"
+            rows.append([size, config, *[f"{v:.2f}" for v in values], f"{sum(values):.2f}", f"{own_start:.2f}",
+                         versus])
+    return markdown_table(header, rows)
+
+
+def plot_phases(samples: Sequence[Sample], benchmark: str, phases: Sequence[str], size: str, path: Path) -> None:
+    """One size: a bar per configuration, stacked from the phases' medians (the published figure's view)."""
+    plt = _pyplot()
+    stats = summarize(s for s in samples if s.benchmark == benchmark and s.size == size and s.metric in phases)
+    configs = list(dict.fromkeys(s.config for s in samples if s.benchmark == benchmark and s.size == size))
+    figure, axes = plt.subplots(figsize=(7.5, 4.5))
+    bottoms = [0.0] * len(configs)
+    for metric in phases:
+        values = [stats[(benchmark, metric, size, c)]["median"] if (benchmark, metric, size, c) in stats else 0
+                  for c in configs]
+        axes.bar(range(len(configs)), values, 0.6, bottom=bottoms, label=_phase_name(metric))
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    axes.set_xticks(range(len(configs)), configs)
+    axes.set_ylabel("seconds (medians)")
+    axes.set_title(f"{benchmark} {size} (nodes x tasks per node)")
+    handles, labels = axes.get_legend_handles_labels()  # top to bottom, as the bars stack
+    axes.legend(handles[::-1], labels[::-1], fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -95,6 +155,15 @@ def write(samples: Sequence[Sample], machine: dict[str, str], directory: Path, s
         image = f"{stem}-{benchmark}-{metric}.png"
         plot(samples, benchmark, metric, directory / image)
         lines += [f"![{benchmark}]({image})", ""]
+    for benchmark, phases in PHASES.items():
+        measured = [s for s in samples if s.benchmark == benchmark and s.metric in phases]
+        if not measured:
+            continue
+        lines += [f"## {benchmark}: phases", "", phase_table(samples, benchmark, phases), ""]
+        for size in _order({s.size for s in measured}):
+            image = f"{stem}-{benchmark}-phases-{size}.png"
+            plot_phases(samples, benchmark, phases, size, directory / image)
+            lines += [f"![{benchmark} {size}]({image})", ""]
     if failures:
         lines += ["## Failures", "", "Runs that gave no number (they are missing from the tables above):", ""]
         lines += [markdown_table(["benchmark", "configuration", "size", "repetition", "error"],

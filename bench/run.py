@@ -3,7 +3,7 @@
 
     bench/run.py                   the full comparison (make bench)
     bench/run.py --smoke           one repetition at the smallest sizes (make bench-smoke)
-    bench/run.py --only lammps     some of: launch lammps pynamic squash kernel
+    bench/run.py --only lammps     some of: launch lammps pynamic deepcam squash kernel
 
 Run as the stack user with the stack's environment (dev/as-user does it).
 Images the application benchmarks need are built once and kept squashed in
@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import deepcam  # noqa: E402
 import kernel  # noqa: E402
 import lammps  # noqa: E402
 import launch  # noqa: E402
@@ -32,7 +33,7 @@ import report  # noqa: E402
 import squash  # noqa: E402
 from common import BenchError, Failure, PrivateStorage, Sample, machine, remove_tree  # noqa: E402
 
-BENCHMARKS = ["launch", "lammps", "pynamic", "squash", "kernel"]
+BENCHMARKS = ["launch", "lammps", "pynamic", "deepcam", "squash", "kernel"]
 FULL_SIZES = [(n, k) for n in (1, 2, 4) for k in (1, 2, 4, 8)]
 SMOKE_SIZES = [(1, 1)]
 LAUNCH_CONFIGS = ["bare", "podman-exec", "podman-exec --join", "per-process", "1.2.2 shared-run", "1.2.2 run"]
@@ -109,6 +110,14 @@ def main(argv: list[str] | None = None) -> int:
                                            pynamic.SMOKE_SIZES if args.smoke else pynamic.FULL_SIZES,
                                            repetitions, failures))
 
+        def run_deepcam() -> None:
+            problem = deepcam.SMOKE if args.smoke else deepcam.FULL
+            deepcam_setup = deepcam.prepare(base, work, storage)
+            notes["deepcam"] = deepcam.describe(problem)
+            samples.extend(deepcam.measure(deepcam_setup, deepcam.CONFIGS,
+                                           deepcam.SMOKE_SIZES if args.smoke else deepcam.FULL_SIZES,
+                                           problem, repetitions, failures))
+
         def run_squash() -> None:
             setup = launch_setup()
             notes["squash"] = f"Squashing `{image}` (lz4) into an empty store."
@@ -120,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             samples.extend(kernel.measure(base, work, repetitions, failures))
 
         for name, run in (("launch", run_launch), ("lammps", run_lammps), ("pynamic", run_pynamic),
-                          ("squash", run_squash), ("kernel", run_kernel)):
+                          ("deepcam", run_deepcam), ("squash", run_squash), ("kernel", run_kernel)):
             attempt(name, run)
     finally:
-        if {"lammps", "pynamic"} & set(args.only):
+        if {"lammps", "pynamic", "deepcam"} & set(args.only):
             storage.remove()
         remove_tree(work)
     stem = f"{dt.date.today().isoformat()}-{socket.gethostname()}{'-smoke' if args.smoke else ''}"

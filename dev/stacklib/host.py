@@ -26,6 +26,8 @@ PACKAGES = [
     "inotify-tools", "make", "dpkg-dev", "xz-utils", "liblz4-dev", "zlib1g-dev",
     # bare-metal LAMMPS for the EXAALT-like benchmark
     "lammps",
+    # bare-metal PyTorch for the DeepCAM-like benchmark (about 150 MB to fetch, 640 MB installed)
+    "python3-torch", "python3-numpy",
 ]
 
 # podman reads drop-ins from here; our file only says what this host needs.

@@ -20,6 +20,7 @@ from tests.conftest import run
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import deepcam  # noqa: E402
 import kernel  # noqa: E402
 import lammps  # noqa: E402
 import pynamic  # noqa: E402
@@ -29,6 +30,7 @@ EXPECTED = {  # benchmark -> (configurations, metrics)
     "launch": (bench_run.LAUNCH_CONFIGS, ["step_seconds"]),
     "lammps": (lammps.CONFIGS, ["loop_seconds", "step_seconds"]),
     "pynamic": (pynamic.CONFIGS, ["step_seconds", "import_seconds", "visit_seconds"]),
+    "deepcam": (deepcam.CONFIGS, [*deepcam.PHASES, "step_seconds"]),
     "squash": (["plain mksquashfs", "ours", "1.2.2"], ["squash_seconds"]),
     "kernel": (kernel.CONFIGS, ["ready_seconds"]),
 }
@@ -70,3 +72,12 @@ def test_smoke_run_measures_every_benchmark_and_configuration(stack, tmp_path):
     for sample in samples:
         assert float(sample["value"]) > 0, sample
     assert re.search(r"## pynamic: step seconds\n\nGenerated workload", text)
+
+    # DeepCAM-like: the phases stacked per size, as the published figure shows them
+    phases = text.split("## deepcam: phases", 1)[1].split("\n## ", 1)[0]
+    for nodes, per_node in deepcam.SMOKE_SIZES:
+        size = f"{nodes}x{per_node}"
+        for config in deepcam.CONFIGS:
+            assert f"| {size} | {config} |" in phases, (size, config, phases)
+        png = output / f"{markdown.stem}-deepcam-phases-{size}.png"
+        assert f"]({png.name})" in phases and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
