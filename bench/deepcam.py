@@ -154,9 +154,10 @@ def command(setup: Setup, config: str, nodes: int, per_node: int, problem: Probl
 def phases(stdout: str, started: float, step: float, ranks: int, label: str) -> Phases:
     """The run's phases from every rank's line, which must all be there and agree."""
     found = RESULT.findall(stdout)
-    if sorted(int(r[0]) for r in found) != list(range(ranks)):
+    reported = sorted(int(r[0]) for r in found)
+    if reported != list(range(ranks)):
         tail = " | ".join(stdout.strip().splitlines()[-3:])
-        raise BenchError(f"{label}: {len(found)} of {ranks} ranks reported: {tail}")
+        raise BenchError(f"{label}: ranks {reported} reported, not 0-{ranks - 1}: {tail}")
     if len({r[6] for r in found}) != 1:
         raise BenchError(f"{label}: the ranks' trained weights differ (checksums {sorted({r[6] for r in found})})")
     first_loss, last_loss = float(found[0][4]), float(found[0][5])
