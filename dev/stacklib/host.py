@@ -19,7 +19,7 @@ PACKAGES = [
     # MPI
     "openmpi-bin", "libopenmpi-dev", "libpmix-dev", "python3-mpi4py",
     # registry, base image, browser tests, build tools
-    "docker-registry", "debootstrap", "busybox-static", "chromium", "python3-venv", "python3-dev",
+    "docker-registry", "debootstrap", "busybox-static", "chromium", "python3-venv", "python3-pip-whl", "python3-dev",
     "gcc", "libc6-dev", "iproute2", "procps", "psmisc", "curl",
     # the podman-hpc 1.2.2 peer: its fuse-overlayfs-wrap waits with inotifywait;
     # a static mksquashfs is built from a Debian source package

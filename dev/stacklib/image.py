@@ -1,4 +1,4 @@
-"""The base image: Debian minbase with python3, ipykernel, Open MPI and mpi4py.
+"""The base image: Debian minbase with python3, ipykernel, Open MPI, mpi4py and ipyparallel.
 
 The root filesystem is built once with debootstrap from the machine's own
 apt mirror and cached as a tarball outside the checkout; it is imported as
@@ -44,6 +44,15 @@ def build_rootfs() -> None:
     run(["debootstrap", "--variant=minbase", "--include=python3", suite, str(root), mirror])
     shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
     packages = " ".join(layout.BASE_PACKAGES)
+    # The wheels are fetched on the host (its pip is configured for the package index) with
+    # the pip wheel Debian ships, and installed in the chroot with that same wheel.
+    pip_wheel = _pip_wheel()
+    wheels = root / "tmp" / "wheels"
+    wheels.mkdir()
+    shutil.copy(pip_wheel, wheels / pip_wheel.name)
+    run(["/usr/bin/python3", str(pip_wheel / "pip"), "download", "--no-deps", "--quiet",
+         "--dest", str(wheels), *layout.BASE_WHEELS])
+    pip = f"/tmp/wheels/{pip_wheel.name}/pip"
     # A private mount namespace: /proc and /dev vanish with it, even after a kill.
     run(["unshare", "--mount", "--fork", "sh", "-c", f"""
         set -e
@@ -52,13 +61,28 @@ def build_rootfs() -> None:
         chroot "$1" apt-get -o Acquire::Check-Valid-Until=false update
         DEBIAN_FRONTEND=noninteractive chroot "$1" apt-get install -y --no-install-recommends {packages}
         chroot "$1" apt-get clean
+        chroot "$1" sh -c 'python3 {pip} install --no-index --no-deps --ignore-installed \
+            --break-system-packages --root-user-action=ignore --disable-pip-version-check --quiet \
+            $(ls /tmp/wheels/*.whl | grep -v /pip-)'
     """, "sh", str(root)])
+    shutil.rmtree(wheels)
     shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
     (root / "etc/resolv.conf").unlink(missing_ok=True)
     partial = layout.BASE_ROOTFS.with_suffix(".partial")
     run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."])
     partial.replace(layout.BASE_ROOTFS)
     shutil.rmtree(root)
+    for stale in layout.CACHE.glob("base-rootfs-*.tar"):
+        if stale != layout.BASE_ROOTFS:
+            stale.unlink()  # a root filesystem of an older package list
+
+
+def _pip_wheel() -> Path:
+    """Debian's pip wheel (python3-pip-whl, which python3-venv brings)."""
+    found = sorted(Path("/usr/share/python-wheels").glob("pip-*.whl"))
+    if not found:
+        raise SystemExit("[stack] no pip wheel in /usr/share/python-wheels: install python3-pip-whl")
+    return found[-1]
 
 
 def _in_registry(reference: str) -> bool:

@@ -1,5 +1,7 @@
 """Names, paths and ports of the stack: the one place they are defined."""
 
+import hashlib
+import json
 from pathlib import Path
 
 STATE = Path("/var/lib/jph-stack")
@@ -35,9 +37,16 @@ SCRATCH = STATE / "scratch"
 VENV = STATE / "venv"
 
 BASE_IMAGE = f"{REGISTRY}/jph/base:bookworm"
-# Bump when the base image's package list changes: it names the cached rootfs.
-BASE_PACKAGES = ["python3-ipykernel", "openmpi-bin", "python3-mpi4py", "procps"]
-BASE_ROOTFS_KEY = "v1"
+BASE_PACKAGES = ["python3-ipykernel", "openmpi-bin", "python3-mpi4py", "procps",
+                 # ipyparallel's dependencies that bookworm has (its python3-ipyparallel, 7.1, is
+                 # older than the controller the stack's venv runs)
+                 "python3-decorator", "python3-dateutil", "python3-tqdm"]
+# Wheels installed over Debian's packages without resolving dependencies: IPython Parallel
+# engines at the version pyproject.toml pins for the controller, and the pyzmq it needs
+# (bookworm has 24).
+BASE_WHEELS = ["ipyparallel==9.2.0", "pyzmq==25.1.2"]
+# The cached rootfs is named after what goes into it: a changed list builds a new one.
+BASE_ROOTFS_KEY = "v2-" + hashlib.sha256(json.dumps([BASE_PACKAGES, BASE_WHEELS]).encode()).hexdigest()[:12]
 BASE_ROOTFS = CACHE / f"base-rootfs-{BASE_ROOTFS_KEY}.tar"
 
 # A busybox image of a few MB, for tests where the image's content does not matter.

@@ -249,9 +249,9 @@ class PodmanHPCMagics(Magics):
 
     # --- jobs ---------------------------------------------------------------------------
 
-    def _spec(self, args: Namespace):
-        from ..slurm import JobSpec
-
+    @staticmethod
+    def _job_fields(args: Namespace) -> dict:
+        """The JobSpec fields of the options submit and cluster start share."""
         environment: dict[str, str] = {}
         for key, value in args.env:
             if value is None:
@@ -259,14 +259,19 @@ class PodmanHPCMagics(Magics):
                     raise MagicError(f"--env {key}: {key} is not set in this kernel (give {key}=VALUE)")
                 value = os.environ[key]
             environment[key] = value
-        return JobSpec(
-            image=args.image, command=tuple(args.argv) if args.argv else None,
-            python_script=args.script, notebook=args.notebook, args=tuple(args.args),
+        return dict(
             nodes=args.nodes, tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task,
             gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition, account=args.account,
             qos=args.qos, reservation=args.reservation, modules=tuple(args.modules), environment=environment,
-            workdir=args.workdir, extra_directives=tuple(args.directives), mode=args.mode,
-            job_name=args.job_name)
+            extra_directives=tuple(args.directives), job_name=args.job_name)
+
+    def _spec(self, args: Namespace):
+        from ..slurm import JobSpec
+
+        return JobSpec(
+            image=args.image, command=tuple(args.argv) if args.argv else None,
+            python_script=args.script, notebook=args.notebook, args=tuple(args.args),
+            workdir=args.workdir, mode=args.mode, **self._job_fields(args))
 
     def _cmd_submit(self, args: Namespace, cell: str | None):
         from ..slurm import Job as SlurmJob
@@ -331,6 +336,47 @@ class PodmanHPCMagics(Magics):
         job = self._find(args.job_id)
         job.cancel()
         print(f"Cancelled job {job.id}")
+        return None
+
+    # --- interactive clusters ----------------------------------------------------------
+
+    def _cmd_cluster(self, args: Namespace, cell: str | None):
+        from ..slurm import SlurmClient
+        from ..slurm import cluster as clusters
+
+        self._no_cell(args, cell)
+        if args.action == "start":
+            config = self._config()
+            renderer = self._renderer(f"cluster of {args.nodes * args.tasks_per_node} engines in {args.image}")
+            with _rendering(renderer):
+                cluster = clusters.Cluster.start(
+                    args.image, controller_ip=args.controller_ip, timeout=args.timeout, client=SlurmClient(),
+                    config=config, progress=renderer, **self._job_fields(args))
+                if self.shell is not None:
+                    cluster.client()[:].activate()   # %px, %%px and %autopx now run on its engines
+                renderer.done(f"Cluster {cluster.id}: {cluster.record.engines} engines, job {cluster.job_id}; "
+                              "%%px runs on them")
+            return cluster
+        if args.action == "list":
+            found = (clusters.list_clusters(client=SlurmClient()) if args.all else clusters.started_here())
+            if not found:
+                print("No running clusters" + ("" if args.all else " started by this kernel"))
+            for cluster in found:
+                data = cluster.as_dict()
+                print(f"{data['id']}  job {data['job_id']} {data['job_state'] or ''}  {data['registered']}/"
+                      f"{data['engines']} engines  {data['nodelist']}  {data['image']}")
+            return None
+        if args.all:
+            targets = clusters.started_here()
+        elif args.cluster_id:
+            targets = [clusters.find_cluster(args.cluster_id, client=SlurmClient())]
+        else:
+            targets = clusters.started_here()[-1:]
+            if not targets:
+                raise MagicError("this kernel has no running cluster (give a cluster ID, see cluster list --all)")
+        for cluster in targets:
+            cluster.stop()
+            print(f"Stopped cluster {cluster.id} (job {cluster.job_id})")
         return None
 
     # --- kernels, info ------------------------------------------------------------------

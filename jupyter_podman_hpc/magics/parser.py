@@ -38,6 +38,8 @@ commands:
   jobs                    the jobs submitted from here and their states
   logs JOBID              each rank's output of a job
   cancel JOBID            cancel a job
+  cluster start [--nodes N] [--tasks-per-node K] [--module M] ... IMAGE | cluster stop [ID] | cluster list
+                          an IPython Parallel cluster of engines in IMAGE, for %%px
   kernel install IMAGE | kernel list | kernel remove NAME
                           container-backed Jupyter kernels
   info                    the effective configuration (as podman-hpc infohpc)
@@ -126,6 +128,29 @@ def _whole_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
 
 
+def _job_options(command: Parser) -> None:
+    """The resources, modules and environment of a job (submit and cluster start)."""
+    command.add_argument("-N", "--nodes", type=_whole_number, default=1, metavar="N", help="nodes (default 1)")
+    command.add_argument("-n", "--tasks-per-node", "--ntasks-per-node", dest="tasks_per_node",
+                         type=_whole_number, default=1, metavar="M", help="tasks (ranks) per node (default 1)")
+    command.add_argument("-c", "--cpus-per-task", type=_whole_number, metavar="N", help="CPUs per task")
+    command.add_argument("--gpus-per-node", type=_whole_number, metavar="N", help="GPUs per node")
+    command.add_argument("-t", "--time", metavar="T", help="time limit: minutes, HH:MM:SS, D-HH:MM...")
+    command.add_argument("-p", "--partition", metavar="P")
+    command.add_argument("-A", "--account", metavar="A")
+    command.add_argument("-q", "--qos", metavar="QOS")
+    command.add_argument("--reservation", metavar="NAME")
+    command.add_argument("-J", "--job-name", metavar="NAME")
+    command.add_argument("--module", dest="modules", action="append", default=[], metavar="NAME",
+                         help="a site module, e.g. openmpi-pmix (repeatable)")
+    command.add_argument("-e", "--env", dest="env", action="append", default=[], metavar="KEY=VALUE",
+                         type=_env_item, help="an environment variable for the job (repeatable; KEY alone: "
+                                              "its value here)")
+    command.add_argument("--directive", dest="directives", action="append", default=[],
+                         metavar="--OPTION=VALUE",
+                         help="an extra #SBATCH option, e.g. --directive=--exclusive (repeatable)")
+
+
 def build_parser() -> Parser:
     parser = Parser(prog=PROG, usage=_u(SUMMARY), description="podman-hpc from a notebook.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -176,27 +201,10 @@ def build_parser() -> Parser:
               "                   IMAGE [CMD... | --notebook PATH [ARGS...] | --script PATH [ARGS...]]"),
         description="Submit IMAGE as a Slurm batch job (the same script you would submit by hand); "
                     "returns a Job. --preview shows the script and submits nothing.")
-    submit.add_argument("-N", "--nodes", type=_whole_number, default=1, metavar="N", help="nodes (default 1)")
-    submit.add_argument("-n", "--tasks-per-node", "--ntasks-per-node", dest="tasks_per_node", type=_whole_number,
-                        default=1, metavar="M", help="tasks (ranks) per node (default 1)")
-    submit.add_argument("-c", "--cpus-per-task", type=_whole_number, metavar="N", help="CPUs per task")
-    submit.add_argument("--gpus-per-node", type=_whole_number, metavar="N", help="GPUs per node")
-    submit.add_argument("-t", "--time", metavar="T", help="time limit: minutes, HH:MM:SS, D-HH:MM...")
-    submit.add_argument("-p", "--partition", metavar="P")
-    submit.add_argument("-A", "--account", metavar="A")
-    submit.add_argument("-q", "--qos", metavar="QOS")
-    submit.add_argument("--reservation", metavar="NAME")
-    submit.add_argument("-J", "--job-name", metavar="NAME")
-    submit.add_argument("--module", dest="modules", action="append", default=[], metavar="NAME",
-                        help="a site module, e.g. openmpi-pmix (repeatable)")
+    _job_options(submit)
     submit.add_argument("--mode", choices=("podman-exec", "per-process"), default="podman-exec",
                         help="one container per node (podman-exec, the default) or per rank")
-    submit.add_argument("-e", "--env", dest="env", action="append", default=[], metavar="KEY=VALUE",
-                        type=_env_item, help="an environment variable for the job (repeatable; KEY alone: "
-                                             "its value here)")
     submit.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside the container")
-    submit.add_argument("--directive", dest="directives", action="append", default=[], metavar="--OPTION=VALUE",
-                        help="an extra #SBATCH option, e.g. --directive=--exclusive (repeatable)")
     submit.add_argument("--notebook", metavar="PATH", help="run this notebook on every rank")
     submit.add_argument("--script", metavar="PATH", help="run this Python script on every rank")
     submit.add_argument("--preview", action="store_true", help="show the batch script, submit nothing")
@@ -214,6 +222,36 @@ def build_parser() -> Parser:
 
     cancel = commands.add_parser("cancel", usage=_u("%podman_hpc cancel JOBID"), description="Cancel a job.")
     cancel.add_argument("job_id", metavar="JOBID", type=_job_id)
+
+    cluster = commands.add_parser(
+        "cluster", usage=_u("cluster = %podman_hpc cluster start [--nodes N] [--tasks-per-node K] [--time T]\n"
+                            "                [--partition P] [--module M ...] [--env K=V ...] IMAGE\n"
+                            "       %podman_hpc cluster stop [ID | --all]\n"
+                            "       %podman_hpc cluster list [--all]"),
+        description="IPython Parallel engines in IMAGE, one per task of a Slurm job (podman-exec), "
+                    "with the controller in this kernel's process tree; %%px runs on them.")
+    cluster_actions = cluster.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
+    start = cluster_actions.add_parser(
+        "start", usage=_u("cluster = %podman_hpc cluster start [--nodes N] [--tasks-per-node K] [--time T] "
+                          "[--partition P] [--module M ...] [--env K=V ...] IMAGE"),
+        description="Submit a job of engines in IMAGE and wait, with a progress bar, until all have "
+                    "registered; returns the cluster (cluster.client(), cluster.stop()) and makes it the "
+                    "target of %%px. Options mean what they mean for submit; the time limit defaults to 60 "
+                    "minutes.")
+    _job_options(start)
+    start.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
+                       help="give up (and stop everything) when not all engines registered by then (600)")
+    start.add_argument("--controller-ip", default="127.0.0.1", metavar="IP",
+                       help="the address the nodes reach the controller at (default 127.0.0.1)")
+    start.add_argument("image", metavar="IMAGE")
+    stop = cluster_actions.add_parser("stop", usage=_u("%podman_hpc cluster stop [ID | --all]"),
+                                      description="Stop a cluster (by default the last one this kernel started): "
+                                                  "its engines, job, controller and connection files.")
+    stop.add_argument("cluster_id", nargs="?", metavar="ID", help="a cluster id or its job id")
+    stop.add_argument("--all", action="store_true", help="every cluster this kernel started")
+    listing = cluster_actions.add_parser("list", usage=_u("%podman_hpc cluster list [--all]"),
+                                         description="The running clusters of this kernel.")
+    listing.add_argument("--all", action="store_true", help="every running cluster of yours, from any kernel")
 
     kernel = commands.add_parser("kernel", usage=_u("%podman_hpc kernel install IMAGE [--name NAME] "
                                                  "[--display-name TEXT] [--module M ...]\n"
@@ -302,6 +340,8 @@ def parse(line: str | Sequence[str]) -> argparse.Namespace:
     namespace.debug = debug or getattr(namespace, "debug", False)
     if namespace.command == "kernel" and not getattr(namespace, "action", None):
         raise MagicUsageError("kernel needs an action: install, list or remove", known.format_usage())
+    if namespace.command == "cluster" and not getattr(namespace, "action", None):
+        raise MagicUsageError("cluster needs an action: start, stop or list", known.format_usage())
     if namespace.command == "submit":
         _submit_target(namespace, known)
     return namespace

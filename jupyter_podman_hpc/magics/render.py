@@ -292,6 +292,7 @@ class WidgetRenderer(Renderer):
         [build] current step:         STEP 3/7: RUN make   [###....]
                 Build log (collapsed accordion, the last LOG_KEEP lines)
         [squash]                      squashing [##########] 100%
+        [cluster]                     engines [######....] (registered / started)
     """
 
     def __init__(self, title: str, display: bool = True):
@@ -312,6 +313,7 @@ class WidgetRenderer(Renderer):
         self.log_panel = None
         self.squash_bar = None
         self.squash_label = None
+        self.engines_bar = None
         self._log_dirty = False
         self._sizes: dict[str, int] = {}
         if display:
@@ -363,6 +365,8 @@ class WidgetRenderer(Renderer):
                 self._on_build(event)
             elif event.stage == "squash":
                 self._on_squash(event)
+            elif event.stage == "cluster":
+                self._on_cluster(event)
             elif event.message:
                 self._set_status(event.message)
 
@@ -440,6 +444,24 @@ class WidgetRenderer(Renderer):
                 self.squash_label.value = html.escape(message)
         self.throttle("squash", apply)
 
+    def _on_cluster(self, event: Progress) -> None:
+        """Engines registered out of those the job starts."""
+        if self.engines_bar is None:
+            self.engines_bar = self.w.IntProgress(value=0, min=0, max=1, description="engines",
+                                                  layout=self.w.Layout(width="60%"))
+            self._add(self.engines_bar)
+        current, total, message = event.current, event.total, event.message
+
+        def apply():
+            if total:
+                self.engines_bar.max = total
+                self.engines_bar.value = min(current or 0, total)
+                if current == total:
+                    self.engines_bar.bar_style = "success"
+            if message:
+                self.status.value = html.escape(_capital(message))
+        self.throttle("cluster", apply)
+
     # --- the magic's own -------------------------------------------------------
 
     def note(self, text: str) -> None:
@@ -461,8 +483,9 @@ class WidgetRenderer(Renderer):
     def failed(self, text: str, details: str = "") -> None:
         with self.lock:
             self.throttle.flush()
-            if self.steps is not None:
-                self.steps.bar_style = "danger"
+            for bar in (self.steps, self.engines_bar):
+                if bar is not None:
+                    bar.bar_style = "danger"
             tail = ""
             if details.strip():
                 tail = (f"<pre style='margin:0.3em 0 0 0'>{html.escape(details.rstrip())}</pre>")

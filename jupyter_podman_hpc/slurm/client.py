@@ -346,6 +346,16 @@ class SlurmClient:
             raise SlurmError(f"Slurm has no record of job {job_id} (neither squeue nor sacct knows it)")
         return status
 
+    def in_queue(self, job_id: str) -> bool:
+        """Whether slurmctld still holds the job: pending, running, or completing (cleaning up its nodes)."""
+        if not re.fullmatch(r"\d+(?:_\d+)?", str(job_id)):
+            raise SlurmError(f"{job_id!r} is not a Slurm job id")
+        result = self._run("squeue", ["-h", "-j", str(job_id), "-t", "PD,CF,R,CG,S,RQ,RS,RH,SO", "-o", "%i"],
+                           check=False)
+        if result.returncode != 0 and "Invalid job id" not in result.stderr:
+            raise SlurmError(_slurm_message(result.stderr, "squeue"))
+        return str(job_id) in result.stdout.split()
+
     def cancel(self, job_id: str, *, signal: Optional[str] = None) -> None:
         """``scancel``; cancelling a job that already ended is not an error."""
         if not re.fullmatch(r"\d+(?:_\d+)?", str(job_id)):

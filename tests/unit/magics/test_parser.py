@@ -138,3 +138,24 @@ def test_debug_anywhere_among_the_options():
     assert parse("--debug squash img").debug is True
     assert parse("squash img --debug").debug is True
     assert parse("squash img").debug is False
+
+
+def test_cluster_start_takes_the_job_options_of_submit():
+    args = parse("cluster start --nodes 4 --tasks-per-node 2 --time 10 --module openmpi-pmix "
+                 "--env A=1 --env B reg/image:1")
+    assert (args.command, args.action, args.image) == ("cluster", "start", "reg/image:1")
+    assert (args.nodes, args.tasks_per_node, args.time, args.modules) == (4, 2, "10", ["openmpi-pmix"])
+    assert args.env == [("A", "1"), ("B", None)] and args.timeout == 600 and args.controller_ip == "127.0.0.1"
+
+
+def test_cluster_stop_and_list():
+    assert parse("cluster stop").cluster_id is None
+    assert parse("cluster stop 1a2b3c4d").cluster_id == "1a2b3c4d"
+    assert parse("cluster stop --all").all and parse("cluster list --all").all
+
+
+def test_cluster_needs_an_action_and_start_an_image():
+    with pytest.raises(MagicUsageError, match="cluster needs an action"):
+        parse("cluster")
+    with pytest.raises(MagicUsageError, match="the following arguments are required: IMAGE"):
+        parse("cluster start --nodes 2")

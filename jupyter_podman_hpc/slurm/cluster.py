@@ -1,0 +1,517 @@
+"""Interactive clusters: IPython Parallel engines as the ranks of a Slurm job, the controller here.
+
+``Cluster.start(image, nodes=N, tasks_per_node=K, ...)`` submits an ordinary
+job (the submit path's ``JobSpec``, validation and batch script) whose one step runs ``python3 -m
+ipyparallel.engine`` through ``podman-hpc shared-run`` on every node, one
+engine per task (MPI ranks, engine id = rank, when an MPI module is given).
+The controller (``ipyparallel.controller``) runs where this process runs,
+its connection files in the job directory (``ipython/security``), which
+every rank sees as its working directory. ``start`` returns once every
+engine has registered, reporting ``Progress("cluster", current=k, total=n)``
+on the way; bad input (from the spec), a missing image, engines that die
+(an image without ipyparallel) or a timeout stop whatever was started and
+raise ``ClusterError`` with one line.
+
+Nothing outlives its owner. The controller is started by a **watchdog**
+(``python -m jupyter_podman_hpc.slurm.cluster``) in a session of its own,
+which waits on pidfds for the owner (the kernel) and the controller. When
+either is gone, or on ``stop()`` (SIGTERM to the watchdog), it stops the
+controller's process group, cancels the job and removes the connection
+files: a SIGKILLed kernel ends its job within seconds. Should the watchdog be
+killed too, the engines leave by themselves once the controller misses
+``HEARTBEAT_MISSES`` heartbeats (the job then ends), and ``sweep()`` (run by
+every ``start`` and ``list_clusters``) cancels what a dead owner left.
+
+A cluster's record is ``cluster.json`` in its job directory, so any process
+of the user (the Jupyter server's Containers panel) lists and stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from ..engine.errors import EngineError
+from ..engine.progress import Progress, ProgressCallback, ignore
+from ..kernels.orphans import owner_alive, owner_token
+from .client import SlurmClient, SlurmError
+from .jobs import RECORD as JOB_RECORD
+from .jobs import Job, JobError, _atomic_write, default_root
+from .spec import SRUN_MPI, JobSpec
+
+if TYPE_CHECKING:
+    import ipyparallel
+
+RECORD = "cluster.json"
+PROFILE = "ipython"                 # the controller's profile directory, inside the job directory
+CONTROLLER_LOG = "controller.log"
+HEARTBEAT_MISSES = 10               # x 3 s heartbeat period: engines leave 30 s after the controller
+DEFAULT_TIME = "60"                 # minutes, when the caller gives no time limit
+STOP_GRACE = 5.0                    # seconds between SIGTERM and SIGKILL of the controller
+CONTROLLER_START = 30.0             # seconds for the controller to write its connection files
+
+
+class ClusterError(EngineError):
+    """A cluster could not start (everything it started is stopped) or be found."""
+
+
+@dataclass
+class ClusterRecord:
+    """``cluster.json``: who owns the cluster, and where its parts are."""
+
+    cluster_id: str
+    job_id: str
+    engines: int                     # how many engines the job starts
+    owner: str                       # PID:START of the process that started it (a kernel)
+    host: str
+    watchdog: str = ""               # PID:START of the watchdog
+    controller: str = ""             # PID:START of the controller
+    state: str = "starting"          # starting, running, stopped
+    created: float = 0.0
+
+    @classmethod
+    def read(cls, directory: Path) -> "ClusterRecord":
+        try:
+            data = json.loads((directory / RECORD).read_text())
+            return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        except (OSError, ValueError, TypeError) as err:
+            raise ClusterError(f"{directory} holds no readable cluster record: {err}")
+
+    def write(self, directory: Path) -> None:
+        _atomic_write(directory / RECORD, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+
+    def update(self, directory: Path, **changes) -> None:
+        """Set some fields here and on disk, keeping what another process (the watchdog) wrote there."""
+        with contextlib.suppress(ClusterError):
+            current = ClusterRecord.read(directory)
+            for key in ("watchdog", "controller"):
+                setattr(self, key, getattr(self, key) or getattr(current, key))
+        for key, value in changes.items():
+            setattr(self, key, value)
+        self.write(directory)
+
+
+def connection_files(directory: Path, cluster_id: str) -> dict[str, Path]:
+    """The controller's ``client`` and ``engine`` connection files of a cluster."""
+    security = directory / PROFILE / "security"
+    return {kind: security / f"ipcontroller-{cluster_id}-{kind}.json" for kind in ("client", "engine")}
+
+
+def engine_argv(cluster_id: str, mpi: bool = False) -> tuple[str, ...]:
+    """What every rank runs: an engine reading the connection file from the job directory (its cwd)."""
+    argv = ["python3", "-m", "ipyparallel.engine",
+            f"--file={PROFILE}/security/ipcontroller-{cluster_id}-engine.json",
+            "--IPEngine.wait_for_url_file=120",          # the controller starts once the job is submitted
+            f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}", "--log-level=WARN"]
+    if mpi:
+        argv.append("--mpi")                              # engine id = MPI rank
+    return tuple(argv)
+
+
+def cluster_spec(cluster_id: str, image: str, **fields) -> JobSpec:
+    """The engines' job: ``JobSpec`` fields (resources, modules, environment...) with the engine command.
+
+    Validated as any job; what to run, the mode and the working directory are the cluster's.
+    """
+    taken = sorted({"command", "python_script", "notebook", "args", "mode", "workdir"} & set(fields))
+    if taken:
+        raise ClusterError(f"a cluster sets {taken[0]} itself")
+    modules = fields.get("modules") or ()
+    mpi = not isinstance(modules, str) and any(module in SRUN_MPI for module in modules)
+    fields["time"] = fields.get("time") or DEFAULT_TIME
+    fields["job_name"] = fields.get("job_name") or f"ipengines-{cluster_id}"
+    try:
+        return JobSpec(image=image, command=engine_argv(cluster_id, mpi), mode="podman-exec", **fields)
+    except TypeError as err:   # a field JobSpec does not have
+        raise ClusterError(f"not a job specification field: {err}")
+
+
+def controller_argv(directory: Path, cluster_id: str, ip: str) -> list[str]:
+    return [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={directory / PROFILE}",
+            f"--cluster-id={cluster_id}", f"--ip={ip}", "--log-level=WARN"]
+
+
+# --- the cluster --------------------------------------------------------------------
+
+
+class Cluster:
+    """A running cluster: its job, record and (in the process that started it) its watchdog."""
+
+    def __init__(self, job: Job, record: ClusterRecord, watchdog: subprocess.Popen | None = None):
+        self.job = job
+        self.record = record
+        self._watchdog = watchdog
+        self._clients: list = []
+
+    def __repr__(self) -> str:
+        return f"<Cluster {self.id}: job {self.job_id}, {self.record.engines} engines, {self.record.state}>"
+
+    @property
+    def id(self) -> str:
+        return self.record.cluster_id
+
+    @property
+    def job_id(self) -> str:
+        return self.job.id
+
+    @property
+    def directory(self) -> Path:
+        return self.job.directory
+
+    @property
+    def connection_files(self) -> dict[str, Path]:
+        return connection_files(self.directory, self.id)
+
+    # --- starting ---------------------------------------------------------------
+
+    @classmethod
+    def start(cls, image: str, *, controller_ip: str = "127.0.0.1", timeout: float = 600,
+              root: str | Path | None = None, client: SlurmClient | None = None, config=None,
+              progress: ProgressCallback = ignore, **fields) -> "Cluster":
+        """Submit the engines' job, start the controller and wait until every engine has registered.
+
+        ``fields`` are those of a ``JobSpec`` (nodes, tasks_per_node, time, partition, modules,
+        environment...), validated as for a submission, before anything starts.
+        """
+        client = client or SlurmClient()
+        cluster_id = secrets.token_hex(4)
+        engines_spec = cluster_spec(cluster_id, image, **fields)
+        sweep(root, client=client)
+        progress(Progress("cluster", f"submitting {engines_spec.ntasks} engines", current=0,
+                          total=engines_spec.ntasks))
+        job = Job.submit(engines_spec, root, client=client, config=config)   # validates; nothing before
+        record = ClusterRecord(cluster_id, job.id, engines_spec.ntasks, owner_token(), socket.gethostname(),
+                               created=time.time())
+        cluster = cls(job, record)
+        try:
+            record.write(job.directory)
+            cluster._start_controller(controller_ip, client)
+            cluster._wait_for_engines(timeout, progress)
+        except BaseException:
+            cluster.stop()
+            raise
+        record.update(job.directory, state="running")
+        _STARTED.append(cluster)
+        return cluster
+
+    def _start_controller(self, ip: str, client: SlurmClient) -> None:
+        env = dict(client.env or os.environ)
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", __name__, "--owner", self.record.owner, "--dir", str(self.directory),
+             "--", *controller_argv(self.directory, self.id, ip)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True)   # a kernel interrupt (SIGINT to its group) spares it
+        self.record.watchdog = owner_token(self._watchdog.pid)
+        deadline = time.monotonic() + CONTROLLER_START
+        files = self.connection_files
+        while not all(path.exists() for path in files.values()):
+            if self._watchdog.poll() is not None or time.monotonic() > deadline:
+                log = _tail(self.directory / CONTROLLER_LOG)
+                raise ClusterError(f"the IPython Parallel controller did not start{': ' + log if log else ''}")
+            time.sleep(0.05)
+
+    def _wait_for_engines(self, timeout: float, progress: ProgressCallback) -> None:
+        total = self.record.engines
+        ipp_client = self.client()
+        deadline = time.monotonic() + timeout
+        seen, next_status, state = -1, 0.0, ""
+        while True:
+            registered = len(ipp_client.ids)
+            now = time.monotonic()
+            if now >= next_status or registered == total:
+                status = self.job.status()
+                next_status = now + 1.0
+                if status.finished and registered < total:
+                    raise ClusterError(self._engines_failed(status.describe()))
+                state = status.state
+            if registered != seen:
+                seen = registered
+                progress(Progress("cluster", f"{registered}/{total} engines registered (job {self.job_id} "
+                                             f"{state})", current=registered, total=total, item=self.job_id))
+            if registered >= total:
+                return
+            if now > deadline:
+                raise ClusterError(f"only {registered} of {total} engines registered within {timeout:g} s "
+                                   f"(job {self.job_id} {state}): the cluster was stopped")
+            if self._watchdog is not None and self._watchdog.poll() is not None:
+                raise ClusterError("the IPython Parallel controller exited: " +
+                                   (_tail(self.directory / CONTROLLER_LOG) or "see its log"))
+            time.sleep(0.1)
+
+    def _engines_failed(self, described: str) -> str:
+        """One line on why the job ended before every engine registered: the first rank's last words."""
+        said = []
+        for rank, text in self.job.logs("err").items():
+            lines = [line.strip() for line in text.splitlines() if line.strip() and not _noise(line)]
+            if lines:
+                said.append((rank, lines))
+        missing = [line for _, lines in said for line in lines if "No module named" in line]
+        if missing:
+            return (f"the engines could not start in {self.job.spec.image} ({missing[0]}): the image needs "
+                    "ipyparallel (and mpi4py for an MPI module); the cluster was stopped")
+        if said:
+            rank, lines = said[0]
+            why = f"rank {rank}: {lines[-1]}"
+        else:
+            batch = [line.strip() for line in self.job.batch_log().splitlines() if line.strip()]
+            why = batch[-1] if batch else "no output"
+        return f"the engines' {described} before they all registered ({why}); the cluster was stopped"
+
+    # --- using ------------------------------------------------------------------
+
+    def client(self, **kwargs) -> "ipyparallel.Client":
+        """An ``ipyparallel.Client`` connected to this cluster's controller."""
+        import ipyparallel
+
+        kwargs.setdefault("timeout", 30)
+        found = ipyparallel.Client(str(self.connection_files["client"]), **kwargs)
+        self._clients.append(found)
+        return found
+
+    def engine_ids(self, timeout: float = 5) -> list[int]:
+        """The ids of the engines registered now ([] if the controller does not answer)."""
+        if not self.connection_files["client"].exists():
+            return []
+        try:
+            import ipyparallel
+            connected = ipyparallel.Client(str(self.connection_files["client"]), timeout=timeout)
+        except Exception:
+            return []
+        try:
+            return list(connected.ids)
+        finally:
+            connected.close()
+
+    def running(self) -> bool:
+        return self.record.state != "stopped" and _alive(self.record.watchdog)
+
+    # --- stopping ---------------------------------------------------------------
+
+    def stop(self, timeout: float = 60) -> None:
+        """Stop the engines (cancel the job) and the controller; remove its connection files."""
+        for connected in self._clients:
+            with contextlib.suppress(Exception):
+                connected.close()
+        self._clients.clear()
+        if self._watchdog is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._watchdog.terminate()
+            try:
+                self._watchdog.wait(STOP_GRACE * 3)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+                self._watchdog.wait()
+        elif _alive(self.record.watchdog):
+            _signal(self.record.watchdog, signal.SIGTERM)
+            _wait_gone(self.record.watchdog, STOP_GRACE * 3)
+        # What the watchdog does, done again: it may have died before it could.
+        with contextlib.suppress(ClusterError):
+            self.record.controller = ClusterRecord.read(self.directory).controller or self.record.controller
+        _stop_parts(self.directory, self.record, self.job.client)
+        deadline = time.monotonic() + timeout   # until the nodes are clean (the job no longer completing)
+        while time.monotonic() < deadline:
+            try:
+                if not self.job.client.in_queue(self.job_id):
+                    break
+            except SlurmError:
+                break
+            time.sleep(0.2)
+        with contextlib.suppress(OSError):
+            self.record.update(self.directory, state="stopped")
+
+    def as_dict(self) -> dict:
+        """The cluster as the REST API and the UI see it (asks Slurm and the controller)."""
+        try:
+            status = self.job.status()
+        except (SlurmError, JobError):
+            status = None
+        return {"id": self.id, "job_id": self.job_id, "image": self.job.record.spec.get("image"),
+                "nodes": self.job.record.spec.get("nodes"), "engines": self.record.engines,
+                "registered": len(self.engine_ids()), "state": self.record.state,
+                "host": self.record.host, "directory": str(self.directory),
+                "job_state": status.state if status else None, "nodelist": status.nodelist if status else ""}
+
+
+def _stop_parts(directory: Path, record: ClusterRecord, client: SlurmClient) -> None:
+    """Stop the controller's process group, cancel the job, remove the connection files."""
+    if record.controller and _alive(record.controller):
+        pid = int(record.controller.partition(":")[0])
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+        if not _wait_gone(record.controller, STOP_GRACE):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            _wait_gone(record.controller, STOP_GRACE)
+    with contextlib.suppress(SlurmError):
+        client.cancel(record.job_id)
+    for path in connection_files(directory, record.cluster_id).values():
+        path.unlink(missing_ok=True)
+
+
+def _noise(line: str) -> bool:
+    """Lines every engine writes (the debugger's frozen-modules note, ZMQ security), not reasons."""
+    return "Debugger warning" in line or "frozen" in line or "PYDEVD" in line or "CurveZMQ" in line \
+        or line.startswith("0.0")
+
+
+def _alive(token: str) -> bool:
+    return bool(token) and owner_alive(token)
+
+
+def _signal(token: str, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+        os.kill(int(token.partition(":")[0]), sig)
+
+
+def _wait_gone(token: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(token):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _tail(path: Path, lines: int = 1) -> str:
+    try:
+        text = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return " / ".join(text[-lines:])
+
+
+# --- finding clusters again ---------------------------------------------------------
+
+_STARTED: list[Cluster] = []     # the clusters this process started
+
+
+def started_here() -> list[Cluster]:
+    """The running clusters this process started, oldest first."""
+    return [cluster for cluster in _STARTED if cluster.record.state != "stopped"]
+
+
+@atexit.register
+def _stop_started() -> None:
+    """A process that exits normally (a kernel shut down) stops its clusters itself."""
+    for cluster in started_here():
+        with contextlib.suppress(Exception):
+            cluster.stop(timeout=10)
+
+
+
+def list_clusters(root: str | Path | None = None, *, client: SlurmClient | None = None,
+                  running: bool = True) -> list[Cluster]:
+    """The clusters recorded in job directories (``running``: only those not stopped), oldest first."""
+    client = client or SlurmClient()
+    root = Path(root) if root is not None else default_root(client.env)
+    found = []
+    for directory in sorted(root.glob("*")) if root.is_dir() else []:
+        if directory.name.startswith(".") or not (directory / RECORD).is_file():
+            continue
+        try:
+            record = ClusterRecord.read(directory)
+            job = Job(directory, client=client)
+        except (ClusterError, JobError):
+            continue
+        if not job.id or (running and record.state == "stopped"):
+            continue
+        found.append(Cluster(job, record))
+    return found
+
+
+def find_cluster(cluster_id: str, root: str | Path | None = None, *,
+                 client: SlurmClient | None = None) -> Cluster:
+    for cluster in list_clusters(root, client=client, running=False):
+        if cluster.id == cluster_id or cluster.job_id == cluster_id:
+            return cluster
+    raise ClusterError(f"no cluster {cluster_id!r}")
+
+
+def sweep(root: str | Path | None = None, *, client: SlurmClient | None = None) -> list[str]:
+    """Stop the clusters of this host whose owner is dead (what a killed watchdog left); their ids."""
+    host = socket.gethostname()
+    swept = []
+    try:
+        clusters = list_clusters(root, client=client)
+    except JobError:
+        return []
+    for cluster in clusters:
+        record = cluster.record
+        if record.host != host or _alive(record.owner) or _alive(record.watchdog):
+            continue
+        _stop_parts(cluster.directory, record, cluster.job.client)
+        with contextlib.suppress(OSError):
+            record.update(cluster.directory, state="stopped")
+        swept.append(record.cluster_id)
+    return swept
+
+
+# --- the watchdog -------------------------------------------------------------------
+
+
+def watchdog(owner: str, directory: Path, controller: list[str]) -> int:
+    """Run the controller until it exits, the owner dies or we are told to stop; then stop it all."""
+    stop_read, stop_write = os.pipe()
+    os.set_blocking(stop_write, False)
+    signal.set_wakeup_fd(stop_write)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    owner_fd = _pidfd(int(owner.partition(":")[0]))
+    record = ClusterRecord.read(directory)
+    with open(directory / CONTROLLER_LOG, "ab") as log:
+        process = subprocess.Popen(controller, cwd=directory, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, process_group=0, close_fds=True)
+    record.update(directory, watchdog=owner_token(), controller=owner_token(process.pid))
+    controller_fd = _pidfd(process.pid)
+    if owner_fd is not None and controller_fd is not None and owner_alive(owner):
+        poller = select.poll()
+        for fd in (owner_fd, controller_fd, stop_read):
+            poller.register(fd, select.POLLIN)
+        while not poller.poll():
+            pass
+    _stop_parts(directory, record, SlurmClient())
+    process.wait()
+    with contextlib.suppress(OSError):
+        record.update(directory, state="stopped")
+    return 0
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}",
+                                     description="The watchdog of an interactive cluster's controller.")
+    parser.add_argument("--owner", required=True, help="PID:START of the process that owns the cluster")
+    parser.add_argument("--dir", required=True, type=Path, help="the cluster's job directory")
+    parser.add_argument("controller", nargs=argparse.REMAINDER, help="-- the controller's command line")
+    args = parser.parse_args(argv)
+    controller = args.controller[1:] if args.controller[:1] == ["--"] else args.controller
+    if not controller:
+        parser.error("give the controller's command line after --")
+    return watchdog(args.owner, args.dir, controller)
+
+
+__all__ = ["Cluster", "ClusterError", "ClusterRecord", "list_clusters", "find_cluster", "sweep",
+           "cluster_spec", "engine_argv"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

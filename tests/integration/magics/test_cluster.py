@@ -1,0 +1,164 @@
+"""``%podman_hpc cluster``: IPython Parallel engines in the base image on the 4-node cluster.
+
+A real kernel starts a 4 x 2 cluster of podman-exec ranks with Open MPI, runs
+``%%px`` cells on it and stops it; then nothing is left: no job, container,
+controller process, connection file or listening port. A kernel killed with
+SIGKILL takes its cluster with it (its watchdog stops the controller and
+cancels the job). Bad input gives one line and leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_podman_hpc.kernels.orphans import owner_alive
+from tests.conftest import run
+from tests.integration.magics.conftest import start_session
+from tests.integration.magics.test_magics import MPI_ENV, short_error
+from tests.integration.slurm.test_jobs import leftovers_after
+
+pytestmark = pytest.mark.slow
+
+
+def squeue(hpc) -> list[str]:
+    """The user's jobs Slurm still has (pending, running or completing)."""
+    result = run(["squeue", "-h", "-u", hpc.stack.user, "-o", "%i %T"], env=hpc.env)
+    return result.stdout.split("\n")[:-1]
+
+
+def cluster_dirs(hpc) -> list[Path]:
+    jobs = hpc.work / "scratch" / "podman-hpc" / "jobs"
+    return sorted(p.parent for p in jobs.glob("*/cluster.json"))
+
+
+def record(directory: Path) -> dict:
+    return json.loads((directory / "cluster.json").read_text())
+
+
+def ports(directory: Path) -> list[int]:
+    """The controller's ports, from its connection files (every whole number in them is one)."""
+    found = set()
+    for path in (directory / "ipython" / "security").glob("ipcontroller-*.json"):
+        info = json.loads(path.read_text())
+        found |= {value for value in info.values() if isinstance(value, int) and not isinstance(value, bool)}
+    return sorted(found)
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def assert_nothing_left(hpc, directory: Path, listened: list[int]) -> None:
+    data = record(directory)
+    assert data["state"] == "stopped", data
+    assert not squeue(hpc), squeue(hpc)
+    assert leftovers_after(hpc, 30) == {}
+    for token in (data["controller"], data["watchdog"]):
+        assert token and not owner_alive(token), data
+    security = directory / "ipython" / "security"
+    assert not list(security.glob("*.json")), list(security.iterdir())
+    assert listened and not [port for port in listened if listening(port)]
+
+
+def test_a_4x2_mpi_cluster_runs_px_cells_and_stop_leaves_nothing(base_kernel, squashed_base, stack):
+    kernel = base_kernel
+    cell = kernel.execute(f"cluster = %podman_hpc cluster start --nodes 4 --tasks-per-node 2 --time 10 "
+                          f"--module openmpi-pmix {MPI_ENV} {stack.base_image}")
+    assert cell.ok, cell.show()
+    assert "8/8 engines registered" in cell.stdout, cell.show()
+    assert "engines, job " in cell.stdout.splitlines()[-1] and "%%px runs on them" in cell.stdout, cell.show()
+    [directory] = cluster_dirs(squashed_base)
+    listened = ports(directory)
+    assert listened and all(listening(port) for port in listened)
+
+    cell = kernel.execute("%%px\n"
+                          "import os\n"
+                          "from mpi4py import MPI\n"
+                          "total = MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank, op=MPI.SUM)\n"
+                          "node = os.environ['SLURMD_NODENAME']\n")
+    assert cell.ok, cell.show()
+    cell = kernel.execute("rc = cluster.client()\n"
+                          "view = rc[:]\n"
+                          "(sorted(rc.ids), view.pull('total', block=True), sorted(set(view.pull('node', block=True))))")
+    assert cell.ok, cell.show()
+    ids, totals, nodes = eval(cell.result["text/plain"])  # noqa: S307 - lists of ints and str
+    assert ids == list(range(8)) and totals == [28] * 8
+    assert nodes == list(stack.nodes)
+
+    cell = kernel.execute("%podman_hpc cluster list")
+    assert cell.ok and " 8/8 engines " in cell.stdout and "n[1-4]" in cell.stdout, cell.show()
+
+    cell = kernel.execute("%podman_hpc cluster stop")
+    assert cell.ok and cell.stdout.startswith("Stopped cluster "), cell.show()
+    assert_nothing_left(squashed_base, directory, listened)
+    cell = kernel.execute("%podman_hpc cluster list")
+    assert cell.ok and cell.stdout == "No running clusters started by this kernel\n", cell.show()
+
+
+def test_a_kernel_killed_with_sigkill_leaves_nothing(squashed_base, stack, tmp_path):
+    """The watchdog sees the kernel go (a pidfd), stops the controller and cancels the job."""
+    session = start_session(squashed_base, tmp_path / "doomed")
+    try:
+        cell = session.execute(f"cluster = %podman_hpc cluster start --nodes 2 --time 10 {stack.base_image}")
+        assert cell.ok, cell.show()
+        [directory] = cluster_dirs(squashed_base)
+        listened = ports(directory)
+        assert squeue(squashed_base)
+        os.kill(session.km.provisioner.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (squeue(squashed_base) or owner_alive(record(directory)["controller"])) \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert_nothing_left(squashed_base, directory, listened)
+    finally:
+        session.kc.stop_channels()
+        session.km.cleanup_resources()
+        for directory in cluster_dirs(squashed_base):
+            run(["rm", "-rf", str(directory)])
+
+
+@pytest.fixture(scope="module")
+def without_ipyparallel(squashed_base, stack):
+    """An image with python3 but without ipyparallel, in the squashed store."""
+    ref = "localhost/jph-tests/no-ipyparallel:1"
+    containerfile = squashed_base.work / "Containerfile.no-ipp"
+    containerfile.write_text(f"FROM {stack.base_image}\n"
+                             "RUN rm -rf /usr/local/lib/python3.11/dist-packages/ipyparallel*\n")
+    squashed_base("build", "--tls-verify=false", "-t", ref, "-f", containerfile, squashed_base.work)
+    squashed_base("migrate", ref)
+    yield ref
+    squashed_base("rmsqi", ref, check=False)
+
+
+BAD = {
+    "zero nodes": ("--nodes 0 {base}", "nodes must be between 1 and 100000, not 0"),
+    "missing image": ("localhost/no-such-image:1", "is not in the squashed store"),
+    "no ipyparallel": ("{no_ipp}", "the image needs ipyparallel"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gives_one_line_and_leaves_nothing_running(base_kernel, squashed_base, stack, case, request):
+    words, expected = BAD[case]
+    no_ipp = request.getfixturevalue("without_ipyparallel") if "{no_ipp}" in words else ""
+    before = cluster_dirs(squashed_base)
+    cell = base_kernel.execute("%podman_hpc cluster start --time 5 " + words.format(base=stack.base_image,
+                                                                                     no_ipp=no_ipp))
+    text = short_error(cell)
+    assert expected in text and len(text.splitlines()) == 1, text
+    assert not squeue(squashed_base)
+    started = [d for d in cluster_dirs(squashed_base) if d not in before]
+    assert len(started) == (1 if case == "no ipyparallel" else 0)
+    for directory in started:   # the job it submitted ended, and nothing of it runs
+        data = record(directory)
+        assert data["state"] == "stopped" and not owner_alive(data["controller"]), data
+        assert not list((directory / "ipython" / "security").glob("*.json"))

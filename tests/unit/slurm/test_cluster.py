@@ -1,0 +1,39 @@
+"""The engines' job of an interactive cluster: a JobSpec like any submission's."""
+
+import pytest
+
+from jupyter_podman_hpc.slurm.cluster import DEFAULT_TIME, ClusterError, cluster_spec, engine_argv
+from jupyter_podman_hpc.slurm.spec import JobSpecError
+
+
+def test_every_rank_runs_an_engine_reading_the_connection_file_of_its_cluster():
+    spec = cluster_spec("ab12cd34", "reg/image:1", nodes=4, tasks_per_node=2, partition="debug")
+    assert spec.command == engine_argv("ab12cd34")
+    assert spec.command[:3] == ("python3", "-m", "ipyparallel.engine")
+    assert "--file=ipython/security/ipcontroller-ab12cd34-engine.json" in spec.command
+    assert "--mpi" not in spec.command
+    assert (spec.ntasks, spec.mode, spec.workdir, spec.time) == (8, "podman-exec", None, DEFAULT_TIME)
+    assert spec.default_job_name() == "ipengines-ab12cd34"
+
+
+def test_an_mpi_module_makes_the_engines_mpi_ranks():
+    spec = cluster_spec("x1", "reg/image:1", modules=("openmpi-pmix",), time="5", job_name="mine")
+    assert spec.command[-1] == "--mpi" and spec.time == "5" and spec.job_name == "mine"
+
+
+def test_the_submit_paths_validation_applies():
+    with pytest.raises(JobSpecError, match="nodes must be between 1 and 100000, not 0"):
+        cluster_spec("x1", "reg/image:1", nodes=0)
+    with pytest.raises(JobSpecError, match="image"):
+        cluster_spec("x1", "Not Valid")
+
+
+@pytest.mark.parametrize("field", ["command", "notebook", "mode", "workdir"])
+def test_what_runs_is_the_clusters_own(field):
+    with pytest.raises(ClusterError, match=f"a cluster sets {field} itself"):
+        cluster_spec("x1", "reg/image:1", **{field: "x"})
+
+
+def test_an_unknown_field_is_one_line():
+    with pytest.raises(ClusterError, match="not a job specification field"):
+        cluster_spec("x1", "reg/image:1", colour="red")
