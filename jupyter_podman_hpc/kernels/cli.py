@@ -4,6 +4,7 @@
 
     jupyter podman-hpc kernel install IMAGE [--name NAME] [--display-name TEXT]
                                       [--module NAME ...] [--podman-arg ARG ...]
+                                      [--pool N] [--no-slurm]
                                       [--user | --sys-prefix | --prefix DIR]
     jupyter podman-hpc kernel list [--json] [--prefix DIR]
     jupyter podman-hpc kernel remove NAME [--prefix DIR]
@@ -54,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--podman-arg", action="append", default=[], metavar="ARG",
                          help="extra `podman run` option (repeatable), e.g. --podman-arg=--shm-size=1g")
     install.add_argument("--python", default="python3", help="python command inside the image (default: python3)")
+    install.add_argument("--pool", type=int, metavar="N",
+                         help=f"keep N kernels started ahead of need in each Jupyter server (0-{kernelspec.MAX_POOL}; "
+                              "default: the server's c.PodmanHPC.kernel_pool)")
+    install.add_argument("--no-slurm", dest="slurm", action="store_false",
+                         help="without the host's Slurm inside the kernel (the slurm module)")
     where = install.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="the user's Jupyter data dir (the default)")
     where.add_argument("--sys-prefix", action="store_true", help=f"this environment ({sys.prefix})")
@@ -76,7 +82,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.action == "install":
         kernel = kernelspec.install(
             args.image, name=args.name, display_name=args.display_name, modules=args.module,
-            prefix=args.prefix, sys_prefix=args.sys_prefix, podman_args=args.podman_arg, python=args.python)
+            prefix=args.prefix, sys_prefix=args.sys_prefix, podman_args=args.podman_arg, python=args.python,
+            pool=args.pool, slurm=args.slurm)
         print(f"installed kernel {kernel.name} ({kernel.display_name}) in {kernel.path}")
         return 0
     if args.action == "list":
@@ -84,9 +91,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.json:
             print(json.dumps([k.as_dict() for k in kernels], indent=1))
             return 0
-        rows = [("NAME", "IMAGE", "MODULES", "PATH")]
-        rows += [(k.name, k.image, ",".join(k.modules) or "-", k.path) for k in kernels]
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        rows = [("NAME", "IMAGE", "MODULES", "POOL", "PATH")]
+        rows += [(k.name, k.image, ",".join(k.modules) or "-", "-" if k.pool is None else str(k.pool), k.path)
+                 for k in kernels]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
         return 0

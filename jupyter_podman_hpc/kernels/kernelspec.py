@@ -35,6 +35,7 @@ from . import PROVISIONER_NAME
 KERNEL_ARGV = ["{python}", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
 LOGO_FILES = ("logo-svg.svg", "logo-64x64.png", "logo-32x32.png")
 MAX_NAME = 128
+MAX_POOL = 16  # pooled kernels per kernelspec and server process
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _LOCK_NAME = ".podman-hpc-kernels.lock"
 
@@ -59,6 +60,8 @@ class ContainerKernel:
     modules: list[str] = field(default_factory=builtins.list)
     podman_args: list[str] = field(default_factory=builtins.list)
     path: str = ""
+    pool: int | None = None  # kernels kept started ahead of need (None: the server's default)
+    slurm: bool = True  # the site's slurm module (the host's Slurm inside the kernel)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -128,13 +131,17 @@ def logo_files() -> dict[str, bytes]:
 
 def kernel_json(image: str, *, display_name: str | None = None, modules: Sequence[str] = (),
                 podman_args: Sequence[str] = (), python: str = "python3",
-                interrupt_mode: str = "message") -> dict:
+                interrupt_mode: str = "message", pool: int | None = None, slurm: bool = True) -> dict:
     """The kernel.json of a container kernel."""
     config: dict = {"image": image}
     if modules:
         config["modules"] = builtins.list(modules)
     if podman_args:
         config["podman_args"] = builtins.list(podman_args)
+    if pool is not None:
+        config["pool"] = pool
+    if not slurm:
+        config["slurm"] = False
     return {
         "argv": [python if arg == "{python}" else arg for arg in KERNEL_ARGV],
         "display_name": display_name or default_display_name(image),
@@ -162,7 +169,8 @@ def _read(directory: Path) -> ContainerKernel | None:
     return ContainerKernel(
         name=directory.name, display_name=str(spec.get("display_name", "")), image=str(config.get("image", "")),
         modules=[str(m) for m in config.get("modules") or []],
-        podman_args=[str(a) for a in config.get("podman_args") or []], path=str(directory))
+        podman_args=[str(a) for a in config.get("podman_args") or []], path=str(directory),
+        pool=config["pool"] if isinstance(config.get("pool"), int) else None, slurm=config.get("slurm") is not False)
 
 
 # --- writing -----------------------------------------------------------------------
@@ -234,7 +242,8 @@ def _check_modules(modules: Sequence[str]) -> None:
 def install(image: str, name: str | None = None, display_name: str | None = None,
             modules: Iterable[str] = (), *, user: bool = True, sys_prefix: bool = False,
             prefix: str | os.PathLike | None = None, podman_args: Iterable[str] = (),
-            python: str = "python3", interrupt_mode: str = "message") -> ContainerKernel:
+            python: str = "python3", interrupt_mode: str = "message", pool: int | None = None,
+            slurm: bool = True) -> ContainerKernel:
     """Write (or replace) the kernelspec of a container kernel; returns it as installed.
 
     A kernelspec of the same name that is not a podman-hpc kernel is never replaced.
@@ -251,9 +260,11 @@ def install(image: str, name: str | None = None, display_name: str | None = None
         raise KernelSpecError(f"interrupt mode must be 'message' or 'signal', not {interrupt_mode!r}")
     if not python or any(c.isspace() for c in python):
         raise KernelSpecError(f"invalid python command {python!r} for the image")
+    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool <= MAX_POOL):
+        raise KernelSpecError(f"the pool size must be a whole number from 0 to {MAX_POOL}, not {pool!r}")
     _check_modules(modules)
     spec = kernel_json(image, display_name=display_name, modules=modules, podman_args=podman_args,
-                       python=python, interrupt_mode=interrupt_mode)
+                       python=python, interrupt_mode=interrupt_mode, pool=pool, slurm=slurm)
     files = {"kernel.json": (json.dumps(spec, indent=1) + "\n").encode(), **logo_files()}
     kernels = kernels_dir(user=user, sys_prefix=sys_prefix, prefix=prefix)
     target = kernels / name

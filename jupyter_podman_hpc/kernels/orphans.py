@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # the engine is imported lazily: the watchdog must start fast
 LABEL = "io.podman-hpc.kernel"
 OWNER_LABEL = "io.podman-hpc.kernel.owner"
 HOST_LABEL = "io.podman-hpc.kernel.host"
+POOL_LABEL = "io.podman-hpc.kernel.pool"  # on containers of a warm pool (see pool.py)
+POOL = "pool"  # their kernel label until a kernel adopts them
 
 
 def process_start(pid: int) -> str | None:
@@ -69,6 +71,11 @@ def owner_alive(token: str) -> bool:
 
 def labels(kernel_id: str) -> dict[str, str]:
     return {LABEL: kernel_id, OWNER_LABEL: owner_token(), HOST_LABEL: socket.gethostname()}
+
+
+def pool_labels(kernel_name: str) -> dict[str, str]:
+    """A pooled container's: no kernel yet (``pool``), and the kernelspec it waits for."""
+    return {**labels(POOL), POOL_LABEL: kernel_name}
 
 
 def kernel_containers(podman: "Podman") -> list[dict]:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fnmatch
+import hashlib
 import json
 import os
 import pwd
@@ -56,19 +57,24 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Bool, Float, List, TraitError, Unicode, Union
+from traitlets import Bool, Float, Int, List, TraitError, Unicode, Union
 
 from ..engine import EngineError, load_config, reference
 from ..engine.modules import ModuleSet
 from ..engine.podman import Podman, error_message
-from . import orphans
+from . import orphans, pool as pools, slurm
+from .boot import READY_LINE
 
 STDERR_TAIL = 40  # lines of the container's stderr kept for error messages
+BOOT = Path(__file__).resolve().with_name("boot.py")  # mounted into the container, read-only
+BOOT_IN_CONTAINER = "/opt/podman-hpc/kernel_boot.py"
+POLL_SECONDS = 0.01  # how often a starting kernel's heartbeat port is tried (a loopback connect)
 
 
 class KernelStartError(EngineError):
@@ -88,10 +94,15 @@ class PodmanHPCProvisioner(LocalProvisioner):
     watchdog = Bool(True, help="Start a watchdog that removes the container if this process dies.").tag(config=True)
     init = Bool(True, help="Run catatonit as the container's PID 1 (podman run --init).").tag(config=True)
     startup_timeout = Float(120.0, help="Seconds to wait for the kernel to open its ports.").tag(config=True)
-    pass_env = List(Unicode(), default_value=["JPY_SESSION_NAME", "TERM", "CLICOLOR", "FORCE_COLOR",
+    pass_env = List(Unicode(), default_value=["JPY_*", "KERNEL_*", "TERM", "CLICOLOR", "FORCE_COLOR",
                                               "PYDEVD_*", "USER", "LOGNAME"],
                     help="Variables of the kernel's environment passed into the container "
                          "(names or globs), besides HOME and the kernelspec's env.").tag(config=True)
+    slurm = Bool(True, help="Enable the site's `slurm` module (the host's Slurm inside the kernel) when "
+                            "this node has Slurm.").tag(config=True)
+    pool = Int(None, allow_none=True,
+               help="Kernels of this kernelspec kept started ahead of need in this process (a warm "
+                    "pool); unset: c.PodmanHPC.kernel_pool, else 0.").tag(config=True)
 
     # The first kernel of each process sweeps orphaned containers.
     _swept = False
@@ -104,16 +115,19 @@ class PodmanHPCProvisioner(LocalProvisioner):
     _watchdog: subprocess.Popen | None = None
     _podman: Podman | None = None
     _module_args: list[str]
+    _settings: dict[str, Any]
     _lost_check = float("-inf")  # monotonic time may be below 1 s on a fresh boot
     _lost_running = False
 
     def __init__(self, **kwargs: Any):
+        settings = set(self.class_trait_names(config=True))
         known = set(self.class_trait_names()) | {"parent", "config", "log"}
         unknown = sorted(key for key in kwargs if key not in known)
         if unknown:
             raise KernelStartError(
                 f"unknown key '{unknown[0]}' in the kernelspec's kernel_provisioner config "
-                f"(known keys: image, modules, podman_args, keep_id, watchdog, init, startup_timeout, pass_env)")
+                f"(known keys: {', '.join(sorted(settings))})")
+        self._settings = {key: value for key, value in kwargs.items() if key in settings}
         try:
             super().__init__(**kwargs)
         except TraitError as err:
@@ -131,9 +145,23 @@ class PodmanHPCProvisioner(LocalProvisioner):
             config = load_config(os.environ)
             self._podman = Podman(config, os.environ)
             site_modules = ModuleSet.load(config.modules_dir)
-            self._module_args = site_modules.podman_args(site_modules.select(self.modules), os.environ)
+            names, environ = list(self.modules), dict(os.environ)
+            if self._wants_slurm(site_modules, names):
+                names.append(slurm.MODULE)
+                shim = slurm.uid_shim(environ)
+                if shim:
+                    environ[slurm.SHIM_VARIABLE] = shim
+            self._module_args = site_modules.podman_args(site_modules.select(names), environ)
         except EngineError as err:
             raise KernelStartError(f"cannot start a kernel in image {self.image}: {err}")
+
+    def _wants_slurm(self, site_modules: ModuleSet, names: list[str]) -> bool:
+        """The slurm module goes in unless opted out, absent from the site, or Slurm absent here."""
+        if not self.slurm or not any(m.name == slurm.MODULE for m in site_modules):
+            return False
+        if any(site_modules.by_name(name).name == slurm.MODULE for name in names):
+            return False  # named explicitly
+        return slurm.host_has_slurm(os.environ)
 
     def _start_sweep(self) -> None:
         """Once per process: remove orphaned kernel containers, in the background."""
@@ -207,24 +235,12 @@ class PodmanHPCProvisioner(LocalProvisioner):
             wanted.append(os.path.dirname(connection_file))  # the sockets live beside it
         if cwd:
             wanted.append(os.path.realpath(cwd))
-        chosen: list[str] = []
-        for path in sorted({os.path.normpath(p) for p in wanted if p and os.path.isdir(p)}, key=len):
-            if path == "/" or any(path == c or path.startswith(c + "/") for c in chosen):
-                continue
-            if ":" in path or "," in path:
-                raise KernelStartError(f"cannot mount {path} into the kernel container: ':' and ',' "
-                                       "are not allowed in its path")
-            chosen.append(path)
-        args: list[str] = []
-        for path in chosen:
-            args += ["--volume", f"{path}:{path}"]
+        chosen = _outermost(wanted)
+        args = _volumes(chosen)
         if connection_file and not any(connection_file.startswith(c + "/") for c in chosen):
             # a tcp kernel needs just the file (often in /tmp: do not share all of it);
             # ipykernel rewrites it in place once bound
-            if ":" in connection_file or "," in connection_file:
-                raise KernelStartError(f"cannot mount {connection_file} into the kernel container: "
-                                       "':' and ',' are not allowed in its path")
-            args += ["--volume", f"{connection_file}:{connection_file}"]
+            args += _volumes([connection_file])
         return args
 
     def _environment(self, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -247,17 +263,15 @@ class PodmanHPCProvisioner(LocalProvisioner):
                 args += ["--env", name]
         return args, podman_env
 
-    def build_command(self, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> tuple[list[str], dict[str, str]]:
-        """The ``podman run`` command line of the kernel container and podman's environment."""
+    def _run_options(self, name: str, labels: dict[str, str]) -> list[str]:
+        """The ``podman run`` options every kernel container of this kernelspec gets."""
         assert self._podman is not None
-        podman = self._podman
-        labels = orphans.labels(str(self.kernel_id))
-        options = ["--rm", "--replace", "--name", self.container_name, "--pull", "never"]
+        options = ["--rm", "--replace", "--name", name, "--pull", "never"]
         if self.init:
             options.append("--init")
         for key, value in labels.items():
             options += ["--label", f"{key}={value}"]
-        networks = _networks([*podman.run_defaults(), *self._module_args, *self.podman_args])
+        networks = _networks([*self._podman.run_defaults(), *self._module_args, *self.podman_args])
         if any(n != "host" for n in networks):
             raise KernelStartError(f"a kernel needs the host network (its ZeroMQ ports), but --network "
                                    f"{next(n for n in networks if n != 'host')} is set by the site "
@@ -266,6 +280,16 @@ class PodmanHPCProvisioner(LocalProvisioner):
             options += ["--network", "host"]
         if self._use_keep_id():
             options += ["--userns", "keep-id"]
+        return options
+
+    def _boots(self, argv: Sequence[str]) -> bool:
+        """Whether ``argv`` is ipykernel's launcher, which boot.py replaces (see boot.py)."""
+        return len(argv) >= 3 and list(argv[1:3]) == ["-m", "ipykernel_launcher"] and _mountable(str(BOOT))
+
+    def build_command(self, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> tuple[list[str], dict[str, str]]:
+        """The ``podman run`` command line of the kernel container and podman's environment."""
+        assert self._podman is not None
+        options = self._run_options(self.container_name, orphans.labels(str(self.kernel_id)))
         options += self._mounts(cwd)
         workdir = os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else _home()
         options += ["--workdir", workdir]
@@ -273,37 +297,162 @@ class PodmanHPCProvisioner(LocalProvisioner):
         options += env_args
         kernel_argv = self._container_argv(cmd)
         self._program = kernel_argv[0] if kernel_argv else ""
-        argv = podman.run_command([*options, *self.podman_args, self.image, *kernel_argv], self._module_args)
+        if self._boots(kernel_argv):
+            options += _volumes([str(BOOT)], BOOT_IN_CONTAINER)
+            kernel_argv = [kernel_argv[0], BOOT_IN_CONTAINER, *kernel_argv[3:]]
+        argv = self._podman.run_command([*options, *self.podman_args, self.image, *kernel_argv], self._module_args)
+        return argv, podman_env
+
+    def build_pool_command(self, name: str, env: dict[str, str], dirs: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        """``podman run`` of a pooled container: boot.py waiting for its kernel (see pool.py)."""
+        assert self._podman is not None and self.kernel_spec is not None
+        options = self._run_options(name, orphans.pool_labels(self._pool_name()))
+        options += ["--interactive", *_volumes(_outermost([_home(), *dirs])), "--workdir", _home()]
+        env_args, podman_env = self._environment(env)
+        options += env_args + _volumes([str(BOOT)], BOOT_IN_CONTAINER)
+        python = self._container_argv(self.kernel_spec.argv)[0]
+        argv = self._podman.run_command([*options, *self.podman_args, self.image, python, BOOT_IN_CONTAINER,
+                                         "--pool"], self._module_args)
         return argv, podman_env
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         assert self._podman is not None, "pre_launch was not called"
         env = dict(kwargs.get("env") or os.environ)
         cwd = kwargs.get("cwd")
-        argv, podman_env = self.build_command(cmd, env, cwd)
-        self.log.info("podman-hpc: starting kernel %s in %s (image %s)", self.kernel_id,
-                      self.container_name, self.image)
+        pool = self._pool(cmd, cwd)
+        entry = pool.take(cwd or _home()) if pool is not None else None
+        if entry is not None and self._hand_over(entry, cmd, env, cwd):
+            self.log.info("podman-hpc: kernel %s adopts pooled container %s (image %s)", self.kernel_id,
+                          entry.name, self.image)
+        else:
+            if entry is not None:  # it died under us: start on demand
+                await asyncio.to_thread(orphans.remove, self._podman, [entry.name])
+                entry = None
+            argv, podman_env = self.build_command(cmd, env, cwd)
+            self.log.info("podman-hpc: starting kernel %s in %s (image %s)", self.kernel_id,
+                          self.container_name, self.image)
+            self._attach(self._spawn(argv, podman_env, self.container_name, ()), cwd)
+        await self._wait_until_listening()
+        if entry is not None and pool is not None:
+            pool.adopted()
+        return self.connection_info
+
+    def _spawn(self, argv: Sequence[str], podman_env: dict[str, str], name: str,
+               dirs: Sequence[str], interactive: bool = False) -> pools.Pooled:
+        """Start a kernel container: its ``podman run``, stderr drain and watchdog."""
+        assert self._podman is not None
         self.log.debug("podman-hpc: %s", " ".join(argv))
-        self._stderr_tail.clear()
-        self._lost_running = False
         try:
-            process = self._podman.popen(argv, env=podman_env, stdin=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, start_new_session=True)
+            process = self._podman.popen(argv, env=podman_env, stdin=subprocess.PIPE if interactive else
+                                         subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except EngineError as err:
             raise KernelStartError(f"cannot start a kernel in image {self.image}: {err}")
-        self.process = process
-        self.pid = self.pgid = process.pid
-        self.cwd = cwd or _home()
-        self._drain = threading.Thread(target=_drain, args=(process.stderr, self._stderr_tail),
-                                       name=f"podman-hpc-kernel-stderr-{self.kernel_id}", daemon=True)
-        self._drain.start()
+        tail: collections.deque = collections.deque(maxlen=STDERR_TAIL)
+        ready = threading.Event()
+        drain = threading.Thread(target=_drain, args=(process.stderr, tail, ready),
+                                 name=f"podman-hpc-kernel-stderr-{name}", daemon=True)
+        drain.start()
+        watchdog = None
         if self.watchdog:
             try:
-                self._watchdog = orphans.start_watchdog(orphans.owner_token(), process.pid, self.container_name)
+                watchdog = orphans.start_watchdog(orphans.owner_token(), process.pid, name)
             except OSError as err:
-                self.log.warning("podman-hpc: no watchdog for kernel %s: %s", self.kernel_id, err)
-        await self._wait_until_listening()
-        return self.connection_info
+                self.log.warning("podman-hpc: no watchdog for kernel container %s: %s", name, err)
+        return pools.Pooled(name, process, tail, drain, ready, tuple(dirs), watchdog)
+
+    def _attach(self, entry: pools.Pooled, cwd: str | None) -> None:
+        """Make ``entry``'s container this kernel's."""
+        self.container_name = entry.name
+        self.process = entry.process
+        self.pid = self.pgid = entry.process.pid
+        self.cwd = cwd or _home()
+        self._stderr_tail, self._drain, self._watchdog = entry.tail, entry.drain, entry.watchdog
+        self._lost_running = False
+
+    # --- the warm pool (see pool.py) ---------------------------------------------------
+
+    def _pool_size(self) -> int:
+        return self.pool if self.pool is not None else pools.default_size
+
+    def _pool_name(self) -> str:
+        return self._spec_file().parent.name  # the kernelspec's directory is its name
+
+    def _spec_file(self) -> Path:
+        return Path(getattr(self.kernel_spec, "resource_dir", "") or ".") / "kernel.json"
+
+    def _pool(self, cmd: Sequence[str], cwd: str | None) -> pools.Pool | None:
+        """This kernelspec's pool in this process (made on first use), if it can serve this kernel."""
+        if self._pool_size() <= 0 or self.kernel_spec is None or not self._boots(self._container_argv(cmd)):
+            return None
+        if self.connection_info.get("transport", "tcp") != "tcp":
+            return None
+        try:
+            stamp = self._spec_file().read_bytes()
+        except OSError:
+            return None
+        key = f"{self._pool_name()}:{hashlib.sha256(stamp).hexdigest()[:16]}"
+        try:
+            return pools.get(key, lambda: self.make_pool(key, cwd))
+        except EngineError as err:
+            self.log.warning("podman-hpc: no kernel pool for %s: %s", key, err)
+            return None
+
+    @classmethod
+    def warm(cls, kernel_name: str, spec_manager, config=None, log=None) -> pools.Pool | None:
+        """Start the pool of kernelspec ``kernel_name`` now (a server at start), not at its first kernel."""
+        spec = spec_manager.get_kernel_spec(kernel_name)
+        settings = dict((spec.metadata.get("kernel_provisioner") or {}).get("config") or {})
+        provisioner = cls(**settings, kernel_spec=spec, config=config, **({"log": log} if log else {}))
+        return provisioner._pool(spec.argv, None)
+
+    def make_pool(self, key: str, cwd: str | None = None) -> pools.Pool:
+        """A pool of this kernelspec's containers, mounting $HOME and the server's root directory
+        (else ``cwd``)."""
+        template = type(self)(**self._settings, config=self.config, log=self.log)
+        template.kernel_spec = self.kernel_spec
+        template._prepare_engine()
+        assert template._podman is not None and self.kernel_spec is not None
+        extra = pools.default_dirs or ((os.path.realpath(cwd),) if cwd else ())
+        dirs = _outermost([_home(), *extra])
+        env = {**os.environ, **self.kernel_spec.env}
+        spec_file = self._spec_file()
+
+        def spawn() -> pools.Pooled:
+            name = f"podman-hpc-pool-{uuid.uuid4().hex[:12]}"
+            argv, podman_env = template.build_pool_command(name, env, dirs)
+            return template._spawn(argv, podman_env, name, dirs, interactive=True)
+
+        def stamp() -> bytes | None:
+            try:
+                return spec_file.read_bytes()
+            except OSError:
+                return None
+
+        self.log.info("podman-hpc: keeping %d kernel(s) of %s started (pool)", self._pool_size(), key)
+        return pools.Pool(key, self._pool_size(), spawn, lambda names: orphans.remove(template._podman, names),
+                          stamp)
+
+    def _hand_over(self, entry: pools.Pooled, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> bool:
+        """Send the kernel's connection file, cwd and environment to a pooled container."""
+        argv = self._container_argv(cmd)
+        connection_file = str(getattr(self.parent, "connection_file", "") or argv[argv.index("-f") + 1])
+        try:
+            info = json.loads(Path(connection_file).read_text())
+        except (OSError, ValueError) as err:
+            raise KernelStartError(f"cannot read the kernel's connection file {connection_file}: {err}")
+        env_args, values = self._environment(env)
+        names = env_args[1::2]
+        request = {"connection_file": connection_file, "connection_info": info,
+                   "cwd": os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else _home(),
+                   "env": {name: values[name] for name in names if name in values}, "argv": argv[3:]}
+        self._attach(entry, cwd)
+        try:
+            assert entry.process.stdin is not None
+            entry.process.stdin.write((json.dumps(request) + "\n").encode())
+            entry.process.stdin.close()
+        except (OSError, ValueError):
+            return False
+        return True
 
     async def _wait_until_listening(self) -> None:
         """Return once the kernel listens on its ports; raise if its container ends first."""
@@ -327,7 +476,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
                     f"the kernel in image {self.image} did not open its ports within "
                     f"{self.startup_timeout:.0f} s: is its argv an ipykernel? "
                     f"(last output: {' | '.join(list(self._stderr_tail)[-3:]) or 'none'})")
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(POLL_SECONDS)
 
     async def _listening(self) -> bool:
         info = self.connection_info
@@ -469,6 +618,30 @@ class PodmanHPCProvisioner(LocalProvisioner):
         self.image = provisioner_info.get("image", self.image)
 
 
+def _mountable(path: str) -> bool:
+    return ":" not in path and "," not in path
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
+    """The existing directories among ``paths`` that are not inside another one (never "/")."""
+    chosen: list[str] = []
+    for path in sorted({os.path.normpath(p) for p in paths if p and os.path.isdir(p)}, key=len):
+        if path != "/" and not any(path == c or path.startswith(c + "/") for c in chosen):
+            chosen.append(path)
+    return chosen
+
+
+def _volumes(paths: Sequence[str], target: str | None = None) -> list[str]:
+    """``--volume`` options mounting each path at the same path (or at ``target``, read-only)."""
+    args: list[str] = []
+    for path in paths:
+        if not _mountable(path):
+            raise KernelStartError(f"cannot mount {path} into the kernel container: ':' and ',' "
+                                   "are not allowed in its path")
+        args += ["--volume", f"{path}:{target}:ro" if target else f"{path}:{path}"]
+    return args
+
+
 def _home() -> str:
     home = os.environ.get("HOME")
     if home:
@@ -491,11 +664,16 @@ def _networks(args: Sequence[str]) -> list[str]:
     return found
 
 
-def _drain(stream, tail: collections.deque) -> None:
-    """Copy the container's stderr to ours, keeping the last lines for error messages."""
+def _drain(stream, tail: collections.deque, ready: threading.Event | None = None) -> None:
+    """Copy the container's stderr to ours, keeping the last lines for error messages;
+    a pooled container's ready line sets ``ready`` instead."""
     sink = getattr(sys.stderr, "buffer", None)
+    marker = READY_LINE.encode()
     try:
         for raw in iter(stream.readline, b""):
+            if ready is not None and not ready.is_set() and raw.rstrip() == marker:
+                ready.set()
+                continue
             tail.append(raw.decode(errors="replace").rstrip())
             try:
                 if sink is not None:

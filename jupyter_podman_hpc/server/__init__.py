@@ -24,6 +24,7 @@ def _load_jupyter_server_extension(serverapp) -> None:
     serverapp.web_app.add_handlers(".*$", handlers(serverapp.web_app.settings["base_url"]))
     _sweep_orphan_kernels(serverapp.log)
     _kernel_start_errors_as_messages(serverapp.kernel_manager)
+    _warm_kernel_pools(serverapp, settings.kernel_pool)
     serverapp.log.info("jupyter_podman_hpc server extension loaded (podman-hpc API at %spodman-hpc/api/)",
                        serverapp.web_app.settings["base_url"])
 
@@ -44,6 +45,32 @@ def _kernel_start_errors_as_messages(kernel_manager) -> None:
             raise KernelStartFailed(err) from err
 
     kernel_manager.start_kernel = start_kernel
+
+
+def _warm_kernel_pools(serverapp, default_size: int) -> None:
+    """Start the warm pools of the container kernelspecs that ask for one, in the background;
+    pooled containers mount $HOME and the server's root directory (see kernels/pool.py)."""
+    import os
+    import threading
+
+    from ..kernels import pool
+
+    pool.default_size = default_size
+    pool.default_dirs = (os.path.realpath(serverapp.root_dir),)
+
+    def warm():
+        from ..kernels import kernelspec
+        from ..kernels.provisioner import PodmanHPCProvisioner
+
+        for kernel in kernelspec.list_kernels():
+            if (kernel.pool if kernel.pool is not None else default_size) > 0:
+                try:
+                    PodmanHPCProvisioner.warm(kernel.name, serverapp.kernel_spec_manager, serverapp.config,
+                                              serverapp.log)
+                except Exception as err:  # noqa: BLE001 - kernels of that spec then start on demand
+                    serverapp.log.warning("podman-hpc: no kernel pool for %s: %s", kernel.name, err)
+
+    threading.Thread(target=warm, name="podman-hpc-kernel-pools", daemon=True).start()
 
 
 def _sweep_orphan_kernels(log) -> None:

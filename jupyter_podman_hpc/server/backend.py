@@ -34,6 +34,8 @@ class PodmanHPC(Configurable):
     max_nodes = Int(64, help="The most nodes a user may request from the UI.").tag(config=True)
     max_tasks_per_node = Int(256, help="The most tasks per node a user may request from the UI.").tag(config=True)
     max_containerfile_bytes = Int(256_000, help="The largest Containerfile accepted.").tag(config=True)
+    kernel_pool = Int(0, help="Container kernels kept started ahead of need per kernelspec that sets no "
+                              "pool size of its own (its `pool`, `kernel install --pool N`).").tag(config=True)
 
 
 class Backend:
@@ -161,9 +163,10 @@ class Backend:
         return [kernel.as_dict() for kernel in kernelspec.list_kernels()]
 
     def install_kernel(self, image: str, display_name: str | None, modules: list[str],
-                       name: str | None) -> dict:
+                       name: str | None, pool: int | None = None) -> dict:
         from ..kernels import kernelspec
-        return kernelspec.install(image, name=name, display_name=display_name, modules=modules).as_dict()
+        return kernelspec.install(image, name=name, display_name=display_name, modules=modules,
+                                  pool=pool).as_dict()
 
     def remove_kernel(self, name: str) -> dict:
         from ..kernels import kernelspec

@@ -18,6 +18,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..engine.errors import Conflict, EngineError, InvalidInput, NotFound, PermissionDenied
+from ..kernels.kernelspec import MAX_POOL
 from . import validation as v
 from .backend import Backend
 from .tasks import FINISHED
@@ -294,7 +295,8 @@ class KernelsHandler(Base):
         display_name = v.string(body, "display_name", required=False, max_length=200) or None
         name = v.string(body, "name", required=False, max_length=64) or None
         modules = v.string_list(body, "modules")
-        kernel = await self.blocking(self.backend.install_kernel, image, display_name, modules, name)
+        pool = v.integer(body, "pool", low=0, high=MAX_POOL) if body.get("pool") is not None else None
+        kernel = await self.blocking(self.backend.install_kernel, image, display_name, modules, name, pool)
         self.reply(kernel, 201)
 
 

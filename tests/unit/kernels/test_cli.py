@@ -31,8 +31,8 @@ def test_install_list_remove(prefix, capsys):
 
     assert main(["kernel", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "IMAGE", "MODULES", "PATH"]
-    assert lines[1].split()[:3] == ["base", IMAGE, "home,scratch"]
+    assert lines[0].split() == ["NAME", "IMAGE", "MODULES", "POOL", "PATH"]
+    assert lines[1].split()[:4] == ["base", IMAGE, "home,scratch", "-"]
 
     assert main(["kernel", "list", "--json"]) == 0
     [listed] = json.loads(capsys.readouterr().out)
@@ -41,6 +41,26 @@ def test_install_list_remove(prefix, capsys):
     assert main(["kernel", "remove", "base"]) == 0
     assert "removed kernel base" in capsys.readouterr().out
     assert not (prefix / "share/jupyter/kernels/base").exists()
+
+
+def test_pool_size_and_slurm_opt_out(prefix, capsys):
+    assert main(["kernel", "install", IMAGE, "--name", "pooled", "--pool", "2", "--no-slurm",
+                 "--prefix", str(prefix)]) == 0
+    config = json.loads((prefix / "share/jupyter/kernels/pooled/kernel.json").read_text())[
+        "metadata"]["kernel_provisioner"]["config"]
+    assert config["pool"] == 2 and config["slurm"] is False
+    capsys.readouterr()
+    assert main(["kernel", "list", "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    assert listed["pool"] == 2 and listed["slurm"] is False
+
+
+@pytest.mark.parametrize("size", ["-1", "17", "two"])
+def test_bad_pool_size_is_one_line(prefix, capsys, size):
+    code = main(["kernel", "install", IMAGE, "--name", "bad", "--pool", size, "--prefix", str(prefix)])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and len(err.strip().splitlines()) == 1 and "pool" in err
+    assert not (prefix / "share/jupyter/kernels/bad").exists()
 
 
 def test_default_install_is_the_user_data_dir(tmp_path, monkeypatch, capsys):

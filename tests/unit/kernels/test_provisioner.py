@@ -12,7 +12,8 @@ from tornado import web
 from jupyter_podman_hpc.engine.errors import EngineError
 from jupyter_podman_hpc.kernels import kernelspec
 from jupyter_podman_hpc.kernels.orphans import HOST_LABEL, LABEL, OWNER_LABEL, owner_token
-from jupyter_podman_hpc.kernels.provisioner import KernelStartError, PodmanHPCProvisioner, _networks
+from jupyter_podman_hpc.kernels.provisioner import (BOOT, BOOT_IN_CONTAINER, KernelStartError, PodmanHPCProvisioner,
+                                                    _networks)
 
 IMAGE = "127.0.0.1:5000/jph/base:bookworm"
 CMD = [sys.executable, "-m", "ipykernel_launcher", "-f", "/tmp/kernel-abc.json"]
@@ -64,7 +65,8 @@ def test_the_kernel_runs_with_podman_hpc_run_semantics(site):
     assert argv[argv.index("--root") + 1] == str(site / "graph")
     assert f"additionalimagestore={site / 'squash'}" in argv  # the squashed store
     options = options_of(argv)
-    assert argv[argv.index(IMAGE) + 1:] == ["python3", "-m", "ipykernel_launcher", "-f", "/tmp/kernel-abc.json"]
+    # ipykernel_launcher becomes our boot program (mounted read-only), same arguments
+    assert argv[argv.index(IMAGE) + 1:] == ["python3", BOOT_IN_CONTAINER, "-f", "/tmp/kernel-abc.json"]
     for flag in ("--rm", "--init", "--replace"):
         assert flag in options
     assert pairs(options, "--name") == ["podman-hpc-kernel-abc-123"]
@@ -75,7 +77,7 @@ def test_the_kernel_runs_with_podman_hpc_run_semantics(site):
     assert labels[LABEL] == "abc-123" and labels[OWNER_LABEL] == owner_token()
     assert labels[HOST_LABEL] == socket.gethostname()
     home = str(site / "home")
-    assert pairs(options, "--volume") == [f"{home}:{home}"]  # cwd is inside $HOME
+    assert pairs(options, "--volume") == [f"{home}:{home}", f"{BOOT}:{BOOT_IN_CONTAINER}:ro"]  # cwd is in $HOME
     assert pairs(options, "--workdir") == [str(cwd)]
     assert "--userns" not in options  # the image is not in node-local storage
     # values reach podman through its environment, never its command line

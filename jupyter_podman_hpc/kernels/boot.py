@@ -1,0 +1,111 @@
+"""The kernel's first program inside the container: ipykernel, in-process.
+
+The provisioner mounts this file into the container (read-only) and runs
+it with the image's python instead of ``python3 -m ipykernel_launcher``.
+It only needs the standard library and the image's ipykernel, never our
+package (the image usually lacks it).
+
+- ``python3 kernel_boot.py -f CONNECTION_FILE [ipykernel options]``: what
+  ``ipykernel_launcher`` does, plus a guard on ``%load_ext
+  jupyter_podman_hpc`` (one line saying what the image lacks instead of a
+  traceback).
+- ``python3 kernel_boot.py --pool``: a pooled kernel. It imports ipykernel
+  and IPython first (the slow part of a start), says ``READY_LINE`` on
+  stderr, then reads one JSON line on stdin naming the connection file and
+  its contents, the working directory, the environment and the ipykernel
+  arguments, and starts the kernel as above. So a pooled kernel gets a
+  fresh connection file, keys and ports, cwd and variables, like a kernel
+  started on demand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+READY_LINE = "podman-hpc-kernel-pool: ready"
+PRELOAD = ("ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "IPython.core.completer")
+EXTENSION = "jupyter_podman_hpc"
+NEEDS = "jupyter-podman-hpc (pip install jupyter-podman-hpc)"
+
+
+def preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # the kernel's own import reports what is missing
+
+
+def receive(stream) -> list[str]:
+    """Apply one start request from ``stream``; returns the ipykernel arguments."""
+    line = stream.readline()
+    if not line:
+        sys.exit(0)  # the pool let this kernel go unused
+    request = json.loads(line)
+    path = request["connection_file"]
+    if not os.path.exists(path):  # its directory is not shared with the container: a private copy
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            json.dump(request["connection_info"], out)
+    for name in request.get("unset", []):
+        os.environ.pop(name, None)
+    os.environ.update(request.get("env", {}))
+    os.chdir(request["cwd"])
+    return list(request["argv"])
+
+
+def guard_load_ext(shell) -> None:
+    """``%load_ext jupyter_podman_hpc`` in an image without it: one line, no traceback."""
+    magics = shell.magics_manager.magics["line"]
+    original = magics.get("load_ext")
+    if original is None:
+        return
+
+    def load_ext(line: str):
+        name = line.strip()
+        if name.split(".")[0] == EXTENSION:
+            import importlib
+            try:
+                importlib.import_module(name)
+            except ImportError as err:
+                missing = getattr(err, "name", None) or name
+                print(f"%load_ext {name}: the image has no module named '{missing}': "
+                      f"install {NEEDS} in the image to use the podman-hpc magics in this kernel",
+                      file=sys.stderr)
+                return None
+        return original(line)
+
+    load_ext.__doc__ = original.__doc__
+    shell.register_magic_function(load_ext, "line", "load_ext")
+
+
+def start(argv: list[str]) -> None:
+    from ipykernel.kernelapp import IPKernelApp
+
+    # as ipykernel_launcher: the kernel's cwd first on sys.path, not this file's directory
+    sys.path[0] = os.getcwd()
+    sys.argv = [sys.argv[0], *argv]
+    app = IPKernelApp.instance()
+    app.initialize(argv)
+    if app.shell is not None:
+        guard_load_ext(app.shell)
+    app.start()
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--pool"]:
+        preload()
+        print(READY_LINE, file=sys.stderr, flush=True)
+        argv = receive(sys.stdin)
+        sys.stdin = open(os.devnull)  # as a kernel started on demand
+    start(argv)
+
+
+if __name__ == "__main__":
+    main()
