@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
 from . import __version__
+from .engine import commands
 from .engine.config import load_config
 from .engine.errors import EngineError, InvalidInput
 from .engine.modules import ModuleSet
@@ -240,7 +241,7 @@ class Cli:
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            os.execvpe(argv[0], list(argv), env or self.podman.env)
+            commands.become(argv, env or self.podman.env)
         except FileNotFoundError:
             raise EngineError(f"podman not found: {argv[0]} (set podman_bin in the site configuration)", 127)
 
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"podman-hpc version {__version__} (jupyter-podman-hpc)")
             return 0
         cli = Cli(options, dict(os.environ))
+        commands.log_to_stderr(cli.config.log_level)
         if options.help or not args:
             return cli.help()
         subcommand, rest = args[0], args[1:]

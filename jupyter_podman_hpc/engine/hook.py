@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+from . import commands
 from .config import SITE_DATA
 from .modules import ModuleSet, resolve_binds
 
@@ -55,7 +55,7 @@ def run_hook(state: dict, config: dict, hook_env: dict[str, str]) -> list[str]:
     if done:
         ldconfig = root / "sbin" / "ldconfig"
         if ldconfig.exists():
-            subprocess.run(["chroot", str(root), "/sbin/ldconfig"], capture_output=True)
+            commands.run(["chroot", str(root), "/sbin/ldconfig"], capture_output=True)
     return done
 
 

@@ -21,9 +21,10 @@ import hashlib
 import os
 import select
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from . import commands
 
 
 def _log(message: str) -> None:
@@ -105,8 +106,8 @@ class SquashMount:
             fcntl.flock(self.ref_fd, fcntl.LOCK_SH)
             if str(self.target) not in mounted_targets():
                 _log(f"mount {self.squash} on {self.target}")
-                result = subprocess.run([squashfuse(), str(self.squash), str(self.target)],
-                                        capture_output=True, text=True)
+                result = commands.run([squashfuse(), str(self.squash), str(self.target)],
+                                      capture_output=True, text=True)
                 if result.returncode != 0:
                     self._drop_ref()
                     raise SystemExit(f"podman-hpc-mount: cannot mount {self.squash}: "
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             mounts.append(mount)
     overlay = os.environ.get("FUSE_OVERLAYFS_BIN") or shutil.which("fuse-overlayfs") or "/usr/bin/fuse-overlayfs"
     _log(f"{overlay} {' '.join(argv)}")
-    code = subprocess.run([overlay, *argv]).returncode
+    code = commands.run([overlay, *argv]).returncode
     if code != 0 or not mounts:
         for mount in mounts:
             mount.release()

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from . import commands
 from .config import SiteConfig
 from .errors import PodmanError
 from .modules import HOOK_ANNOTATION
@@ -111,8 +112,8 @@ class Podman:
             timeout: float | None = None, capture: bool = True) -> subprocess.CompletedProcess:
         """Run a podman command line; a failure raises PodmanError with podman's message."""
         try:
-            result = subprocess.run(
-                list(argv), env=self.env, input=input, timeout=timeout, text=True,
+            result = commands.run(
+                argv, env=self.env, input=input, timeout=timeout, text=True,
                 stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
             )
         except FileNotFoundError:
@@ -133,7 +134,7 @@ class Podman:
     def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
         kwargs.setdefault("env", self.env)
         try:
-            return subprocess.Popen(list(argv), **kwargs)
+            return commands.popen(argv, **kwargs)
         except FileNotFoundError:
             raise PodmanError(f"podman not found: {argv[0]} (set podman_bin in the site configuration)", 127)
 

@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
+from . import commands
 from .config import SiteConfig
 from .errors import EngineError
 from .locks import flocked
@@ -268,7 +269,7 @@ class ApiService:
                 self.log_path.unlink()
         argv = self.command()
         try:
-            result = subprocess.run(
+            result = commands.run(
                 [sys.executable, "-c", _DETACH, str(self.log_path), str(_run_root(self.config)), *argv],
                 env=self.podman.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True, timeout=60, check=True)

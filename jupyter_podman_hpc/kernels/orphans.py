@@ -128,7 +128,9 @@ def sweep_environment(environ=None) -> list[str]:
 
 def start_watchdog(owner: str, client_pid: int, name: str) -> subprocess.Popen:
     """Start the watchdog of one kernel container (detached from the server's session)."""
-    return subprocess.Popen(
+    from ..engine import commands
+
+    return commands.popen(
         [sys.executable, "-m", __name__, "--owner", owner, "--client", str(client_pid), "--name", name],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True,

@@ -22,6 +22,7 @@ from typing import Iterator
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
+from ..engine import commands
 from ..engine.errors import EngineError
 from .parser import HelpRequested, MagicUsageError, parse, subparser
 from .render import Renderer, make_renderer
@@ -88,7 +89,9 @@ class PodmanHPCMagics(Magics):
             raise MagicError(err.message, err.usage) from None
         handler = getattr(self, f"_cmd_{args.command}")
         try:
-            return handler(args, cell)
+            # --debug also shows each command the engine runs, as it ends
+            with commands.logged_to(sys.stderr) if args.debug else contextlib.nullcontext():
+                return handler(args, cell)
         except (MagicError, KeyboardInterrupt):
             raise
         except MagicUsageError as err:
@@ -412,8 +415,8 @@ def stream(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     after 10 s; podman passes the signal to the container) and is raised again.
     """
     try:
-        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, start_new_session=True)
+        process = commands.popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, start_new_session=True)
     except FileNotFoundError:
         raise MagicError(f"{argv[0]} not found (set podman_bin in the site configuration)")
     tail = b""

@@ -18,6 +18,7 @@ def _load_jupyter_server_extension(serverapp) -> None:
     from .backend import Backend, PodmanHPC
     from .handlers import handlers
 
+    _log_through(serverapp.log)
     settings = PodmanHPC(parent=serverapp)
     backend = Backend(settings, serverapp.root_dir, log=serverapp.log)
     serverapp.web_app.settings["podman_hpc_backend"] = backend
@@ -27,6 +28,16 @@ def _load_jupyter_server_extension(serverapp) -> None:
     _warm_kernel_pools(serverapp, settings.kernel_pool)
     serverapp.log.info("jupyter_podman_hpc server extension loaded (podman-hpc API at %spodman-hpc/api/)",
                        serverapp.web_app.settings["base_url"])
+
+
+def _log_through(server_log) -> None:
+    """The engine's log (each command it runs, at debug level) goes to the server's log,
+    at the server's level: ``jupyter lab --log-level=DEBUG`` shows it."""
+    import logging
+
+    from ..engine.commands import LOGGER
+
+    logging.getLogger(LOGGER).parent = server_log
 
 
 def _kernel_start_errors_as_messages(kernel_manager) -> None:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
+from ..engine import commands
 from ..engine.errors import EngineError
 from .spec import elapsed_seconds
 
@@ -270,8 +271,8 @@ class SlurmClient:
         argv = [self.commands.get(command, command), *map(str, args)]
         env = dict(os.environ if self.env is None else self.env)
         try:
-            result = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
-                                    timeout=self.timeout, stdin=subprocess.DEVNULL)
+            result = commands.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
+                                  timeout=self.timeout, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise SlurmError(f"{command} not found: is Slurm installed and on PATH?", 127)
         except subprocess.TimeoutExpired:

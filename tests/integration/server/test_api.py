@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import logging
 import os
 import uuid
 
@@ -49,6 +50,23 @@ async def test_images_lists_the_squashed_store(api, server_hpc, stack):
     assert status == 200
     (tiny,) = [i for i in body["images"] if stack.tiny_image in i["names"]]
     assert tiny["squashed"] is True and tiny["local"] is False and tiny["size"] > 0
+
+
+async def test_the_server_log_shows_each_podman_command_at_debug_level(api, server_hpc, jp_serverapp):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    jp_serverapp.log.addHandler(handler)
+    level = jp_serverapp.log.level
+    jp_serverapp.log.setLevel(logging.DEBUG)
+    try:
+        status, _ = await api("GET", "images")
+    finally:
+        jp_serverapp.log.removeHandler(handler)
+        jp_serverapp.log.setLevel(level)
+    assert status == 200
+    lines = [r.getMessage() for r in records if r.name == "jupyter_podman_hpc"]
+    assert any(" images --format json: exit 0 after " in line and "--root " in line for line in lines), lines
 
 
 async def test_pull_streams_progress_and_squashes(api, server_hpc, stack):
