@@ -32,7 +32,7 @@ def status() -> dict[str, bool]:
         "packages": not host.missing_packages(),
         "podman config": host.podman_configured(),
         "user": host.user_ready(),
-        "scratch": layout.SCRATCH.is_dir(),
+        "scratch": layout.SCRATCH.is_dir() and layout.PROJECT_DIR.is_dir(),
     }
     result.update(slurm.status())
     result.update(registry.status())
@@ -49,6 +49,12 @@ def env() -> dict[str, str]:
         "SLURM_CONF": str(layout.SLURM_CONF),
         "STACK_USER": layout.USER,
         "STACK_USER_HOME": str(layout.USER_HOME),
+        # A project group (USER and USER2 are members, OUTSIDER is not) and its directory;
+        # `dev/as-user -u USER2 CMD` runs CMD as the second member (as the outsider alike).
+        "STACK_USER2": layout.USER2,
+        "STACK_OUTSIDER": layout.OUTSIDER,
+        "STACK_PROJECT_GROUP": layout.PROJECT_GROUP,
+        "STACK_PROJECT_DIR": str(layout.PROJECT_DIR),
         "STACK_VENV": str(layout.VENV),
         "STACK_REGISTRY": layout.REGISTRY,
         "STACK_BASE_IMAGE": layout.BASE_IMAGE,

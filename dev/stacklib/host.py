@@ -1,5 +1,6 @@
 """Host preparation: Debian packages, podman's host settings, the stack user."""
 
+import grp
 import os
 import pwd
 import shutil
@@ -21,6 +22,8 @@ PACKAGES = [
     # registry, base image, browser tests, build tools
     "docker-registry", "debootstrap", "busybox-static", "chromium", "python3-venv", "python3-pip-whl", "python3-dev",
     "gcc", "libc6-dev", "iproute2", "procps", "psmisc", "curl",
+    # tests act as the project's second member and as an outsider through sudo
+    "sudo",
     # the podman-hpc 1.2.2 peer: its fuse-overlayfs-wrap waits with inotifywait;
     # a static mksquashfs is built from a Debian source package
     "inotify-tools", "make", "dpkg-dev", "xz-utils", "liblz4-dev", "zlib1g-dev",
@@ -124,24 +127,67 @@ def _has_subids(user: str, path: Path) -> bool:
     return path.exists() and any(line.startswith(f"{user}:") for line in path.read_text().splitlines())
 
 
-def create_user() -> None:
+def _create_rootless_user(user: str) -> None:
+    """A login user with its own home and subordinate id ranges (rootless podman needs them)."""
     try:
-        pwd.getpwnam(layout.USER)
+        pwd.getpwnam(user)
     except KeyError:
-        say(f"creating user {layout.USER}")
-        run(["useradd", "--create-home", "--shell", "/bin/bash", layout.USER])
+        say(f"creating user {user}")
+        run(["useradd", "--create-home", "--shell", "/bin/bash", user])
     for kind, path in (("subuids", Path("/etc/subuid")), ("subgids", Path("/etc/subgid"))):
-        if not _has_subids(layout.USER, path):
+        if not _has_subids(user, path):
             start = _free_subid_start(path)
-            run(["usermod", f"--add-{kind}", f"{start}-{start + 65535}", layout.USER])
+            run(["usermod", f"--add-{kind}", f"{start}-{start + 65535}", user])
+
+
+def _in_group(user: str, group: str) -> bool:
+    try:
+        return user in grp.getgrnam(group).gr_mem
+    except KeyError:
+        return False
+
+
+def _sudoers() -> str:
+    others = ",".join((layout.USER2, layout.OUTSIDER))
+    return ("# Written by jupyter-podman-hpc's dev/stack: the stack user's tests act as the\n"
+            "# project's second member and as an outsider; it can become them, not root.\n"
+            f"{layout.USER} ALL=({others}) NOPASSWD: ALL\n")
+
+
+def create_user() -> None:
+    """The stack user, a second member of the project group, and a user outside it."""
+    for user in (layout.USER, layout.USER2, layout.OUTSIDER):
+        _create_rootless_user(user)
+    try:
+        grp.getgrnam(layout.PROJECT_GROUP)
+    except KeyError:
+        run(["groupadd", layout.PROJECT_GROUP])
+    for user in (layout.USER, layout.USER2):
+        if not _in_group(user, layout.PROJECT_GROUP):
+            run(["usermod", "--append", "--groups", layout.PROJECT_GROUP, user])
+    if _in_group(layout.OUTSIDER, layout.PROJECT_GROUP):  # left over from a mistake: never a member
+        run(["gpasswd", "--delete", layout.OUTSIDER, layout.PROJECT_GROUP])
+    text = _sudoers()
+    if not (layout.SUDOERS.exists() and layout.SUDOERS.read_text() == text):
+        staged = layout.SUDOERS.with_name(".jph-stack.tmp")  # sudo ignores names with a dot
+        staged.write_text(text)
+        staged.chmod(0o440)
+        run(["visudo", "-c", "-q", "-f", str(staged)])
+        os.replace(staged, layout.SUDOERS)
 
 
 def user_ready() -> bool:
+    users = (layout.USER, layout.USER2, layout.OUTSIDER)
     try:
-        pwd.getpwnam(layout.USER)
+        for user in users:
+            pwd.getpwnam(user)
     except KeyError:
         return False
-    return _has_subids(layout.USER, Path("/etc/subuid"))
+    return all(_has_subids(user, Path("/etc/subuid")) and _has_subids(user, Path("/etc/subgid"))
+               for user in users) \
+        and _in_group(layout.USER, layout.PROJECT_GROUP) and _in_group(layout.USER2, layout.PROJECT_GROUP) \
+        and not _in_group(layout.OUTSIDER, layout.PROJECT_GROUP) \
+        and layout.SUDOERS.exists() and layout.SUDOERS.read_text() == _sudoers()
 
 
 def user_env() -> dict[str, str]:
@@ -187,13 +233,20 @@ def make_checkout_readable() -> None:
 
 
 def scratch() -> None:
-    """The shared file system all nodes and the login side see."""
+    """The shared file system all nodes and the login side see, and the project's directory on it."""
     entry = pwd.getpwnam(layout.USER)
     layout.SCRATCH.mkdir(parents=True, exist_ok=True)
     layout.SCRATCH.chmod(0o1777)
-    user_dir = layout.SCRATCH / layout.USER
-    user_dir.mkdir(exist_ok=True)
-    os.chown(user_dir, entry.pw_uid, entry.pw_gid)
+    for user in (layout.USER, layout.USER2, layout.OUTSIDER):
+        owner = pwd.getpwnam(user)
+        user_dir = layout.SCRATCH / user
+        user_dir.mkdir(exist_ok=True)
+        os.chown(user_dir, owner.pw_uid, owner.pw_gid)
+    # As a project directory at a centre: root's, the project group's, setgid,
+    # and closed to everyone else; members make their stores in it.
+    layout.PROJECT_DIR.mkdir(parents=True, exist_ok=True)
+    os.chown(layout.PROJECT_DIR, 0, grp.getgrnam(layout.PROJECT_GROUP).gr_gid)
+    layout.PROJECT_DIR.chmod(0o2770)
     # Screenshots and logs the tests leave for people to look at, and benchmark results (make bench).
     for output in (layout.CHECKOUT / "tests" / "artifacts", layout.CHECKOUT / "bench" / "results"):
         output.mkdir(exist_ok=True)

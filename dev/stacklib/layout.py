@@ -13,6 +13,16 @@ LIB = STATE / "lib"
 USER = "hpcuser"
 USER_HOME = Path("/home") / USER
 
+# Project stores (one image store a project's members share): a second member
+# of the project group, and a user outside it. Tests run as USER and act as
+# the others through sudo (SUDOERS lets USER become them, nobody else).
+USER2 = "hpcuser2"
+OUTSIDER = "hpcoutsider"
+PROJECT_GROUP = "jphproj"
+# The project's directory on the shared file system: group-owned, setgid, 2770.
+PROJECT_DIR = STATE / "project"
+SUDOERS = Path("/etc/sudoers.d/jph-stack")
+
 SLURM_DIR = STATE / "slurm"
 SLURM_CONF = SLURM_DIR / "slurm.conf"
 SLURMDBD_CONF = SLURM_DIR / "slurmdbd.conf"
