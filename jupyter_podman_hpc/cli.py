@@ -134,6 +134,12 @@ class Cli:
                     print(f" - {item}")
             else:
                 print(f"{key} ({source}): {value}")
+        from .engine.store import configured_stores, store_access
+        print("image stores (a name is taken from the first that has it):")
+        print(f" 1. node-local: {c.graph_root}")
+        for number, directory in enumerate(configured_stores(c), start=2):
+            kind = "squashed, personal" if directory == c.squash_dir else "squashed, additional"
+            print(f" {number}. {kind}: {directory} ({store_access(directory)})")
         print(f"modules ({c.modules_dir}):")
         for module in self.modules:
             flag = module.flag if module.cli_arg else "(no flag)"
@@ -266,8 +272,9 @@ def image_rows(images) -> list[tuple[str, ...]]:
     rows = [("REPOSITORY:TAG", "IMAGE ID", "CREATED", "SIZE", "SQUASHED", "STORE")]
     for image in images:
         for name in image.names or ["<none>"]:
+            where = image.stores + (" (shadowed)" if name in image.shadowed else "")
             rows.append((name, image.short_id, image.created[:19].replace("T", " "),
-                         _human_size(image.size), "yes" if image.squashed else "no", image.stores))
+                         _human_size(image.size), "yes" if image.squashed else "no", where))
     return rows
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .migrate import MigrateResult, migrate
 from .podman import Podman
 from .progress import ProgressCallback, ignore
-from .store import SquashStore
+from .store import SquashStore, StoredImage, readable_stores
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,12 @@ class ImageInfo:
     size: int            # bytes: the squash file for a squashed-only image
     created: str         # ISO 8601
     local: bool          # in the node-local graph root
-    squashed: bool       # in the squashed store
+    squashed: bool       # in a squashed store
+    store: str = ""      # the squashed store it runs from (the first that has it)
+    additional: bool = False  # that store is an additional (project or site) store, not the user's own
+    # names an image of higher precedence also has (node-local, then the personal
+    # store, then the additional stores in order): `run NAME` gets that one
+    shadowed: list[str] = field(default_factory=list)
 
     @property
     def short_id(self) -> str:
@@ -27,7 +32,8 @@ class ImageInfo:
 
     @property
     def stores(self) -> str:
-        return " + ".join(s for s, present in (("local", self.local), ("squashed", self.squashed)) if present)
+        squashed = f"squashed in {self.store}" if self.additional else "squashed"
+        return " + ".join(s for s, present in (("local", self.local), (squashed, self.squashed)) if present)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "short_id": self.short_id, "stores": self.stores}
@@ -40,22 +46,39 @@ def _created(value) -> str:
 
 
 def list_images(podman: Podman) -> list[ImageInfo]:
-    """Every image: local ones from podman, squashed ones from the store's records."""
+    """Every image: local ones from podman, squashed ones from the stores' records.
+
+    An image in several stores is listed once, from the first; names are
+    resolved as podman resolves them, and a name an earlier image has is
+    marked shadowed on the later one.
+    """
+    stores = readable_stores(podman.config)
     local = json.loads(podman("images", "--format", "json", squashed=False).stdout or "[]")
-    store = SquashStore(podman.config.squash_dir)
-    squashed = {image.id: image for image in store.images()}
+    squashed: dict[str, tuple[StoredImage, str]] = {}
+    for directory in stores:
+        for image in SquashStore(directory).images():
+            squashed.setdefault(image.id, (image, directory))
+    personal = stores[0] if stores and stores[0] == podman.config.squash_dir else None
     found: dict[str, ImageInfo] = {}
+    claimed: set[str] = set()
+
+    def add(info: ImageInfo) -> None:
+        shadowed = [name for name in info.names if name in claimed]
+        claimed.update(info.names)
+        found[info.id] = ImageInfo(**{**asdict(info), "shadowed": shadowed})
+
     for image in local:
         names = image.get("Names") or []
-        stored = squashed.get(image["Id"])
-        found[image["Id"]] = ImageInfo(
+        stored, directory = squashed.get(image["Id"], (None, ""))
+        add(ImageInfo(
             id=image["Id"], names=sorted(set(names) | set(stored.names if stored else ())),
             size=int(image.get("Size") or 0), created=_created(image.get("Created")),
-            local=True, squashed=stored is not None)
-    for image in squashed.values():
+            local=True, squashed=stored is not None, store=directory,
+            additional=bool(directory) and directory != personal))
+    for image, directory in squashed.values():
         if image.id not in found:
-            found[image.id] = ImageInfo(id=image.id, names=list(image.names), size=image.size,
-                                        created=image.created, local=False, squashed=True)
+            add(ImageInfo(id=image.id, names=list(image.names), size=image.size, created=image.created,
+                          local=False, squashed=True, store=directory, additional=directory != personal))
     return sorted(found.values(), key=lambda i: i.created, reverse=True)
 
 

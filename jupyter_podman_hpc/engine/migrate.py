@@ -72,6 +72,7 @@ def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> Mi
             partial = squash.with_name(f".{squash.name}.{os.uname().nodename}.{os.getpid()}")
             try:
                 _make_squash(podman, image_id, graph, chain, partial, progress)
+                store.sharing.apply(partial)  # a project store's members read it
                 os.replace(partial, squash)
             finally:
                 partial.unlink(missing_ok=True)

@@ -62,6 +62,62 @@ def lower_dirs(options: list[str]) -> list[str]:
     return []
 
 
+def _podman_stores() -> list[str]:
+    """The additional image stores of the podman that runs us, from its command line."""
+    try:
+        argv = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+    for arg in argv:
+        if arg.startswith("additionalimagestore="):
+            return [s for s in arg.split("=", 1)[1].split(",") if s]
+    return []
+
+
+def squash_of(lower: Path) -> tuple[Path, Path] | None:
+    """(squash file, directory to mount it on) for a lower directory, or None.
+
+    The squash file beside ``lower``, else the same layer's in another store:
+    podman takes a layer's directory from the first store that has one, and an
+    earlier store may hold only an empty skeleton of it (a failed migration
+    of podman-hpc 1.2.2, or a parent layer of another image; upstream #172).
+    """
+    squash = Path(f"{lower}.squash")
+    if squash.is_file():
+        return squash, lower
+    target = Path(os.path.realpath(lower))  # <store>/overlay/<layer>/diff
+    if target.name != "diff" or lower.parent.name != "l" or _has_entries(target):
+        return None  # not a store's layer, or a real (unpacked) layer
+    layer = target.parent.name
+    for store in _podman_stores():
+        try:
+            link = (Path(store) / "overlay" / layer / "link").read_text().strip()
+        except OSError:
+            continue
+        candidate = Path(store) / "overlay" / "l" / link
+        if link and Path(f"{candidate}.squash").is_file():
+            return Path(f"{candidate}.squash"), candidate
+    return None
+
+
+def _has_entries(directory: Path) -> bool:
+    try:
+        with os.scandir(directory) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return False
+
+
+def _with_lowers(argv: list[str], lowers: list[str]) -> list[str]:
+    """``argv`` with its lowerdir option listing ``lowers``."""
+    result = []
+    for arg in argv:
+        items = ["lowerdir=" + ":".join(lowers) if item.startswith("lowerdir=") else item
+                 for item in arg.split(",")]
+        result.append(",".join(items))
+    return result
+
+
 def mounted_targets() -> set[str]:
     targets = set()
     with open("/proc/self/mountinfo") as mountinfo:
@@ -175,13 +231,19 @@ def main(argv: list[str] | None = None) -> int:
     # <graph root>/overlay/<layer>/merged: keep the reference counts beside the graph root.
     state_dir = Path(merged).parents[2] / "squash-mounts"
     mounts = []
+    lowers: list[str] = []
     for lower in lower_dirs(options):
         path = Path(lower) if os.path.isabs(lower) else Path.cwd() / lower
-        squash = Path(f"{path}.squash")
-        if squash.is_file():
-            mount = SquashMount(squash, path, state_dir)
-            mount.acquire()
-            mounts.append(mount)
+        found = squash_of(path)
+        if found is None:
+            lowers.append(lower)
+            continue
+        squash, target = found
+        mount = SquashMount(squash, target, state_dir)
+        mount.acquire()
+        mounts.append(mount)
+        lowers.append(str(target))
+    argv = _with_lowers(argv, lowers)
     overlay = os.environ.get("FUSE_OVERLAYFS_BIN") or shutil.which("fuse-overlayfs") or "/usr/bin/fuse-overlayfs"
     _log(f"{overlay} {' '.join(argv)}")
     code = commands.run([overlay, *argv]).returncode

@@ -19,6 +19,7 @@ from . import commands
 from .config import SiteConfig
 from .errors import PodmanError
 from .modules import HOOK_ANNOTATION
+from .store import make_store_dir, readable_stores
 
 HOOK_FILE = "02-hook_tool.json"
 
@@ -53,10 +54,11 @@ class Podman:
                 args += ["--cgroup-manager", c.cgroup_manager]
             # podman refuses to start with a missing store: the user's own squashed
             # store is made on first use (a long-running API service must see it
-            # from the start); a site store that is missing is left out.
-            _make_dir(c.squash_dir)
-            stores = [s for s in (c.squash_dir, *c.additional_stores) if os.path.isdir(s)]
-            if squashed and stores:
+            # from the start); a site store that is missing is left out, one we
+            # may not read is refused in one line (personal first: it wins names).
+            make_store_dir(c.squash_dir)
+            stores = readable_stores(c) if squashed else []
+            if stores:
                 args += ["--storage-opt", f"additionalimagestore={','.join(stores)}"]
             # the API service starts containers (and pulls) too
             starts = subcommand in CONTAINER_STARTERS or (subcommand == "system" and "service" in words[1:2])
@@ -270,13 +272,6 @@ def error_message(stderr: str, argv: Sequence[str] = ()) -> str:
     errors = [line for line in lines if line.startswith("Error:")]
     line = (errors or lines or [f"podman {' '.join(argv[1:3])} failed"])[-1]
     return line.removeprefix("Error:").strip()
-
-
-def _make_dir(path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:
-        pass
 
 
 def _which(name: str, env: Mapping[str, str]) -> str:

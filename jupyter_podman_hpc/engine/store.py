@@ -16,6 +16,13 @@ appear in the JSON files, and records are removed before files. The JSON
 files are replaced atomically while holding the same fcntl locks
 containers/storage takes, and the lock files get a new "last writer" token
 so a long-running podman notices the change.
+
+A store whose directory has the setgid bit is a *project store*: its group
+shares it. Everything written into it gets the group's read permission
+(and write permission when the directory is group-writable, so every
+member migrates into it under the same locks), and nothing for others.
+A store that exists but cannot be read is refused with one line naming it
+and why, before podman sees it (``readable_stores``).
 """
 
 from __future__ import annotations
@@ -23,17 +30,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import json
 import os
-import secrets
+import pwd
 import shutil
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from . import reference
-from .errors import EngineError, ImageNotFound
+from .errors import EngineError, ImageNotFound, PermissionDenied
 
 
 @dataclass(frozen=True)
@@ -58,13 +67,68 @@ class StoredImage:
                 "created": self.created, "size": self.size, "squash_file": self.squash_file}
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+@dataclass(frozen=True)
+class Sharing:
+    """The modes a store's new files and directories get."""
+
+    group: bool = False        # a project store: its group reads it
+    group_write: bool = False  # ... and writes it
+
+    @classmethod
+    def of(cls, root: Path) -> "Sharing":
+        """Read from the store's directory (or, before it exists, from its parent's setgid bit)."""
+        for directory in (root, root.parent):
+            try:
+                mode = directory.stat().st_mode
+            except OSError:
+                continue
+            if not mode & stat.S_ISGID:
+                return cls()
+            return cls(group=True, group_write=bool(mode & stat.S_IWGRP))
+        return cls()
+
+    def file_mode(self) -> int | None:
+        """None for a personal store: the user's umask decides, as before."""
+        return (0o660 if self.group_write else 0o640) if self.group else None
+
+    def dir_mode(self) -> int | None:
+        return (0o2770 if self.group_write else 0o2750) if self.group else None
+
+    def apply(self, path: Path | str) -> None:
+        """Give ``path`` (a file or directory we created, never a symlink) the store's mode."""
+        mode = self.dir_mode() if os.path.isdir(path) else self.file_mode()
+        if mode is not None:
+            os.chmod(path, mode)
+
+    def apply_tree(self, top: Path) -> None:
+        if not self.group:
+            return
+        self.apply(top)
+        for directory, dirs, files in os.walk(top):
+            for name in dirs + files:
+                self.apply(os.path.join(directory, name))
+
+
+def _atomic_write(path: Path, data: bytes, sharing: Sharing = Sharing()) -> None:
     tmp = path.with_name(f".{path.name}.{os.uname().nodename}.{os.getpid()}.tmp")
     with open(tmp, "wb") as out:
         out.write(data)
         out.flush()
         os.fsync(out.fileno())
+    sharing.apply(tmp)
     os.replace(tmp, path)
+
+
+def _mkdirs(path: Path, sharing: Sharing) -> None:
+    """``mkdir -p`` that gives each directory it creates the store's mode."""
+    if path.is_dir():
+        return
+    _mkdirs(path.parent, sharing)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return
+    sharing.apply(path)
 
 
 _thread_locks: dict[str, threading.Lock] = {}
@@ -72,7 +136,7 @@ _thread_locks_guard = threading.Lock()
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[int]:
+def _locked(path: Path, sharing: Sharing = Sharing()) -> Iterator[int]:
     """An exclusive fcntl (POSIX) lock, the kind containers/storage and NFS honour.
 
     POSIX locks belong to the process, so threads of one process (the
@@ -83,6 +147,8 @@ def _locked(path: Path) -> Iterator[int]:
     with thread_lock:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
+            if sharing.group and os.fstat(fd).st_uid == os.getuid():
+                os.fchmod(fd, sharing.file_mode())  # other members lock it too
             fcntl.lockf(fd, fcntl.LOCK_EX)
             yield fd
         finally:
@@ -139,20 +205,34 @@ class SquashStore:
         self.images_json = self.root / "overlay-images" / "images.json"
         self.layers_json = self.root / "overlay-layers" / "layers.json"
         self.links = self.root / "overlay" / "l"
+        self.sharing = Sharing.of(self.root)
 
     # --- layout -------------------------------------------------------------
 
     def init(self) -> None:
+        """Create the store's layout if missing; refuse in one line a store we may not write."""
+        self.check_writable()
         try:
             for directory in (self.links, self.images_json.parent, self.layers_json.parent, self.lock_dir):
-                directory.mkdir(parents=True, exist_ok=True)
+                _mkdirs(directory, self.sharing)
             for path in (self.images_json, self.layers_json):
                 if not path.exists():
-                    with _locked(self._lock_file(path)):
+                    with _locked(self._lock_file(path), self.sharing):
                         if not path.exists():
-                            _atomic_write(path, b"[]")
+                            _atomic_write(path, b"[]", self.sharing)
         except OSError as err:
             raise EngineError(f"cannot create the squashed image store {self.root}: {err.strerror}")
+
+    def check_writable(self) -> None:
+        """PermissionDenied, with who may write the store, unless this user may."""
+        existing = next((d for d in (self.root, self.root.parent) if d.exists()), None)
+        if existing is None or os.access(existing, os.W_OK | os.X_OK):
+            inner = [p for p in (self.images_json.parent, self.layers_json.parent, self.links, self.lock_dir)
+                     if p.exists() and not os.access(p, os.W_OK | os.X_OK)]
+            if not inner:
+                return
+            existing = inner[0]
+        raise PermissionDenied(f"cannot write to the image store {self.root}: {describe_access(existing)}")
 
     @property
     def lock_dir(self) -> Path:
@@ -227,23 +307,23 @@ class SquashStore:
     @contextlib.contextmanager
     def image_lock(self, image_id: str) -> Iterator[None]:
         """Serialises migrations of one image across processes and nodes."""
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
-        with _locked(self.lock_dir / f"{image_id}.lock"):
+        _mkdirs(self.lock_dir, self.sharing)
+        with _locked(self.lock_dir / f"{image_id}.lock", self.sharing):
             yield
 
     @contextlib.contextmanager
     def _records(self) -> Iterator[tuple[list[dict], list[dict]]]:
         """Both record lists, locked as containers/storage locks them; written back on success."""
-        with _locked(self._lock_file(self.layers_json)) as layers_fd, \
-                _locked(self._lock_file(self.images_json)) as images_fd:
+        with _locked(self._lock_file(self.layers_json), self.sharing) as layers_fd, \
+                _locked(self._lock_file(self.images_json), self.sharing) as images_fd:
             images, layers = self._read(self.images_json), self._read(self.layers_json)
             before = (json.dumps(images), json.dumps(layers))
             yield images, layers
             if json.dumps(layers) != before[1]:
-                _atomic_write(self.layers_json, json.dumps(layers).encode())
+                _atomic_write(self.layers_json, json.dumps(layers).encode(), self.sharing)
                 _touch(layers_fd)
             if json.dumps(images) != before[0]:
-                _atomic_write(self.images_json, json.dumps(images).encode())
+                _atomic_write(self.images_json, json.dumps(images).encode(), self.sharing)
                 _touch(images_fd)
 
     def write_skeleton(self, source: GraphRoot, image_id: str, chain: list[dict]) -> None:
@@ -253,6 +333,7 @@ class SquashStore:
             tmp = big_data.with_name(f".{image_id}.{os.uname().nodename}.{os.getpid()}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(source.big_data(image_id), tmp)
+            self.sharing.apply_tree(tmp)  # podman keeps them 0600: other members must read them
             try:
                 os.rename(tmp, big_data)
             except OSError as err:
@@ -264,12 +345,12 @@ class SquashStore:
             split = source.tar_split(layer_id)
             target = self.root / "overlay-layers" / f"{layer_id}.tar-split.gz"
             if split.exists() and not target.exists():
-                _atomic_write(target, split.read_bytes())
+                _atomic_write(target, split.read_bytes(), self.sharing)
             layer_dir = self.root / "overlay" / layer_id
-            (layer_dir / "diff").mkdir(parents=True, exist_ok=True)
+            _mkdirs(layer_dir / "diff", self.sharing)
             link = source.link(layer_id)
             if self._link_of(layer_id) != link:
-                _atomic_write(layer_dir / "link", link.encode())
+                _atomic_write(layer_dir / "link", link.encode(), self.sharing)
             symlink = self.links / link
             if not symlink.is_symlink():
                 tmp = self.links / f".{link}.{os.getpid()}.tmp"
@@ -333,14 +414,17 @@ class SquashStore:
             used = self._layers_in_use(images, layers)
             doomed = [layer for layer in layers if layer["id"] not in used]
             layers[:] = [layer for layer in layers if layer["id"] in used]
-        # Records are gone: the files are unreachable now, delete them.
+        # Records are gone: the files are unreachable now, delete them. The layer's
+        # directory goes before its squash file: an empty layer directory left by a
+        # kill would hide the same layer in a later store from podman (upstream #172).
         shutil.rmtree(self.root / "overlay-images" / image.id, ignore_errors=True)
         for layer in doomed:
             link = self._link_of(layer["id"])
             if link:
-                self.squash_path(link).unlink(missing_ok=True)
                 (self.links / link).unlink(missing_ok=True)
             shutil.rmtree(self.root / "overlay" / layer["id"], ignore_errors=True)
+            if link:
+                self.squash_path(link).unlink(missing_ok=True)
             (self.root / "overlay-layers" / f"{layer['id']}.tar-split.gz").unlink(missing_ok=True)
         return image, True
 
@@ -363,14 +447,123 @@ class SquashStore:
 
 def _touch(fd: int) -> None:
     """Write a new last-writer token, as containers/storage's lockfile Touch() does."""
-    os.pwrite(fd, secrets.token_hex(32).encode(), 0)
+    os.pwrite(fd, os.urandom(32).hex().encode(), 0)  # secrets.token_hex, without its import cost
+
+
+def make_store_dir(path: str) -> None:
+    """Create a store's directory if missing; in a project directory (setgid) it is shared like it."""
+    root = Path(path)
+    if not root.is_dir():
+        try:
+            _mkdirs(root, Sharing.of(root))
+        except OSError:
+            pass  # podman or the first write says why
+
+
+def configured_stores(config) -> list[str]:
+    """The squashed stores in precedence order: the user's own, then the additional ones."""
+    return list(dict.fromkeys([config.squash_dir, *config.additional_stores]))
+
+
+def readable_stores(config) -> list[str]:
+    """The configured stores that exist, in precedence order; PermissionDenied for one we cannot read.
+
+    A missing store is left out (podman refuses to start with one); one that
+    exists but is closed to us is an error naming it and why, instead of
+    podman's "open .../images.lock: permission denied" (or silence).
+    """
+    found = []
+    for directory in configured_stores(config):
+        root = Path(directory)
+        try:
+            if not stat.S_ISDIR(root.stat().st_mode):
+                continue
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            raise PermissionDenied(_unreadable(root, root))
+        needed = [root, root / "overlay-images", root / "overlay-layers", root / "overlay" / "l"]
+        needed += [root / "overlay-images" / "images.lock", root / "overlay-layers" / "layers.lock"]
+        for path in needed:
+            if path.exists() and not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+                raise PermissionDenied(_unreadable(root, path))
+        private = _private_image_dir(root / "overlay-images")
+        if private is not None:  # podman-hpc 1.2.2 copies them 0700 from the user's storage
+            raise PermissionDenied(_unreadable(root, private) + f" (its owner can run: chmod -R g+rX {root})")
+        found.append(directory)
+    return found
+
+
+def _private_image_dir(images: Path) -> Path | None:
+    """An image's directory of big data (manifest, config) this user cannot read, if any."""
+    try:
+        with os.scandir(images) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False) and not os.access(entry.path, os.R_OK | os.X_OK):
+                    return Path(entry.path)
+    except OSError:
+        pass
+    return None
+
+
+def _unreadable(root: Path, path: Path) -> str:
+    return (f"cannot read the image store {root}: {describe_access(path, os.R_OK | os.X_OK)}; "
+            "ask for access, or leave it out of the additional stores")
+
+
+def _name(lookup, number: int) -> str:
+    try:
+        return lookup(number)[0]
+    except KeyError:
+        return str(number)
+
+
+def describe_access(path: Path, want: int = os.W_OK | os.X_OK) -> str:
+    """Why this user may not use ``path``: who owns what blocks it, its mode, our relation to it."""
+    blocker = next((parent for parent in reversed(path.parents)
+                    if parent.exists() and not os.access(parent, os.X_OK)), path)
+    try:
+        st = blocker.stat()
+    except OSError as err:
+        return f"{blocker}: {err.strerror}"
+    owner, group = _name(pwd.getpwuid, st.st_uid), _name(grp.getgrgid, st.st_gid)
+    user = _name(pwd.getpwuid, os.getuid())
+    where = f"{blocker} is {owner}:{group} {stat.filemode(st.st_mode)}"
+    if st.st_uid == os.getuid():
+        return f"{where}, and its owner {user} lacks the permission"
+    if st.st_gid not in (os.getgid(), *os.getgroups()):
+        return f"{where}, and {user} is not a member of group {group}"
+    if blocker == path and want & os.W_OK and os.access(path, os.R_OK | os.X_OK):
+        return f"{where}: only its owner {owner} may write to it"
+    return f"{where}, and its group {group} may not read it"
+
+
+def store_access(directory: str) -> str:
+    """What this user may do with a store, for infohpc: "read-write", "read-only, project store
+    of group G", "missing", "no access (why)"."""
+    root = Path(directory)
+    try:
+        mode = root.stat().st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError:
+        return f"no access ({describe_access(root, os.R_OK | os.X_OK)})"
+    if not os.access(root, os.R_OK | os.X_OK):
+        return f"no access ({describe_access(root, os.R_OK | os.X_OK)})"
+    try:
+        SquashStore(root).check_writable()
+        access = "read-write"
+    except PermissionDenied:
+        access = "read-only"
+    if mode & stat.S_ISGID:
+        access += f", project store of group {_name(grp.getgrgid, root.stat().st_gid)}"
+    return access
 
 
 def find_squashed(config, ref: str) -> StoredImage | None:
-    """``ref`` in the user's squashed store or one of the site's additional stores."""
-    for directory in (config.squash_dir, *config.additional_stores):
-        if os.path.isdir(directory):
-            found = SquashStore(directory).find(ref)
-            if found is not None:
-                return found
+    """``ref`` in the user's squashed store or one of the additional stores, in that precedence."""
+    for directory in readable_stores(config):
+        found = SquashStore(directory).find(ref)
+        if found is not None:
+            return found
     return None

@@ -60,6 +60,14 @@ class Backend:
     def podman(self) -> Podman:
         return Podman(self.site(), self.environ())
 
+    @staticmethod
+    def writable_store(config: SiteConfig) -> SiteConfig:
+        """``config`` if its squashed store takes writes from this user; else PermissionDenied
+        (a 403) before any task starts."""
+        from ..engine.store import SquashStore
+        SquashStore(config.squash_dir).check_writable()
+        return config
+
     def job_root(self) -> Path:
         from ..slurm import default_root
         return Path(self.settings.job_root) if self.settings.job_root else default_root(self.environ())
@@ -73,7 +81,7 @@ class Backend:
     def pull(self, image: str, squash: bool) -> Task:
         from ..engine import api
 
-        config = self.site()
+        config = self.writable_store(self.site()) if squash else self.site()
 
         def work(progress, cancel):
             if squash:
@@ -88,7 +96,7 @@ class Backend:
         from ..engine import api
         from ..engine.migrate import migrate
 
-        config = self.site()
+        config = self.writable_store(self.site()) if squash else self.site()
 
         def work(progress, cancel):
             image_id = api.build(config, containerfile, tag, context, build_args, progress, cancel=cancel)
@@ -103,7 +111,7 @@ class Backend:
     def squash(self, image: str) -> Task:
         from ..engine.migrate import migrate
 
-        podman = self.podman()
+        podman = Podman(self.writable_store(self.site()), self.environ())
 
         def work(progress, cancel):
             result = migrate(podman, image, progress)

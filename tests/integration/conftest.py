@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -24,12 +25,27 @@ class Hpc:
     env: dict[str, str]
     squash_dir: Path
     work: Path
+    # another stack user this acts as (the project's second member, the outsider), through
+    # the sudo rule the stack writes; "" for the test's own user
+    user: str = ""
+
+    def command(self, argv) -> tuple[list[str], dict[str, str]]:
+        """(argv, env) that run ``argv`` as this user with this environment (for Popen)."""
+        argv = [str(a) for a in argv]
+        if not self.user:
+            return argv, self.env
+        pairs = [f"{k}={v}" for k, v in self.env.items()]
+        return ["sudo", "-n", "-u", self.user, "--", "env", "-i", *pairs, *argv], dict(os.environ)
+
+    def sh(self, *argv, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+        command, env = self.command(argv)
+        return run(command, env=env, check=check, timeout=timeout, **kwargs)
 
     def __call__(self, *args, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-        return run(["podman-hpc", *map(str, args)], env=self.env, check=check, timeout=timeout, **kwargs)
+        return self.sh("podman-hpc", *args, check=check, timeout=timeout, **kwargs)
 
     def srun(self, *args, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-        return run(["srun", *map(str, args)], env=self.env, check=check, timeout=timeout, **kwargs)
+        return self.sh("srun", *args, check=check, timeout=timeout, **kwargs)
 
     def on_each_node(self, *command, check: bool = True) -> dict[str, str]:
         """Run a command once on every node; its output by node name."""
@@ -58,19 +74,31 @@ class Hpc:
         return [line for line in text.splitlines() if "squashfuse" in line or "fuse-overlayfs" in line]
 
 
-def make_hpc(stack: Stack, name: str) -> Hpc:
+def make_hpc(stack: Stack, name: str, user: str = "") -> Hpc:
+    """podman-hpc with private storage, as the test's user or as another stack ``user``."""
     key = uuid.uuid4().hex[:8]
-    uid = os.getuid()
-    work = stack.work_dir(name)
+    if not user:
+        uid, work, env = os.getuid(), stack.work_dir(name), dict(os.environ)
+    else:
+        entry = pwd.getpwnam(user)
+        uid, home = entry.pw_uid, entry.pw_dir
+        work = stack.scratch / user / "tests" / f"{name}-{key}"
+        # what dev/as-user gives that user: the stack's variables, its own home and scratch
+        env = {k: v for k, v in os.environ.items() if k.startswith(("STACK_", "JPH_")) or
+               k in ("PATH", "PYTHONPATH", "LANG", "SLURM_CONF", "TERM")}
+        env.update(HOME=home, USER=user, LOGNAME=user, SCRATCH=str(stack.scratch / user),
+                   PYTHONPYCACHEPREFIX=f"{home}/.cache/jph-pycache")
     squash_dir = work / "squash"
-    env = {
-        **os.environ,
+    env.update({
         "PODMANHPC_GRAPH_ROOT": f"/tmp/{uid}_t{key}/storage",
         "PODMANHPC_RUN_ROOT": f"/tmp/{uid}_t{key}",
         "PODMANHPC_CONFIG_HOME": f"/tmp/{uid}_t{key}/config",
         "SQUASH_DIR": str(squash_dir),
-    }
-    return Hpc(stack, env, squash_dir, work)
+    })
+    hpc = Hpc(stack, env, squash_dir, work, user)
+    if user:
+        hpc.sh("mkdir", "-p", work)
+    return hpc
 
 
 def cleanup_hpc(hpc: Hpc) -> None:
@@ -80,10 +108,12 @@ def cleanup_hpc(hpc: Hpc) -> None:
     # namespace where the test storage's mounts live, without re-creating it.
     script = 'podman-hpc rm --all --force --time 0 >/dev/null 2>&1; ' \
              'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1"\' sh "$1"'
-    run(["sh", "-c", script, "sh", root], env=hpc.env, check=False)
+    hpc.sh("sh", "-c", script, "sh", root, check=False)
     # --immediate: when another job holds the nodes, leave the (private, /tmp) leftovers rather than hang.
     hpc.srun(f"-N{len(hpc.stack.nodes)}", "--ntasks-per-node=1", "--immediate=60", "sh", "-c", script, "sh", root,
              check=False, timeout=180)
+    if hpc.user:
+        hpc.sh("rm", "-rf", hpc.work, check=False)
     shutil.rmtree(hpc.work, ignore_errors=True)
 
 

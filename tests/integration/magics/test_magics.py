@@ -194,7 +194,8 @@ def test_images_is_a_table_and_a_list_of_records(base_kernel, stack):
         "sorted(images.records()[0])])")
     assert cell.ok, cell.show()
     assert json.loads(eval(cell.result["text/plain"])) == [  # noqa: S307
-        True, False, True, 64, ["created", "id", "local", "names", "short_id", "size", "squashed", "stores"]]
+        True, False, True, 64, ["additional", "created", "id", "local", "names", "shadowed", "short_id", "size",
+                                "squashed", "store", "stores"]]
     cell = base_kernel.execute("%podman_hpc images no-such-name-here")
     assert cell.ok and cell.result["text/plain"] == "no images", cell.show()
 
