@@ -1,4 +1,4 @@
-"""Kernel start: time from launch to the first kernel_info reply, container kernel vs local ipykernel.
+"""Kernel start: time from launch to the first kernel_info reply, container kernels vs a local ipykernel.
 
 Configurations, each a kernelspec in a throwaway ``JUPYTER_PATH``:
 
@@ -8,26 +8,42 @@ Configurations, each a kernelspec in a throwaway ``JUPYTER_PATH``:
   kernel provisioner (a kernelspec written by
   ``jupyter_podman_hpc.kernels.kernelspec.install``), the image run from the
   squashed store by a node-local storage that has never seen it, as on a
-  compute node.
+  compute node;
+- ``pooled container kernel``: the same with ``pool: 1`` (a warm pool): a
+  start adopts a started container. The time the pool takes to refill between
+  two starts is not counted (each pooled start waits for a ready pool first).
 
-One measurement: ``KernelManager.start_kernel()``, then a client sends
-``kernel_info_request`` until the first ``kernel_info_reply`` arrives (as
-``wait_for_ready`` does, without its IOPub flush); the clock stops at the
-reply. Shutting the kernel down is not timed. The measurements run in a child
-process (``kernel.py --child``) with the engine's and Jupyter's variables
-set; it starts one kernel of each kind first (not recorded: imports, the
-provisioner's one-off sweep of orphaned containers, the page cache), then
-alternates the two.
+Two paths (the table's rows):
+
+- ``KernelManager``: ``KernelManager.start_kernel()``, then a client sends
+  ``kernel_info_request`` until the first ``kernel_info_reply`` arrives (as
+  ``wait_for_ready`` does, without its IOPub flush);
+- ``server``: a real ``jupyter server``: ``POST /api/kernels``, then
+  ``kernel_info_request`` on the kernel's WebSocket until the reply (what
+  JupyterLab waits for).
+
+The clock stops at the reply; shutting the kernel down is not timed. The
+measurements run in a child process (``kernel.py --child``) with the engine's
+and Jupyter's variables set; it starts one kernel of each kind first (not
+recorded: imports, the provisioner's one-off sweep of orphaned containers, the
+page cache), then alternates the configurations. After the server stops,
+the kernel and pool containers still there are counted: any is a failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import datetime
 import json
+import os
 import queue
+import secrets
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -35,8 +51,11 @@ from typing import Callable
 from common import Failure, PrivateStorage, Sample, alternating, ensure_pulled, pulled_store, store_env
 
 BENCHMARK = "kernel"
-CONFIGS = ["local ipykernel", "container kernel"]
-KERNEL_NAMES = {"local ipykernel": "bench-local", "container kernel": "bench-container"}
+CONFIGS = ["local ipykernel", "container kernel", "pooled container kernel"]
+KERNEL_NAMES = {"local ipykernel": "bench-local", "container kernel": "bench-container",
+                "pooled container kernel": "bench-pooled"}
+POOLED = "pooled container kernel"
+POOL_SETTLE = 4.0  # seconds a server's pool container gets to become ready (not visible from outside)
 READY_TIMEOUT = 180.0
 
 
@@ -66,13 +85,21 @@ def measure(image: str, work: Path, repetitions: int, failures: list[Failure],
                 record = json.loads(line)
             except ValueError:
                 continue
+            where = f"kernel {record['size']:<13} {record['config']:<23} rep {record['repetition']}"
             if "error" in record:
-                failures.append(Failure(BENCHMARK, record["config"], "start", record["repetition"], record["error"]))
-                log(f"kernel {record['config']:<18} rep {record['repetition']}: FAILED {record['error']}")
+                failures.append(Failure(BENCHMARK, record["config"], record["size"], record["repetition"],
+                                        record["error"]))
+                log(f"{where}: FAILED {record['error']}")
                 continue
-            samples.append(Sample(BENCHMARK, record["config"], "start", record["repetition"], "ready_seconds",
-                                  record["seconds"]))
-            log(f"kernel {record['config']:<18} rep {record['repetition']}: {record['seconds']:.2f} s")
+            if record["metric"] == "containers_left":  # a check, not a time: 0 or a failure
+                log(f"kernel containers left after the server stopped: {record['value']:.0f}")
+                if record["value"]:
+                    failures.append(Failure(BENCHMARK, record["config"], record["size"], 0,
+                                            f"{record['value']:.0f} kernel containers left after the server stopped"))
+                continue
+            samples.append(Sample(BENCHMARK, record["config"], record["size"], record["repetition"],
+                                  record["metric"], record["value"]))
+            log(f"{where}: {record['metric']} {record['value']:.2f}")
         stderr = process.stderr.read() if process.stderr else ""
         if process.wait() != 0:
             tail = " | ".join(stderr.strip().splitlines()[-3:])
@@ -91,6 +118,8 @@ def _install(image: str, prefix: Path) -> None:
 
     kernelspec.install(image, name=KERNEL_NAMES["container kernel"], prefix=prefix,
                        display_name=f"bench: {image}")
+    kernelspec.install(image, name=KERNEL_NAMES[POOLED], prefix=prefix, display_name=f"bench: {image} (pool)",
+                       pool=1)
     local = kernelspec.kernels_dir(prefix=prefix) / KERNEL_NAMES["local ipykernel"]
     local.mkdir(parents=True, exist_ok=True)
     (local / "kernel.json").write_text(json.dumps({
@@ -129,6 +158,159 @@ def _start(name: str) -> float:
         manager.shutdown_kernel(now=False)
 
 
+def _emit(config: str, size: str, repetition: int, metric: str, measure: Callable[[], float]) -> None:
+    try:
+        record = {"value": measure()}
+    except Exception as err:
+        record = {"error": f"{type(err).__name__}: {err}"}
+    record.update(config=config, size=size, repetition=repetition, metric=metric)
+    print(json.dumps(record), flush=True)
+
+
+def _manager_path(repetitions: int) -> None:
+    from jupyter_podman_hpc.kernels import pool
+
+    def start(config: str) -> float:
+        if config == POOLED:
+            pool.wait_all_ready(120)
+        return _start(KERNEL_NAMES[config])
+
+    for config in CONFIGS:  # warm-up, not recorded; the pooled one makes its pool
+        try:
+            start(config)
+        except Exception as err:  # the timed runs report it
+            print(f"warm-up of {config} failed: {err}", file=sys.stderr)
+    for repetition in range(repetitions):
+        for config in alternating(CONFIGS, repetition):
+            _emit(config, "KernelManager", repetition, "ready_seconds", lambda: start(config))
+    pool.close_all()
+
+
+# --- through a real jupyter server ----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _request(method: str, url: str, token: str, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "Authorization": f"token {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=READY_TIMEOUT) as answer:
+        text = answer.read()
+    return json.loads(text) if text else {}
+
+
+async def _info_on_websocket(url: str, token: str) -> None:
+    """Send kernel_info_request on the kernel's WebSocket until a reply comes."""
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    connection = await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"}))
+    try:
+        sent: set[str] = set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READY_TIMEOUT
+        while loop.time() < deadline:
+            msg_id = uuid.uuid4().hex
+            sent.add(msg_id)
+            connection.write_message(json.dumps({
+                "header": {"msg_id": msg_id, "username": "bench", "session": uuid.uuid4().hex,
+                           "msg_type": "kernel_info_request", "version": "5.3",
+                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
+                "parent_header": {}, "metadata": {}, "content": {}, "channel": "shell", "buffers": []}))
+            try:
+                while True:
+                    raw = await asyncio.wait_for(connection.read_message(), 1.0)
+                    if raw is None:
+                        raise ConnectionError("the kernel's WebSocket closed")
+                    msg = json.loads(raw)
+                    if msg["header"]["msg_type"] == "kernel_info_reply" and msg["parent_header"].get("msg_id") in sent:
+                        return
+            except asyncio.TimeoutError:
+                continue
+        raise TimeoutError(f"no kernel_info reply on the WebSocket within {READY_TIMEOUT:.0f} s")
+    finally:
+        connection.close()
+
+
+def _kernel_containers() -> int:
+    from jupyter_podman_hpc.engine.config import load_config
+    from jupyter_podman_hpc.engine.podman import Podman
+    from jupyter_podman_hpc.kernels.orphans import kernel_containers
+
+    return len(kernel_containers(Podman(load_config(os.environ), os.environ)))
+
+
+def _pool_started(timeout: float) -> None:
+    """Until the server's pool has a container, then the settle time (readiness is not visible)."""
+    from jupyter_podman_hpc.engine.config import load_config
+    from jupyter_podman_hpc.engine.podman import Podman
+    from jupyter_podman_hpc.kernels.orphans import POOL_LABEL, kernel_containers
+
+    podman = Podman(load_config(os.environ), os.environ)
+    deadline = time.monotonic() + timeout
+    while not any((c.get("Labels") or {}).get(POOL_LABEL) for c in kernel_containers(podman)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the server started no pool container")
+        time.sleep(0.2)
+    time.sleep(POOL_SETTLE)
+
+
+def _server_path(repetitions: int, root: Path) -> None:
+    port, token = _free_port(), secrets.token_hex(16)
+    root.mkdir(parents=True, exist_ok=True)
+    log = open(root.parent / "server.log", "wb")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("jupyter-server")), "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+         "--ServerApp.open_browser=False", f"--ServerApp.root_dir={root}"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                _request("GET", f"{base}/api/status", token)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"jupyter server did not start (see {root.parent / 'server.log'})")
+                time.sleep(0.2)
+
+        def start(config: str) -> float:
+            if config == POOLED:
+                _pool_started(120)
+            started = time.perf_counter()
+            kernel = _request("POST", f"{base}/api/kernels", token, {"name": KERNEL_NAMES[config]})
+            try:
+                asyncio.run(_info_on_websocket(f"ws://127.0.0.1:{port}/api/kernels/{kernel['id']}/channels", token))
+                return time.perf_counter() - started
+            finally:
+                _request("DELETE", f"{base}/api/kernels/{kernel['id']}", token)
+
+        for config in CONFIGS:  # warm-up, not recorded
+            try:
+                start(config)
+            except Exception as err:
+                print(f"server warm-up of {config} failed: {err}", file=sys.stderr)
+        for repetition in range(repetitions):
+            for config in alternating(CONFIGS, repetition):
+                _emit(config, "server", repetition, "ready_seconds", lambda: start(config))
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+    _emit(POOLED, "server stop", 0, "containers_left", lambda: float(_kernel_containers()))
+
+
 def child(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child", action="store_true")
@@ -137,18 +319,8 @@ def child(argv: list[str]) -> int:
     parser.add_argument("--repetitions", type=int, default=5)
     args = parser.parse_args(argv)
     _install(args.image, args.prefix)
-    for config in CONFIGS:  # warm-up, not recorded
-        try:
-            _start(KERNEL_NAMES[config])
-        except Exception as err:  # the timed runs report it
-            print(f"warm-up of {config} failed: {err}", file=sys.stderr)
-    for repetition in range(args.repetitions):
-        for config in alternating(CONFIGS, repetition):
-            try:
-                record = {"config": config, "repetition": repetition, "seconds": _start(KERNEL_NAMES[config])}
-            except Exception as err:
-                record = {"config": config, "repetition": repetition, "error": f"{type(err).__name__}: {err}"}
-            print(json.dumps(record), flush=True)
+    _manager_path(args.repetitions)
+    _server_path(args.repetitions, args.prefix.parent / "notebooks")
     return 0
 
 

@@ -211,6 +211,14 @@ def find(key: str) -> Pool | None:
         return pool if pool is not None and not pool.closed else None
 
 
+def wait_all_ready(timeout: float) -> bool:
+    """Until every open pool of this process has all its containers ready (benchmarks, tests)."""
+    with _registry_lock:
+        pools = [p for p in _pools.values() if not p.closed]
+    deadline = time.monotonic() + timeout
+    return all(pool.wait_ready(max(0.0, deadline - time.monotonic())) for pool in pools)
+
+
 def close_all() -> None:
     with _registry_lock:
         pools = list(_pools.values())
