@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .readpath import MODES as READ_PATHS, ReadPathSettings
 
 DEFAULT_CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"
 SITE_DATA = Path(__file__).resolve().parent / "site"
 
 # Keys that may also be given as <key>_template in the file or the environment.
 TEMPLATED = {"graph_root", "run_root", "additional_stores", "config_home", "squash_dir",
-             "shared_run_exec_args"}
+             "shared_run_exec_args", "squash_unpack_dir"}
 # podman-hpc's name for the shared_run_exec_args template.
 TEMPLATE_ALIASES = {"shared_run_args_template": "shared_run_exec_args"}
 
@@ -66,6 +67,10 @@ class SiteConfig:
     # our own keys
     squash_dir: str = ""
     mksquashfs_args: list[str] = field(default_factory=lambda: ["-comp", "lz4"])
+    # the read path of squashed images (engine/readpath.py)
+    squash_read_path: str = "auto"
+    squash_unpack_dir: str = "/dev/shm/{{ uid }}_hpc/unpacked"
+    squash_unpack_max_mb: float = 4096.0
     runtime: str = ""
     cgroup_manager: str = "cgroupfs"
     network: str = ""
@@ -95,11 +100,16 @@ class SiteConfig:
         env = dict(os.environ if base is None else base)
         env.pop("XDG_RUNTIME_DIR", None)
         env["XDG_CONFIG_HOME"] = self.config_home
+        env.update(self.read_path.env())  # for the mount program podman runs
         return env
+
+    @property
+    def read_path(self) -> ReadPathSettings:
+        return ReadPathSettings(self.squash_read_path, self.squash_unpack_dir, self.squash_unpack_max_mb)
 
 
 _LIST_KEYS = {f.name for f in fields(SiteConfig) if f.type in ("list[str]",)}
-_FLOAT_KEYS = {"wait_timeout", "wait_poll_interval"}
+_FLOAT_KEYS = {"wait_timeout", "wait_poll_interval", "squash_unpack_max_mb"}
 _BOOL_KEYS = {"use_default_args"}
 _PLACEHOLDER = re.compile(r"{{\s*([^}]*?)\s*}}")
 
@@ -250,6 +260,9 @@ def _validate(config: SiteConfig) -> None:
     if config.shared_run_exec_mode not in ("podman", "join"):
         raise ConfigError(f"shared_run_exec_mode ({config.sources['shared_run_exec_mode']}) "
                           f"must be podman or join, not {config.shared_run_exec_mode!r}")
-    for key in ("graph_root", "run_root", "squash_dir", "config_home", "hooks_dir"):
+    if config.squash_read_path not in READ_PATHS:
+        raise ConfigError(f"squash_read_path ({config.sources['squash_read_path']}) must be one of "
+                          f"{', '.join(READ_PATHS)}, not {config.squash_read_path!r}")
+    for key in ("graph_root", "run_root", "squash_dir", "config_home", "hooks_dir", "squash_unpack_dir"):
         if not os.path.isabs(getattr(config, key)):
             raise ConfigError(f"{key} ({config.sources[key]}) must be an absolute path, not {getattr(config, key)!r}")

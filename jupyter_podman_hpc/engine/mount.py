@@ -1,13 +1,15 @@
 """podman-hpc-mount: the mount program podman runs for overlay mounts.
 
 podman calls ``podman-hpc-mount -o lowerdir=A:B,upperdir=U,workdir=W MERGED``
-(the ``mount_program`` storage option). For every lower directory ``X``
-with a squashed image file ``X.squash`` beside it, we mount that file on
-``X`` with ``squashfuse_ll`` (or ``squashfuse``), then hand the arguments
-to fuse-overlayfs. A small watcher forked off stays behind until the
-overlay is unmounted, then releases the squash mount; the last user of a
-squash mount on the node unmounts it, so containers from the same image can
-start and stop in any order.
+(the ``mount_program`` storage option). A lower directory ``X`` with a
+squashed image file ``X.squash`` beside it is replaced, as the read path
+(``engine/readpath.py``) chooses, by an unpacked node-local copy of that
+file or by a ``squashfuse_ll`` mount of it on ``X``. When every lower is
+squashed the overlay is kernel overlayfs, else (or where the node refuses
+it) fuse-overlayfs with the same arguments. A small watcher forked off stays
+behind until the overlay is unmounted, then releases its lowers; the last
+user of a squash mount on the node unmounts it, so containers from the same
+image can start and stop in any order.
 
 Environment knobs (as podman-hpc's fuse-overlayfs-wrap): FUSE_OVERLAYFS_BIN,
 SQUASHFUSE_BIN, LOG (a file to append diagnostics to).
@@ -25,6 +27,7 @@ import sys
 from pathlib import Path
 
 from . import commands
+from .readpath import NoRoom, ReadPathSettings, UnpackedCopy, kernel_options, mount_overlay, note_fallback
 
 
 def _log(message: str) -> None:
@@ -230,36 +233,87 @@ def main(argv: list[str] | None = None) -> int:
     merged = os.path.realpath(merged)
     # <graph root>/overlay/<layer>/merged: keep the reference counts beside the graph root.
     state_dir = Path(merged).parents[2] / "squash-mounts"
-    mounts = []
+    state_dir.mkdir(parents=True, exist_ok=True)
+    settings = ReadPathSettings.from_env()
+    held: list[SquashMount | UnpackedCopy] = []
     lowers: list[str] = []
-    for lower in lower_dirs(options):
-        path = Path(lower) if os.path.isabs(lower) else Path.cwd() / lower
-        found = squash_of(path)
-        if found is None:
-            lowers.append(lower)
-            continue
-        squash, target = found
-        mount = SquashMount(squash, target, state_dir)
-        mount.acquire()
-        mounts.append(mount)
-        lowers.append(str(target))
-    argv = _with_lowers(argv, lowers)
-    overlay = os.environ.get("FUSE_OVERLAYFS_BIN") or shutil.which("fuse-overlayfs") or "/usr/bin/fuse-overlayfs"
-    _log(f"{overlay} {' '.join(argv)}")
-    code = commands.run([overlay, *argv]).returncode
-    if code != 0 or not mounts:
-        for mount in mounts:
-            mount.release()
+    all_squashed = True
+    try:
+        for lower in lower_dirs(options):
+            path = Path(lower) if os.path.isabs(lower) else Path.cwd() / lower
+            found = squash_of(path)
+            if found is None:
+                all_squashed = False
+                lowers.append(lower)
+            else:
+                lowers.append(_squash_lower(*found, settings, state_dir, held))
+        mounted = bool(held) and all_squashed and settings.kernel_overlay and \
+            _kernel_overlay(options, lowers, merged, state_dir)
+        code = 0 if mounted else _fuse_overlay(_with_lowers(argv, lowers))
+    except BaseException:
+        _release(held)
+        raise
+    if code != 0 or not held:
+        _release(held)
         return code
-    os.chmod(merged, 0o755)
+    try:
+        os.chmod(merged, 0o755)
+    except OSError as err:  # fuse-overlayfs outside a user namespace: its root stays as it is
+        _log(f"cannot chmod {merged}: {err}")
     if _detach():
         try:
             wait_for_unmount(merged)
         finally:
-            for mount in mounts:
-                mount.release()
+            _release(held)
         os._exit(0)
     return 0
+
+
+def _squash_lower(squash: Path, target: Path, settings: ReadPathSettings, state_dir: Path,
+                  held: list) -> str:
+    """The directory that stands for a squashed lower: an unpacked copy, else a squashfuse mount."""
+    if settings.unpacks:
+        copy = UnpackedCopy(squash, Path(settings.unpack_dir), int(settings.unpack_max_mb * 2**20))
+        try:
+            root = copy.acquire()
+        except (NoRoom, OSError) as err:
+            _log(f"unpacked copy refused: {err}")
+            note_fallback(state_dir, f"no unpacked copy, squashfuse instead: {err}")
+        else:
+            _log(f"{squash} unpacked at {root}")
+            held.append(copy)
+            return str(root)
+    mount = SquashMount(squash, target, state_dir)
+    mount.acquire()
+    held.append(mount)
+    return str(target)
+
+
+def _kernel_overlay(options: list[str], lowers: list[str], merged: str, state_dir: Path) -> bool:
+    """Mount kernel overlayfs; False (and a note) where the options or the node need fuse-overlayfs."""
+    kernel = kernel_options(options, lowers)
+    if kernel is None:
+        _log(f"options for fuse-overlayfs only: {options}")
+        return False
+    try:
+        mount_overlay(merged, kernel)
+    except OSError as err:
+        _log(f"kernel overlayfs refused: {err}")
+        note_fallback(state_dir, f"kernel overlayfs refused ({err.strerror}), fuse-overlayfs instead")
+        return False
+    _log(f"kernel overlayfs {kernel} on {merged}")
+    return True
+
+
+def _fuse_overlay(argv: list[str]) -> int:
+    overlay = os.environ.get("FUSE_OVERLAYFS_BIN") or shutil.which("fuse-overlayfs") or "/usr/bin/fuse-overlayfs"
+    _log(f"{overlay} {' '.join(argv)}")
+    return commands.run([overlay, *argv]).returncode
+
+
+def _release(held: list) -> None:
+    for lower in held:
+        lower.release()
 
 
 if __name__ == "__main__":
