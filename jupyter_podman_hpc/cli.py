@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
 from . import __version__
-from .engine import commands
+from .engine import commands, reference
 from .engine.config import load_config
 from .engine.errors import EngineError, InvalidInput
 from .engine.modules import ModuleSet
@@ -263,6 +263,7 @@ def parse_run_args(podman: Podman, modules: ModuleSet, args: Sequence[str], extr
     options, image, command = split_at_image(args, podman.options("run"), [*flags, *extra_flags])
     chosen_names = [flags[o].name for o in options if o in flags]
     options = [o for o in options if o not in flags]
+    image = reference.normalize(image) if image else image
     return options, image, command, modules.select(chosen_names)
 
 

@@ -274,7 +274,7 @@ def pull(config: SiteConfig, ref: str, progress: ProgressCallback = ignore, *,
     bytes, "Download complete" / "Already exists"; then "pulled <ref>".
     ``environ`` is the environment podman runs with (default: this process's).
     """
-    reference.validate(ref)
+    ref = reference.validate(ref)
     progress(Progress("pull", f"pulling {ref}"))
     totals: dict[str, int] = {}
     with PrivateService(config, environ=environ) as service:
@@ -356,6 +356,7 @@ def pull_and_squash(config: SiteConfig, ref: str, progress: ProgressCallback = i
     ``cancel`` stops the pull; once squashing has started it runs to its end
     (it writes under a temporary name, so an interrupted squash leaves nothing).
     """
+    ref = reference.normalize(ref)
     image_id = pull(config, ref, progress, cancel=cancel, environ=environ)
     if _is_set(cancel):
         raise Cancelled(f"cancelled after pulling {ref}, before squashing it")

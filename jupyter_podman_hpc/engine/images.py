@@ -6,6 +6,7 @@ import datetime as dt
 import json
 from dataclasses import asdict, dataclass, field
 
+from . import reference
 from .migrate import MigrateResult, migrate
 from .podman import Podman
 from .progress import ProgressCallback, ignore
@@ -85,6 +86,7 @@ def list_images(podman: Podman) -> list[ImageInfo]:
 def pull(podman: Podman, ref: str, *, squash: bool = True, pull_args: list[str] | None = None,
          progress: ProgressCallback = ignore, quiet: bool = True) -> MigrateResult | None:
     """``podman pull`` into the node-local storage, then squash it (unless told not to)."""
+    ref = reference.normalize(ref)
     podman.run(podman.command("pull", *(pull_args or []), *(["--quiet"] if quiet else []), ref),
                capture=quiet)
     return migrate(podman, ref, progress) if squash else None

@@ -22,6 +22,7 @@ import termios
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import reference
 from .errors import EngineError, ImageNotFound, PodmanError
 from .podman import Podman
 from .progress import Progress, ProgressCallback, ignore
@@ -47,6 +48,7 @@ def local_image(podman: Podman, ref: str) -> dict | None:
 
 
 def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> MigrateResult:
+    ref = reference.normalize(ref)
     config = podman.config
     store = SquashStore(config.squash_dir)
     store.init()

@@ -14,6 +14,9 @@ _REFERENCE = re.compile(
     r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?$"
 )
 _IMAGE_ID = re.compile(r"^(?:sha256:)?[a-f0-9]{3,64}$")
+# Transports that only say where a reference points (a registry, the local storage):
+# podman stores the image under the name without them.
+_TRANSPORTS = ("docker://", "containers-storage:")
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,22 @@ class Reference:
         return self.name
 
 
+def normalize(text: str) -> str:
+    """``text`` without a ``docker://`` or ``containers-storage:`` transport prefix.
+
+    ``podman pull docker://REGISTRY/NAME:TAG`` stores REGISTRY/NAME:TAG: every
+    entry point (pull, migrate, run, the magics, REST, jobs, kernels) names the
+    image so, or a squash after a pull would not find what was pulled.
+    """
+    for prefix in _TRANSPORTS:
+        if isinstance(text, str) and text.startswith(prefix):
+            return text[len(prefix):]
+    return text
+
+
 def parse(text: str) -> Reference:
     """Parse a reference; short names get podman's ``localhost/`` domain."""
+    text = normalize(text)
     if not isinstance(text, str) or not text or len(text) > 512 or text != text.strip():
         raise InvalidReference(f"invalid image reference {text!r}")
     match = _REFERENCE.match(text)
@@ -57,7 +74,8 @@ def is_image_id(text: str) -> bool:
 
 
 def validate(text: str) -> str:
-    """``text`` if it is a valid reference or image id, else InvalidReference."""
+    """``text`` (``normalize``d) if it is a valid reference or image id, else InvalidReference."""
+    text = normalize(text)
     if is_image_id(text):
         return text
     parse(text)
@@ -66,6 +84,7 @@ def validate(text: str) -> str:
 
 def candidate_names(text: str) -> list[str]:
     """Names under which a store may hold ``text`` (as podman-hpc resolves them)."""
+    text = normalize(text)
     if ":" not in text.rsplit("/", 1)[-1] and "@" not in text:
         text = f"{text}:latest"
     names = [text]

@@ -250,7 +250,7 @@ def install(image: str, name: str | None = None, display_name: str | None = None
     """
     from ..engine import reference
 
-    reference.validate(image)
+    image = reference.validate(image)
     name = validate_name(name if name is not None else default_name(image))
     modules = [m for m in modules]
     podman_args = [str(a) for a in podman_args]

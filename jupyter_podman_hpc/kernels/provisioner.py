@@ -141,7 +141,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
         if not self.image:
             raise KernelStartError("the kernelspec names no image: set metadata.kernel_provisioner.config.image")
         try:
-            reference.validate(self.image)
+            self.image = reference.validate(self.image)
             config = load_config(os.environ)
             self._podman = Podman(config, os.environ)
             site_modules = ModuleSet.load(config.modules_dir)

@@ -223,7 +223,7 @@ class JobSpec:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         image = _string("image", self.image)
         try:
-            reference.validate(image)
+            set_("image", reference.validate(image))
         except EngineError as err:
             raise JobSpecError(f"image: {err}")
 

@@ -77,7 +77,8 @@ async def test_pull_streams_progress_and_squashes(api, server_hpc, stack):
     run(["podman", "build", "--network", "host", "-t", reference, context])
     run(["podman", "push", reference])
     try:
-        status, task = await api("POST", "images/pull", body={"image": reference})
+        # with the transport a user may copy from elsewhere: the image is still named `reference`
+        status, task = await api("POST", "images/pull", body={"image": f"docker://{reference}"})
         assert status == 202 and task["state"] in ("queued", "running")
         done = await finished(api, task)
         assert done["state"] == "succeeded", done
