@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 .PHONY: help stack-up stack-down stack-status test test-unit demo bench bench-smoke
 
 help:
-	@echo "make demo    bring the stack up and start JupyterLab on 127.0.0.1"
+	@echo "make demo    bring the stack up and start JupyterLab on 127.0.0.1 (port: DEMO_PORT=8888)"
 	@echo "make test    bring the stack up and run the whole test suite"
 	@echo "make bench   the benchmarks (bench/README.md); make bench-smoke: one quick run"
 	@echo "make stack-up | stack-down | stack-status"
