@@ -27,7 +27,7 @@ import sys
 READY_LINE = "podman-hpc-kernel-pool: ready"
 PRELOAD = ("ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "IPython.core.completer")
 EXTENSION = "jupyter_podman_hpc"
-NEEDS = "jupyter-podman-hpc (pip install jupyter-podman-hpc)"
+INSTALL = "pip install jupyter-podman-hpc"
 
 
 def preload() -> None:
@@ -61,8 +61,7 @@ def receive(stream) -> list[str]:
 
 def guard_load_ext(shell) -> None:
     """``%load_ext jupyter_podman_hpc`` in an image without it: one line, no traceback."""
-    magics = shell.magics_manager.magics["line"]
-    original = magics.get("load_ext")
+    original = shell.find_line_magic("load_ext")  # the bound method (IPython 9 loads it lazily)
     if original is None:
         return
 
@@ -74,8 +73,8 @@ def guard_load_ext(shell) -> None:
                 importlib.import_module(name)
             except ImportError as err:
                 missing = getattr(err, "name", None) or name
-                print(f"%load_ext {name}: the image has no module named '{missing}': "
-                      f"install {NEEDS} in the image to use the podman-hpc magics in this kernel",
+                print(f"%load_ext {name}: the image has no module named '{missing}': install "
+                      f"jupyter-podman-hpc in the image ({INSTALL}) to use the podman-hpc magics in this kernel",
                       file=sys.stderr)
                 return None
         return original(line)

@@ -35,6 +35,13 @@ log. ``launch_kernel`` returns once the kernel has opened its ports, and
 fails fast, with a message for the user, when the container exits first
 (image missing, no ipykernel in it, ...).
 
+An argv of ``python -m ipykernel_launcher`` runs ``boot.py`` (mounted
+read-only) instead: the same kernel, plus the ``%load_ext`` guard and the
+warm pool's waiting mode. With a pool size (``pool``), a start adopts a
+container of the kernelspec's pool (``pool.py``) when one can serve it.
+The site's ``slurm`` module is added where the host has Slurm (``slurm``
+false opts out; ``slurm.py``).
+
 Interrupts: kernelspecs we write use ``interrupt_mode: message`` (ipykernel
 signals itself inside the container); ``signal`` mode works too: SIGINT is
 sent with ``podman kill --signal`` to catatonit, which forwards it.
@@ -252,6 +259,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
         names = {"HOME"} | set(self.kernel_spec.env if self.kernel_spec else {})
         names |= {name for name in env if any(fnmatch.fnmatchcase(name, p) for p in self.pass_env)}
         names.discard("JPY_PARENT_PID")  # ipykernel would watch a pid of another namespace
+        names.discard("JPY_API_TOKEN")  # JupyterHub's token for the server, not for images
         podman_env = dict(self._podman.env)
         for name in names:
             if name in env:
@@ -325,7 +333,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
             self.log.info("podman-hpc: kernel %s adopts pooled container %s (image %s)", self.kernel_id,
                           entry.name, self.image)
         else:
-            if entry is not None:  # it died under us: start on demand
+            if entry is not None:  # it cannot take this kernel: start on demand
                 await asyncio.to_thread(orphans.remove, self._podman, [entry.name])
                 entry = None
             argv, podman_env = self.build_command(cmd, env, cwd)
@@ -433,13 +441,15 @@ class PodmanHPCProvisioner(LocalProvisioner):
                           stamp)
 
     def _hand_over(self, entry: pools.Pooled, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> bool:
-        """Send the kernel's connection file, cwd and environment to a pooled container."""
+        """Send the kernel's connection file, cwd and environment to a pooled container;
+        False if it cannot take them (the kernel then starts on demand)."""
         argv = self._container_argv(cmd)
         connection_file = str(getattr(self.parent, "connection_file", "") or argv[argv.index("-f") + 1])
         try:
             info = json.loads(Path(connection_file).read_text())
-        except (OSError, ValueError) as err:
-            raise KernelStartError(f"cannot read the kernel's connection file {connection_file}: {err}")
+        except (OSError, ValueError) as err:  # then on demand, which mounts the file
+            self.log.warning("podman-hpc: cannot read the connection file %s: %s", connection_file, err)
+            return False
         env_args, values = self._environment(env)
         names = env_args[1::2]
         request = {"connection_file": connection_file, "connection_info": info,

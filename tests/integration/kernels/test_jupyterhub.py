@@ -116,6 +116,21 @@ def hub(kernel_site, configurable_http_proxy, jupyterhub_bin, stack, tmp_path):
         log.close()
 
 
+def start_user_server(base: str, token: str, user: str, log_path: Path) -> str:
+    """Spawn the user's single-user server through the hub; its URL once ready."""
+    status, body = http("POST", f"{base}/hub/api/users/{user}/server", token)
+    assert status in (201, 202), body
+    deadline = time.monotonic() + 150
+    while True:
+        status, model = http("GET", f"{base}/hub/api/users/{user}", token)
+        server = (model.get("servers") or {}).get("")
+        if server and server.get("ready"):
+            return f"{base}/user/{user}"
+        if time.monotonic() > deadline:
+            pytest.fail(f"the single-user server did not become ready: {model}\n{log_path.read_text()[-4000:]}")
+        time.sleep(0.5)
+
+
 def test_hub_user_runs_a_cell_in_a_container_kernel(kernel_site, hub, stack):
     base, token, home, log_path = hub
     user = stack.user
@@ -126,18 +141,7 @@ def test_hub_user_runs_a_cell_in_a_container_kernel(kernel_site, hub, stack):
          "--display-name", "Base image (hub)"], env=env)
     assert (home / ".local/share/jupyter/kernels/hub-base/kernel.json").is_file()
 
-    status, body = http("POST", f"{base}/hub/api/users/{user}/server", token)
-    assert status in (201, 202), body
-    deadline = time.monotonic() + 150
-    while True:
-        status, model = http("GET", f"{base}/hub/api/users/{user}", token)
-        server = (model.get("servers") or {}).get("")
-        if server and server.get("ready"):
-            break
-        if time.monotonic() > deadline:
-            pytest.fail(f"the single-user server did not become ready: {model}\n{log_path.read_text()[-4000:]}")
-        time.sleep(0.5)
-    user_url = f"{base}/user/{user}"
+    user_url = start_user_server(base, token, user, log_path)
 
     status, specs = http("GET", f"{user_url}/api/kernelspecs", token)
     assert status == 200, specs
@@ -159,3 +163,37 @@ def test_hub_user_runs_a_cell_in_a_container_kernel(kernel_site, hub, stack):
     assert kernel_site.containers(kernel_id) == []
     status, _ = http("DELETE", f"{base}/hub/api/users/{user}/server", token)
     assert status in (202, 204)
+
+
+def test_hub_user_gets_a_pooled_kernel(kernel_site, hub, stack):
+    """A kernelspec with a pool: the single-user server starts its container at once, the
+    user's kernel adopts it, and stopping the server leaves no container."""
+    base, token, home, log_path = hub
+    user = stack.user
+    env = {key: value for key, value in kernel_site.env.items() if not key.startswith("JUPYTER_")}
+    env["HOME"] = str(home)
+    run([str(BIN / "jupyter"), "podman-hpc", "kernel", "install", stack.base_image, "--name", "hub-pooled",
+         "--pool", "1"], env=env)
+    user_url = start_user_server(base, token, user, log_path)
+    deadline = time.monotonic() + 90
+    while not (pooled := kernel_site.container_names()):
+        assert time.monotonic() < deadline, f"no pool container\n{log_path.read_text()[-4000:]}"
+        time.sleep(0.5)
+
+    status, kernel = http("POST", f"{user_url}/api/kernels", token, {"name": "hub-pooled"})
+    assert status == 201, f"{kernel}\n{log_path.read_text()[-4000:]}"
+    kernel_id = kernel["id"]
+    assert kernel_site.container_names(kernel_id) == []  # it adopted the pool's container
+    assert pooled[0] in kernel_site.container_names()
+    ws_url = f"ws://127.0.0.1:{base.rsplit(':', 1)[1]}/user/{user}/api/kernels/{kernel_id}/channels"
+    reply, out = asyncio.run(execute_over_websocket(
+        ws_url, token, "import os; print('home', os.environ['HOME'], 'cwd', os.getcwd())"))
+    assert reply["status"] == "ok", reply
+    assert f"home {home} cwd {home}" in out, out
+
+    status, _ = http("DELETE", f"{base}/hub/api/users/{user}/server", token)
+    assert status in (202, 204)
+    deadline = time.monotonic() + 60
+    while kernel_site.containers():  # the kernel and the refilled pool go with the server
+        assert time.monotonic() < deadline, kernel_site.containers()
+        time.sleep(0.5)

@@ -88,10 +88,12 @@ def test_the_kernel_runs_with_podman_hpc_run_semantics(site):
 
 def test_kernelspec_env_is_passed_and_parent_pid_is_not(site):
     provisioner = make(env={"MY_VAR": "1"})
-    argv, env = provisioner.build_command(CMD, {"MY_VAR": "value", "JPY_PARENT_PID": "77"}, None)
+    argv, env = provisioner.build_command(CMD, {"MY_VAR": "value", "JPY_PARENT_PID": "77", "JPY_API_TOKEN": "t",
+                                                "JPY_SESSION_NAME": "nb", "KERNEL_USERNAME": "u"}, None)
     passed = pairs(options_of(argv), "--env")
     assert "MY_VAR" in passed and env["MY_VAR"] == "value"
-    assert "JPY_PARENT_PID" not in passed
+    assert "JPY_PARENT_PID" not in passed and "JPY_API_TOKEN" not in passed
+    assert "JPY_SESSION_NAME" in passed and "KERNEL_USERNAME" in passed  # what the server passes
     assert pairs(options_of(argv), "--workdir") == [str(site / "home")]
 
 
