@@ -11,6 +11,8 @@
     job                                           # a live status widget
     job.wait(); job.logs()
     %podman_hpc jobs | logs JOBID | cancel JOBID
+    cluster = %podman_hpc cluster start --nodes 4 --tasks-per-node 2 IMAGE   # then %%px cells
+    %podman_hpc cluster list | cluster stop [ID]
     %podman_hpc kernel install IMAGE | kernel list | kernel remove NAME
     %podman_hpc info
 

@@ -164,6 +164,42 @@ class Backend:
         job.cancel()
         return job.as_dict(status=True)
 
+    # --- interactive clusters ----------------------------------------------------
+
+    def _cluster_roots(self) -> list[Path]:
+        """Where clusters are recorded: this server's job root, and the one kernels use ($SCRATCH's)."""
+        from ..slurm import JobError, default_root
+        roots = [self.job_root()]
+        try:
+            roots.append(default_root(self.environ()))
+        except JobError:
+            pass
+        return list(dict.fromkeys(roots))
+
+    def clusters(self) -> list[dict]:
+        """The running clusters (started from any kernel of the user), after sweeping orphaned ones."""
+        from ..slurm import SlurmClient
+        from ..slurm import cluster as clusters
+        client = SlurmClient(env=self.environ())
+        found = []
+        for root in self._cluster_roots():
+            clusters.sweep(root, client=client)
+            found += clusters.list_clusters(root, client=client)
+        return [cluster.as_dict() for cluster in sorted(found, key=lambda c: -c.record.created)]
+
+    def stop_cluster(self, cluster_id: str) -> dict:
+        from ..slurm import SlurmClient
+        from ..slurm import cluster as clusters
+        client = SlurmClient(env=self.environ())
+        for root in self._cluster_roots():
+            try:
+                found = clusters.find_cluster(cluster_id, root, client=client)
+            except clusters.ClusterNotFound:
+                continue
+            found.stop()
+            return found.as_dict()
+        raise clusters.ClusterNotFound(f"no cluster {cluster_id!r}")
+
     # --- kernels ---------------------------------------------------------------
 
     def kernels(self) -> list[dict]:

@@ -279,6 +279,22 @@ class JobLogsHandler(Base):
         self.reply(await self.blocking(self.backend.logs, job_id))
 
 
+class ClustersHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def get(self):
+        self.reply({"clusters": await self.blocking(self.backend.clusters)})
+
+
+class ClusterHandler(Base):
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def delete(self, cluster_id):
+        self.reply(await self.blocking(self.backend.stop_cluster, cluster_id))
+
+
 class KernelsHandler(Base):
     @web.authenticated
     @authorized
@@ -328,6 +344,8 @@ ROUTES = [
     (r"jobs", JobsHandler),
     (r"jobs/([^/]+)", JobHandler),
     (r"jobs/([^/]+)/logs", JobLogsHandler),
+    (r"clusters", ClustersHandler),
+    (r"clusters/([0-9a-f]+)", ClusterHandler),
     (r"kernels", KernelsHandler),
     (r"kernels/([^/]+)", KernelHandler),
     (r"config", ConfigHandler),

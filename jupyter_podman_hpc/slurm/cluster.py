@@ -44,11 +44,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from ..engine.errors import EngineError
+from ..engine.errors import EngineError, NotFound
 from ..engine.progress import Progress, ProgressCallback, ignore
 from ..kernels.orphans import owner_alive, owner_token
 from .client import SlurmClient, SlurmError
-from .jobs import RECORD as JOB_RECORD
 from .jobs import Job, JobError, _atomic_write, default_root
 from .spec import SRUN_MPI, JobSpec
 
@@ -65,7 +64,11 @@ CONTROLLER_START = 30.0             # seconds for the controller to write its co
 
 
 class ClusterError(EngineError):
-    """A cluster could not start (everything it started is stopped) or be found."""
+    """A cluster could not start (everything it started is stopped)."""
+
+
+class ClusterNotFound(ClusterError, NotFound):
+    """No job directory records that cluster."""
 
 
 @dataclass
@@ -295,9 +298,6 @@ class Cluster:
         finally:
             connected.close()
 
-    def running(self) -> bool:
-        return self.record.state != "stopped" and _alive(self.record.watchdog)
-
     # --- stopping ---------------------------------------------------------------
 
     def stop(self, timeout: float = 60) -> None:
@@ -399,7 +399,10 @@ _STARTED: list[Cluster] = []     # the clusters this process started
 
 
 def started_here() -> list[Cluster]:
-    """The running clusters this process started, oldest first."""
+    """The running clusters this process started, oldest first (stopped elsewhere too: the record says)."""
+    for cluster in _STARTED:
+        with contextlib.suppress(ClusterError):
+            cluster.record.state = ClusterRecord.read(cluster.directory).state
     return [cluster for cluster in _STARTED if cluster.record.state != "stopped"]
 
 
@@ -437,7 +440,7 @@ def find_cluster(cluster_id: str, root: str | Path | None = None, *,
     for cluster in list_clusters(root, client=client, running=False):
         if cluster.id == cluster_id or cluster.job_id == cluster_id:
             return cluster
-    raise ClusterError(f"no cluster {cluster_id!r}")
+    raise ClusterNotFound(f"no cluster {cluster_id!r}")
 
 
 def sweep(root: str | Path | None = None, *, client: SlurmClient | None = None) -> list[str]:
@@ -509,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     return watchdog(args.owner, args.dir, controller)
 
 
-__all__ = ["Cluster", "ClusterError", "ClusterRecord", "list_clusters", "find_cluster", "sweep",
+__all__ = ["Cluster", "ClusterError", "ClusterNotFound", "ClusterRecord", "list_clusters", "find_cluster", "sweep",
            "cluster_spec", "engine_argv"]
 
 

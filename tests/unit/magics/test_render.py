@@ -210,3 +210,18 @@ def test_without_ipywidgets_it_is_text(monkeypatch):
 def test_make_renderer_follows_the_rule():
     assert isinstance(render.make_renderer("x", widgets=False), TextRenderer)
     assert isinstance(render.make_renderer("x", widgets=True), WidgetRenderer)
+
+
+def test_widgets_show_the_engines_registered_of_a_cluster(widget_renderer):
+    for current in (0, 3, 8):
+        widget_renderer(Progress("cluster", f"{current}/8 engines registered (job 7 RUNNING)",
+                                 current=current, total=8))
+        if current == 3:
+            widget_renderer.close()
+            bar = widget_renderer.engines_bar
+            assert (bar.value, bar.max, bar.bar_style) == (3, 8, "")
+            assert widget_renderer.status.value == "3/8 engines registered (job 7 RUNNING)"
+    widget_renderer.close()
+    assert (widget_renderer.engines_bar.value, widget_renderer.engines_bar.bar_style) == (8, "success")
+    widget_renderer.failed("stopped")
+    assert widget_renderer.engines_bar.bar_style == "danger"
