@@ -3,7 +3,7 @@
 
     bench/run.py                   the full comparison (make bench)
     bench/run.py --smoke           one repetition at the smallest sizes (make bench-smoke)
-    bench/run.py --only lammps     some of: launch lammps pynamic deepcam squash kernel
+    bench/run.py --only lammps     some of: launch lammps pynamic deepcam squash kernel cluster
 
 Run as the stack user with the stack's environment (dev/as-user does it).
 Images the application benchmarks need are built once and kept squashed in
@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cluster  # noqa: E402
 import deepcam  # noqa: E402
 import kernel  # noqa: E402
 import lammps  # noqa: E402
@@ -33,7 +34,7 @@ import report  # noqa: E402
 import squash  # noqa: E402
 from common import BenchError, Failure, PrivateStorage, Sample, machine, remove_tree  # noqa: E402
 
-BENCHMARKS = ["launch", "lammps", "pynamic", "deepcam", "squash", "kernel"]
+BENCHMARKS = ["launch", "lammps", "pynamic", "deepcam", "squash", "kernel", "cluster"]
 FULL_SIZES = [(n, k) for n in (1, 2, 4) for k in (1, 2, 4, 8)]
 SMOKE_SIZES = [(1, 1)]
 LAUNCH_CONFIGS = ["bare", "podman-exec", "podman-exec --join", "per-process", "1.2.2 shared-run", "1.2.2 run"]
@@ -128,8 +129,15 @@ def main(argv: list[str] | None = None) -> int:
                                "from the squashed store with a node-local storage that never pulled it.")
             samples.extend(kernel.measure(base, work, repetitions, failures))
 
+        def run_cluster() -> None:
+            notes["cluster"] = (f"An interactive cluster of {cluster.NODES} x {cluster.TASKS} IPython Parallel engines "
+                                f"in `{base}` (openmpi-pmix): from the start call to all engines registered, "
+                                "against the same job's bare srun and the same engines bare.")
+            samples.extend(cluster.measure(base, work, repetitions, failures))
+
         for name, run in (("launch", run_launch), ("lammps", run_lammps), ("pynamic", run_pynamic),
-                          ("deepcam", run_deepcam), ("squash", run_squash), ("kernel", run_kernel)):
+                          ("deepcam", run_deepcam), ("squash", run_squash), ("kernel", run_kernel),
+                          ("cluster", run_cluster)):
             attempt(name, run)
     finally:
         if {"lammps", "pynamic", "deepcam"} & set(args.only):

@@ -20,6 +20,7 @@ from tests.conftest import run
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import cluster  # noqa: E402
 import deepcam  # noqa: E402
 import kernel  # noqa: E402
 import lammps  # noqa: E402
@@ -33,6 +34,7 @@ EXPECTED = {  # benchmark -> (configurations, metrics)
     "deepcam": (deepcam.CONFIGS, [*deepcam.PHASES, "step_seconds"]),
     "squash": (["plain mksquashfs", "ours", "1.2.2"], ["squash_seconds"]),
     "kernel": (kernel.CONFIGS, ["ready_seconds"]),
+    "cluster": (cluster.CONFIGS, ["start_seconds"]),
 }
 
 
