@@ -3,7 +3,7 @@
 
     bench/run.py                   the full comparison (make bench)
     bench/run.py --smoke           one repetition at the smallest sizes (make bench-smoke)
-    bench/run.py --only lammps     some of: launch lammps pynamic deepcam squash kernel cluster
+    bench/run.py --only lammps     some of: launch lammps pynamic deepcam readpath squash kernel cluster
 
 Run as the stack user with the stack's environment (dev/as-user does it).
 Images the application benchmarks need are built once and kept squashed in
@@ -30,11 +30,12 @@ import kernel  # noqa: E402
 import lammps  # noqa: E402
 import launch  # noqa: E402
 import pynamic  # noqa: E402
+import readpath  # noqa: E402
 import report  # noqa: E402
 import squash  # noqa: E402
 from common import BenchError, Failure, PrivateStorage, Sample, machine, remove_tree  # noqa: E402
 
-BENCHMARKS = ["launch", "lammps", "pynamic", "deepcam", "squash", "kernel", "cluster"]
+BENCHMARKS = ["launch", "lammps", "pynamic", "deepcam", "readpath", "squash", "kernel", "cluster"]
 FULL_SIZES = [(n, k) for n in (1, 2, 4) for k in (1, 2, 4, 8)]
 SMOKE_SIZES = [(1, 1)]
 LAUNCH_CONFIGS = ["bare", "podman-exec", "podman-exec --join", "per-process", "1.2.2 shared-run", "1.2.2 run"]
@@ -119,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
                                            deepcam.SMOKE_SIZES if args.smoke else deepcam.FULL_SIZES,
                                            problem, repetitions, failures))
 
+        def run_readpath() -> None:
+            notes["readpath"] = ("The base image's python3, chrooted, importing what a kernel needs through each "
+                                 "read path; baseline: the same files as a plain directory on the node's disk.")
+            samples.extend(readpath.measure(base, work / "readpath", repetitions))
+
         def run_squash() -> None:
             setup = launch_setup()
             notes["squash"] = f"Squashing `{image}` (lz4) into an empty store."
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             samples.extend(cluster.measure(base, work, repetitions, failures))
 
         for name, run in (("launch", run_launch), ("lammps", run_lammps), ("pynamic", run_pynamic),
-                          ("deepcam", run_deepcam), ("squash", run_squash), ("kernel", run_kernel),
+                          ("deepcam", run_deepcam), ("readpath", run_readpath), ("squash", run_squash), ("kernel", run_kernel),
                           ("cluster", run_cluster)):
             attempt(name, run)
     finally:
