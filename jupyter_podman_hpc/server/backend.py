@@ -209,8 +209,26 @@ class Backend:
     def install_kernel(self, image: str, display_name: str | None, modules: list[str],
                        name: str | None, pool: int | None = None) -> dict:
         from ..kernels import kernelspec
-        return kernelspec.install(image, name=name, display_name=display_name, modules=modules,
-                                  pool=pool).as_dict()
+        kernel = kernelspec.install(image, name=name, display_name=display_name, modules=modules, pool=pool)
+        if (kernel.pool if kernel.pool is not None else self.settings.kernel_pool) > 0:
+            self._warm(kernel.name)
+        return kernel.as_dict()
+
+    def _warm(self, kernel_name: str) -> None:
+        """Start the new kernelspec's pool in this server now (kernels/pool.py), in the background."""
+        import threading
+
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        from ..kernels.provisioner import PodmanHPCProvisioner
+
+        def warm():
+            try:
+                PodmanHPCProvisioner.warm(kernel_name, KernelSpecManager(), self.settings.config)
+            except Exception as err:  # noqa: BLE001 - its kernels then start on demand
+                self.settings.log.warning("podman-hpc: no kernel pool for %s: %s", kernel_name, err)
+
+        threading.Thread(target=warm, name=f"podman-hpc-kernel-pool-{kernel_name}", daemon=True).start()
 
     def remove_kernel(self, name: str) -> dict:
         from ..kernels import kernelspec

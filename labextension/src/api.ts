@@ -183,6 +183,8 @@ export interface IContainerKernel {
   modules: string[];
   podman_args: string[];
   path: string;
+  pool: number | null;
+  slurm: boolean;
 }
 
 /** A build request: the Containerfile's text or its path inside the server root. */
@@ -311,11 +313,12 @@ export const api = {
   installKernel: (
     image: string,
     displayName?: string,
-    modules: string[] = []
+    modules: string[] = [],
+    pool?: number
   ): Promise<IContainerKernel> =>
     requestAPI<IContainerKernel>(
       'kernels',
-      post({ image, display_name: displayName, modules })
+      post({ image, display_name: displayName, modules, pool })
     ),
   removeKernel: (name: string): Promise<IContainerKernel> =>
     requestAPI<IContainerKernel>(`kernels/${segment(name)}`, {

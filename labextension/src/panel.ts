@@ -15,7 +15,6 @@
 
 import {
   Dialog,
-  InputDialog,
   Notification,
   showDialog,
   showErrorMessage
@@ -40,6 +39,7 @@ import {
   ITask
 } from './api';
 import { containersIcon } from './icons';
+import { KernelForm } from './kernelForm';
 import { jobLabel } from './logs';
 import { Settings } from './settings';
 import { TaskView } from './taskview';
@@ -289,18 +289,17 @@ export class ImagesSection extends PanelWithToolbar {
 
   async makeKernel(image: IImage): Promise<void> {
     const ref = reference(image);
-    const answer = await InputDialog.getText({
+    const answer = await showDialog({
       title: `Make a kernel from ${ref}`,
-      label: 'Name in the Launcher',
-      text: `Python (podman-hpc: ${ref})`,
-      okLabel: 'Make kernel'
+      body: new KernelForm(ref),
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Make kernel' })]
     });
-    if (!answer.button.accept) {
+    if (!answer.button.accept || !answer.value) {
       return;
     }
-    const displayName = (answer.value ?? '').trim() || undefined;
+    const { displayName, pool } = answer.value;
     try {
-      const kernel = await api.installKernel(ref, displayName);
+      const kernel = await api.installKernel(ref, displayName, [], pool);
       await this._options.kernelInstalled(kernel);
       Notification.success(`Kernel “${kernel.display_name}” installed: it is in the Launcher`, {
         autoClose: 5000

@@ -20,6 +20,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from jupyter_podman_hpc.kernels.orphans import POOL_LABEL
 from tests.browser.lab import PANEL, RUN_BUTTON, get_json, open_lab, open_notebook, open_panel, run_command
 from tests.conftest import run
 from tests.integration.conftest import cleanup_hpc, make_hpc
@@ -373,15 +374,38 @@ def test_make_kernel_appears_in_the_launcher(page, console, stack_lab, artifacts
     row.locator(".jp-PodmanHpc-makeKernel").click()
     dialog = page.locator(".jp-Dialog")
     dialog.wait_for(state="visible", timeout=15_000)
-    dialog.locator("input").fill(display)
+    dialog.locator("input[name=display_name]").fill(display)
+    dialog.locator("input[name=pool]").fill("1")  # a warm pool of one kernel
+    page.screenshot(path=str(artifacts / "make-kernel-dialog.png"))
     dialog.locator(".jp-mod-accept").click()
     # installed: a notification says so (an error would open a dialog instead)
     page.locator(".Toastify__toast", has_text="installed").first.wait_for(state="visible", timeout=60_000)
     kernels = get_json(stack_lab, "podman-hpc/api/kernels")["kernels"]
-    assert any(k["display_name"] == display and k["image"] == stack.base_image for k in kernels), kernels
-    # the Launcher lists it without a reload
-    page.keyboard.press("Control+Shift+L")
-    card = page.locator(".jp-LauncherCard:visible", has_text=display)
-    card.first.wait_for(state="visible", timeout=30_000)
-    page.screenshot(path=str(artifacts / "launcher-container-kernel.png"))
-    assert console.errors == [], f"console errors:\n{console}"
+    [kernel] = [k for k in kernels if k["display_name"] == display]
+    assert kernel["image"] == stack.base_image and kernel["pool"] == 1, kernel
+    try:
+        # the server keeps one of its kernels started
+        deadline = time.monotonic() + 60
+        while not pool_containers(stack_lab, kernel["name"]):
+            assert time.monotonic() < deadline, f"no pool container for {kernel['name']}"
+            time.sleep(0.5)
+        # the Launcher lists it without a reload
+        page.keyboard.press("Control+Shift+L")
+        card = page.locator(".jp-LauncherCard:visible", has_text=display)
+        card.first.wait_for(state="visible", timeout=30_000)
+        page.screenshot(path=str(artifacts / "launcher-container-kernel.png"))
+        assert console.errors == [], f"console errors:\n{console}"
+    finally:  # removing the kernelspec closes its pool
+        removal = urllib.request.Request(f"{stack_lab.url}podman-hpc/api/kernels/{kernel['name']}", method="DELETE",
+                                         headers={"Authorization": f"token {stack_lab.token}"})
+        urllib.request.urlopen(removal, timeout=60).close()
+        deadline = time.monotonic() + 30
+        while pool_containers(stack_lab, kernel["name"]):
+            assert time.monotonic() < deadline, f"the pool of {kernel['name']} outlived its kernelspec"
+            time.sleep(0.5)
+
+
+def pool_containers(stack_lab, kernel_name: str) -> list[str]:
+    out = stack_lab.hpc("ps", "--all", "--filter", f"label={POOL_LABEL}={kernel_name}",
+                        "--format", "{{.Names}}").stdout
+    return out.split()
