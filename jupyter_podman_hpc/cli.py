@@ -13,11 +13,9 @@ from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
 from . import __version__
-from .engine import commands, reference
-from .engine.config import load_config
+from .engine import commands
 from .engine.errors import EngineError, InvalidInput
-from .engine.modules import ModuleSet
-from .engine.podman import Podman, split_at_image
+from .engine.runplan import Site
 from .engine.progress import Progress
 
 # Commands import the rest of the engine when they need it: every Slurm task of a
@@ -111,13 +109,9 @@ class Cli:
 
     def __init__(self, options: Options, environ: dict[str, str]):
         self.environ = environ
-        config = load_config(environ, squash_dir=options.squash_dir)
-        config.additional_stores += options.additional_stores
-        if options.log_level:
-            config.log_level = options.log_level
-        self.config = config
-        self.podman = Podman(config, environ)
-        self.modules = ModuleSet.load(config.modules_dir, cache_dir=config.run_root)
+        self.site = Site.load(environ, squash_dir=options.squash_dir,
+                              additional_stores=options.additional_stores, log_level=options.log_level)
+        self.config, self.podman, self.modules = self.site.config, self.site.podman, self.site.modules
 
     # --- our commands -------------------------------------------------------
 
@@ -199,24 +193,18 @@ class Cli:
         return self.exec(self.podman.command("build", *extra, *args))
 
     def run(self, args: list[str], shared: bool = False) -> int:
-        options, image, command, chosen = self._parse_run(args)
-        join = "--join" in options
-        options = [o for o in options if o != "--join"]
-        if image is None:
+        plan = self.site.plan(args, front_flags=["--join"])
+        if plan.image is None:
             raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
         from .engine.launcher import in_slurm_step, per_process_run, pmi_fd_passthrough, shared_run
-        module_args = self.modules.podman_args(chosen, self.environ)
-        if shared or any(module.shared_run for module in chosen):
-            return shared_run(self.podman, options, module_args, image, command, self.environ,
-                              join=True if join else None)
+        if shared or plan.shared:
+            return shared_run(self.podman, plan.options, plan.module_args, plan.image, plan.command, self.environ,
+                              join=True if plan.flags else None)
         if in_slurm_step(self.environ):
-            return per_process_run(self.podman, options, module_args, image, command, self.environ)
+            return per_process_run(self.podman, plan.options, plan.module_args, plan.image, plan.command,
+                                   self.environ)
         passthrough = pmi_fd_passthrough(self.environ)
-        argv = self.podman.run_command([*passthrough.run_args, *options, image, *command], module_args)
-        return self.exec(argv, passthrough.env)
-
-    def _parse_run(self, args: list[str]):
-        return parse_run_args(self.podman, self.modules, args)
+        return self.exec(self.site.run_argv(plan, passthrough.run_args), passthrough.env)
 
     def passthrough(self, subcommand: str, args: list[str]) -> int:
         return self.exec(self.podman.command(subcommand, *args))
@@ -250,21 +238,6 @@ class Cli:
             commands.become(argv, env or self.podman.env)
         except FileNotFoundError:
             raise EngineError(f"podman not found: {argv[0]} (set podman_bin in the site configuration)", 127)
-
-
-def parse_run_args(podman: Podman, modules: ModuleSet, args: Sequence[str], extra_flags: Sequence[str] = ("--join",)):
-    """``[options] IMAGE [COMMAND...]`` of run/shared-run: (podman options, image, command, chosen modules).
-
-    Module flags (``--gpu``, ``--openmpi-pmix``...) and ``extra_flags`` are told apart from
-    podman's own run options; the modules are checked for conflicts and dependencies.
-    Shared by the CLI and the ``%podman_hpc run`` magic.
-    """
-    flags = modules.by_flag()
-    options, image, command = split_at_image(args, podman.options("run"), [*flags, *extra_flags])
-    chosen_names = [flags[o].name for o in options if o in flags]
-    options = [o for o in options if o not in flags]
-    image = reference.normalize(image) if image else image
-    return options, image, command, modules.select(chosen_names)
 
 
 def image_rows(images) -> list[tuple[str, ...]]:

@@ -74,7 +74,7 @@ from urllib.parse import quote
 
 from . import reference
 from .config import SiteConfig
-from .errors import EngineError
+from .errors import EngineError, InvalidInput
 from .migrate import MigrateResult, migrate
 from .podman import Podman
 from .progress import Progress, ProgressCallback, ignore
@@ -467,14 +467,14 @@ def build(config: SiteConfig, containerfile: str, tag: str, context_dir: str | o
     """
     reference.parse(tag)
     if containerfile is None or not str(containerfile).strip():
-        raise EngineError("the Containerfile is empty: give at least a FROM line")
+        raise InvalidInput("the Containerfile is empty: give at least a FROM line")
     args = {str(k): str(v) for k, v in (build_args or {}).items()}
     for key in args:
         if not key or "=" in key:
-            raise EngineError(f"invalid build argument name {key!r}")
+            raise InvalidInput(f"invalid build argument name {key!r}")
     context = Path(context_dir).expanduser() if context_dir is not None else None
     if context is not None and not context.is_dir():
-        raise EngineError(f"the build context {context} is not a directory")
+        raise InvalidInput(f"the build context {context} is not a directory")
 
     name = f".podman-hpc-containerfile-{os.urandom(6).hex()}"
     params: dict[str, object] = {"dockerfile": name, "t": tag, "rm": True, "forcerm": True, "layers": True}
@@ -526,6 +526,20 @@ def build(config: SiteConfig, containerfile: str, tag: str, context_dir: str | o
         image_id = log.image_id
     progress(Progress("build", f"built {tag} ({image_id[:12]})", 1, 1))
     return image_id
+
+
+def build_and_squash(config: SiteConfig, containerfile: str, tag: str, context_dir: str | os.PathLike | None = None,
+                     build_args: Mapping[str, str] | None = None, progress: ProgressCallback = ignore, *,
+                     cancel: CancelHook = None, no_cache: bool = False,
+                     environ: Mapping[str, str] | None = None) -> PullResult:
+    """``build`` then squash ``tag`` into the squashed store, with both stages' progress
+    (``cancel`` as for ``pull_and_squash``)."""
+    image_id = build(config, containerfile, tag, context_dir, build_args, progress, cancel=cancel,
+                     no_cache=no_cache, environ=environ)
+    if _is_set(cancel):
+        raise Cancelled(f"cancelled after building {tag}, before squashing it")
+    progress(Progress("squash", f"squashing {tag}"))
+    return PullResult(image_id, migrate(Podman(config, environ), tag, progress))
 
 
 def _line(step: Step | None) -> str:

@@ -72,8 +72,9 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, Union
 
-from ..engine import EngineError, load_config, reference
+from ..engine import EngineError, reference
 from ..engine.modules import ModuleSet
+from ..engine.runplan import Site
 from ..engine.podman import Podman, error_message
 from . import orphans, pool as pools, slurm
 from .boot import READY_LINE
@@ -149,9 +150,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
             raise KernelStartError("the kernelspec names no image: set metadata.kernel_provisioner.config.image")
         try:
             self.image = reference.validate(self.image)
-            config = load_config(os.environ)
-            self._podman = Podman(config, os.environ)
-            site_modules = ModuleSet.load(config.modules_dir)
+            site = Site.load(os.environ)
+            self._podman, site_modules = site.podman, site.modules
             names, environ = list(self.modules), dict(os.environ)
             if self._wants_slurm(site_modules, names):
                 names.append(slurm.MODULE)

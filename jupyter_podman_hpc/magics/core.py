@@ -144,11 +144,14 @@ class PodmanHPCMagics(Magics):
         config = self._config()
         renderer = self._renderer(f"build {args.tag}", log=args.log)
         with _rendering(renderer):
-            image_id = api.build(config, containerfile, args.tag, args.context, dict(args.build_args),
-                                 renderer, no_cache=args.no_cache)
-            renderer.done(f"Built {args.tag} ({image_id[:12]})")
             if args.squash:
-                self._squash(config, args.tag, renderer)
+                built = api.build_and_squash(config, containerfile, args.tag, args.context, dict(args.build_args),
+                                             renderer, no_cache=args.no_cache, environ=os.environ)
+                _squashed(renderer, config, args.tag, built.squash)
+            else:
+                image_id = api.build(config, containerfile, args.tag, args.context, dict(args.build_args),
+                                     renderer, no_cache=args.no_cache)
+                renderer.done(f"Built {args.tag} ({image_id[:12]})")
         return None
 
     def _squash(self, config, ref: str, renderer: Renderer) -> None:
@@ -156,11 +159,7 @@ class PodmanHPCMagics(Magics):
         from ..engine.podman import Podman
 
         renderer.note(f"Squashing {ref}")
-        result = migrate(Podman(config, os.environ), ref, renderer)
-        if result.squashed:
-            renderer.done(f"Squashed {ref} ({result.image.short_id}) into {config.squash_dir}")
-        else:
-            renderer.done(f"{ref} ({result.image.short_id}) is already in the squashed store {config.squash_dir}")
+        _squashed(renderer, config, ref, migrate(Podman(config, os.environ), ref, renderer))
 
     def _cmd_pull(self, args: Namespace, cell: str | None):
         from ..engine import api
@@ -173,13 +172,7 @@ class PodmanHPCMagics(Magics):
                 image_id = api.pull(config, args.image, renderer)
                 renderer.done(f"Pulled {args.image} ({image_id[:12]})")
             else:
-                result = api.pull_and_squash(config, args.image, renderer)
-                squash = result.squash
-                if squash.squashed:
-                    renderer.done(f"Squashed {args.image} ({squash.image.short_id}) into {config.squash_dir}")
-                else:
-                    renderer.done(f"{args.image} ({squash.image.short_id}) is already in the squashed store "
-                                  f"{config.squash_dir}")
+                _squashed(renderer, config, args.image, api.pull_and_squash(config, args.image, renderer).squash)
         return None
 
     def _cmd_squash(self, args: Namespace, cell: str | None):
@@ -220,28 +213,23 @@ class PodmanHPCMagics(Magics):
     # --- run ----------------------------------------------------------------------------
 
     def _cmd_run(self, args: Namespace, cell: str | None):
-        from ..cli import parse_run_args
-        from ..engine.modules import ModuleSet
-        from ..engine.podman import Podman
+        from ..engine.runplan import Site
 
         self._no_cell(args, cell)
-        config = self._config()
-        podman = Podman(config, os.environ)
-        modules = ModuleSet.load(config.modules_dir, cache_dir=config.run_root)
-        options, image, command, chosen = parse_run_args(podman, modules, args.args, extra_flags=("--debug",))
-        if "--debug" in options:
+        site = Site.load(os.environ)
+        plan = site.plan(args.args, front_flags=["--debug"])
+        if plan.flags:
             args.debug = True
-            options = [o for o in options if o != "--debug"]
-        if image is None:
+        if plan.image is None:
             raise MagicError("run needs an IMAGE", _usage("run"))
-        shared = [m for m in chosen if m.shared_run]
+        shared = [m for m in plan.modules if m.shared_run]
         if shared:
             raise MagicError(f"module '{shared[0].name}' ({shared[0].flag}) runs one container per node "
                              "under Slurm: use %podman_hpc submit")
-        if not any(o.split("=", 1)[0] in ("--rm", "-d", "--detach") for o in options):
-            options = ["--rm", *options]   # a cell run leaves no container behind
-        argv = podman.run_command([*options, image, *command], modules.podman_args(chosen, os.environ))
-        code, stderr = stream(argv, podman.env)
+        # a cell run leaves no container behind
+        keep = any(o.split("=", 1)[0] in ("--rm", "-d", "--detach") for o in plan.options)
+        argv = site.run_argv(plan, [] if keep else ["--rm"])
+        code, stderr = stream(argv, site.podman.env)
         if code != 0:
             from ..engine.podman import error_message
             podman_said = [line for line in stderr.splitlines() if line.strip().startswith("Error:")]
@@ -406,6 +394,14 @@ class PodmanHPCMagics(Magics):
         self._no_cell(args, cell)
         Cli(Options(), dict(os.environ)).infohpc([])
         return None
+
+
+def _squashed(renderer: Renderer, config, ref: str, result) -> None:
+    """The last line of a squash: done now, or found in the store already."""
+    if result.squashed:
+        renderer.done(f"Squashed {ref} ({result.image.short_id}) into {config.squash_dir}")
+    else:
+        renderer.done(f"{ref} ({result.image.short_id}) is already in the squashed store {config.squash_dir}")
 
 
 def stream(argv: list[str], env: dict[str, str]) -> tuple[int, str]:

@@ -94,17 +94,16 @@ class Backend:
     def build(self, containerfile: str, tag: str, build_args: dict[str, str], context: Path | None,
               squash: bool) -> Task:
         from ..engine import api
-        from ..engine.migrate import migrate
 
         config = self.writable_store(self.site()) if squash else self.site()
 
         def work(progress, cancel):
+            if squash:
+                built = api.build_and_squash(config, containerfile, tag, context, build_args, progress,
+                                             cancel=cancel, environ=self.environ())
+                return {"image": tag, "id": built.image_id, "squashed": True}
             image_id = api.build(config, containerfile, tag, context, build_args, progress, cancel=cancel)
-            result = {"image": tag, "id": image_id, "squashed": False}
-            if squash and not cancel.is_set():
-                migrate(Podman(config, self.environ()), tag, progress)
-                result["squashed"] = True
-            return result
+            return {"image": tag, "id": image_id, "squashed": False}
 
         return self.tasks.start("build", f"build {tag}", work)
 

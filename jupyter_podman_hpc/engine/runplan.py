@@ -1,0 +1,82 @@
+"""How a container run is planned, once for every front.
+
+Every front that runs a container (the CLI's ``run``/``shared-run``, the
+``%podman_hpc run`` magic, the kernel provisioner) does the same: load the
+site (configuration, podman with its HPC settings, the modules), split the
+user's words into podman options, module flags, image and command, turn the
+chosen modules into podman arguments, and build the ``podman run`` command
+line. ``Site.load`` and ``Site.plan`` do it; the front then runs the argv its
+own way (exec, streamed into a cell, a kernel process, the launcher).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from . import reference
+from .config import SiteConfig, load_config
+from .modules import Module, ModuleSet
+from .podman import Podman, split_at_image
+
+
+@dataclass
+class RunPlan:
+    """A parsed ``[options] [module flags] IMAGE [COMMAND...]``, with the modules' podman arguments."""
+
+    options: list[str]          # podman run options (module and front flags removed)
+    image: str | None           # normalised (no transport prefix); None when the words name none
+    command: list[str]
+    modules: list[Module]       # chosen, checked for conflicts and dependencies
+    module_args: list[str]
+    flags: list[str] = field(default_factory=list)  # the front's own flags that were given (``--join``)
+
+    @property
+    def shared(self) -> bool:
+        """A chosen module runs one container per node (shared-run)."""
+        return any(module.shared_run for module in self.modules)
+
+
+@dataclass
+class Site:
+    """The site as one user sees it: configuration, podman, modules."""
+
+    config: SiteConfig
+    podman: Podman
+    modules: ModuleSet
+    environ: Mapping[str, str]
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str], *, squash_dir: str | None = None,
+             additional_stores: Sequence[str] = (), log_level: str | None = None) -> "Site":
+        config = load_config(environ, squash_dir=squash_dir)
+        config.additional_stores += list(additional_stores)
+        if log_level:
+            config.log_level = log_level
+        return cls(config, Podman(config, environ), ModuleSet.load(config.modules_dir, cache_dir=config.run_root),
+                   environ)
+
+    def plan(self, args: Sequence[str], front_flags: Iterable[str] = ()) -> RunPlan:
+        """Split ``[options] IMAGE [COMMAND...]`` and resolve the module flags among the options."""
+        front_flags = list(front_flags)
+        options, image, command, chosen = parse_run_args(self.podman, self.modules, args, front_flags)
+        given = [o for o in options if o in front_flags]
+        options = [o for o in options if o not in front_flags]
+        return RunPlan(options, image, command, chosen, self.modules.podman_args(chosen, self.environ), given)
+
+    def run_argv(self, plan: RunPlan, extra_options: Sequence[str] = ()) -> list[str]:
+        """``podman run`` of the plan, with ``extra_options`` before the user's."""
+        return self.podman.run_command([*extra_options, *plan.options, plan.image or "", *plan.command],
+                                       plan.module_args)
+
+
+def parse_run_args(podman: Podman, modules: ModuleSet, args: Sequence[str],
+                   extra_flags: Sequence[str] = ("--join",)) -> tuple[list[str], str | None, list[str], list[Module]]:
+    """``[options] IMAGE [COMMAND...]``: (podman options with ``extra_flags`` kept, image, command,
+    chosen modules). Module flags (``--gpu``, ``--openmpi-pmix``...) are told apart from podman's
+    own run options; the modules are checked for conflicts and dependencies."""
+    flags = modules.by_flag()
+    options, image, command = split_at_image(args, podman.options("run"), [*flags, *extra_flags])
+    chosen = modules.select([flags[o].name for o in options if o in flags])
+    options = [o for o in options if o not in flags]
+    return options, reference.normalize(image) if image else None, command, chosen
