@@ -1,6 +1,6 @@
 """jupyter-podman-hpc: podman-hpc's engine, and its Jupyter fronts."""
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401 - the package's version, as usual
 
 
 # Jupyter's entry points. They only name modules: importing the package must

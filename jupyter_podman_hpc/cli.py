@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
-from . import __version__
+from .version import __version__
 from .engine import commands
 from .engine.errors import EngineError, InvalidInput
 from .engine.runplan import Site

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from .errors import ModuleError
+from .files import atomic_write
 
 FIELDS = {"name", "cli_arg", "help", "env", "additional_args", "bind", "copy",
           "conflicts", "depends_on", "shared_run", "hidden", "cdi_devices"}
@@ -128,10 +129,8 @@ class ModuleSet:
         if cache is not None:
             try:
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-                tmp.write_text(json.dumps({"directory": directory, "stamp": stamp,
-                                           "modules": [asdict(m) for m in modules]}))
-                os.replace(tmp, cache)
+                atomic_write(cache, json.dumps({"directory": directory, "stamp": stamp,
+                                                "modules": [asdict(m) for m in modules]}))
             except OSError:
                 pass
         return cls(directory, modules)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -18,6 +19,7 @@ from typing import Iterable, Mapping, Sequence
 from . import commands
 from .config import SiteConfig
 from .errors import PodmanError
+from .files import atomic_write
 from .modules import HOOK_ANNOTATION
 from .store import make_store_dir, readable_stores
 
@@ -163,9 +165,7 @@ class Podman:
         if path.exists() and not os.access(path, os.W_OK):
             return  # a site-managed hooks directory
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{HOOK_FILE}.{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)
 
     # --- option tables ------------------------------------------------------
 
@@ -175,7 +175,7 @@ class Podman:
         Read from podman's --help once per podman binary and cached in the run root.
         """
         binary = self.config.podman_bin
-        resolved = binary if os.path.isabs(binary) else _which(binary, self.env)
+        resolved = shutil.which(binary, path=self.env.get("PATH", os.defpath)) or binary
         try:
             st = os.stat(resolved)
             key = f"{st.st_ino}-{int(st.st_mtime)}-{st.st_size}"
@@ -189,9 +189,7 @@ class Podman:
         table = parse_options(self.run(self.help_command(subcommand)).stdout)
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(table))
-            os.replace(tmp, cache)
+            atomic_write(cache, json.dumps(table))
         except OSError:
             pass
         return table
@@ -272,11 +270,3 @@ def error_message(stderr: str, argv: Sequence[str] = ()) -> str:
     errors = [line for line in lines if line.startswith("Error:")]
     line = (errors or lines or [f"podman {' '.join(argv[1:3])} failed"])[-1]
     return line.removeprefix("Error:").strip()
-
-
-def _which(name: str, env: Mapping[str, str]) -> str:
-    for directory in env.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory, name)
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return name

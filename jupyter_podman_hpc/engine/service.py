@@ -6,10 +6,11 @@ run root, mount program, cgroup manager, runtime):
 
 ``ApiService`` -- the shared one. One per user and storage configuration on a
 node, bound to ``<run_root>/podman-hpc-api-<key>.sock``, started on demand
-and reused by every caller while it is alive (two notebooks of the user, the
-server extension, ...). It sees the squashed store as an additional image
-store, as ``podman-hpc images``/``run`` do, so images squashed on the shared
-file system appear in its image list. It exits by itself after ``idle``
+and reused by every caller while it is alive (``client(config)``; no front
+calls it today: they list and run through the ``podman`` CLI). It sees the
+squashed store as an additional image store, as ``podman-hpc images``/``run``
+do, so images squashed on the shared file system appear in its image list.
+It exits by itself after ``idle``
 seconds without a request (``--time``). ``<key>`` is a hash of the storage
 settings, so callers with a different graph root or squash dir never share a
 service whose storage does not match theirs.
@@ -32,8 +33,8 @@ every later ``podman images``). And because the service runs only that one
 operation, the processes of a build's RUN step are exactly the container
 processes under it, which is what cancelling a build needs (see ``engine.api``).
 
-Use ``client(config)`` for queries and runs; never pull, build, tag or remove
-images through it (use ``engine.api``, the CLI or ``engine.images``).
+Never pull, build, tag or remove images through ``ApiService`` (use
+``engine.api``, the CLI or ``engine.images``).
 """
 
 from __future__ import annotations

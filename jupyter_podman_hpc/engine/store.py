@@ -43,6 +43,7 @@ from typing import Iterator
 
 from . import reference
 from .errors import EngineError, ImageNotFound, PermissionDenied
+from .files import atomic_write
 
 
 @dataclass(frozen=True)
@@ -110,13 +111,7 @@ class Sharing:
 
 
 def _atomic_write(path: Path, data: bytes, sharing: Sharing = Sharing()) -> None:
-    tmp = path.with_name(f".{path.name}.{os.uname().nodename}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    sharing.apply(tmp)
-    os.replace(tmp, path)
+    atomic_write(path, data, prepare=sharing.apply)  # the store's files get its group's sharing
 
 
 def _mkdirs(path: Path, sharing: Sharing) -> None:

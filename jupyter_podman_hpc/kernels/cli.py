@@ -19,7 +19,7 @@ import json
 import sys
 from typing import NoReturn
 
-from .. import __version__
+from ..version import __version__
 from ..engine.errors import EngineError
 from . import kernelspec
 

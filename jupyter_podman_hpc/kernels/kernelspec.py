@@ -12,7 +12,6 @@ under a lock, so Jupyter never lists a half-written kernelspec.
 
 from __future__ import annotations
 
-import builtins
 import ctypes
 import errno
 import json
@@ -27,7 +26,7 @@ from typing import Iterable, Sequence
 
 from jupyter_core.paths import SYSTEM_JUPYTER_PATH, jupyter_data_dir, jupyter_path
 
-from .. import __version__
+from ..version import __version__
 from ..engine.errors import EngineError, NotFound
 from ..engine.locks import flocked
 from . import PROVISIONER_NAME
@@ -57,8 +56,8 @@ class ContainerKernel:
     name: str
     display_name: str
     image: str
-    modules: list[str] = field(default_factory=builtins.list)
-    podman_args: list[str] = field(default_factory=builtins.list)
+    modules: list[str] = field(default_factory=list)
+    podman_args: list[str] = field(default_factory=list)
     path: str = ""
     pool: int | None = None  # kernels kept started ahead of need (None: the server's default)
     slurm: bool = True  # the site's slurm module (the host's Slurm inside the kernel)
@@ -101,7 +100,7 @@ def kernels_dir(*, user: bool = True, sys_prefix: bool = False, prefix: str | os
     return Path(SYSTEM_JUPYTER_PATH[0]) / "kernels"
 
 
-def search_dirs(prefix: str | os.PathLike | None = None) -> builtins.list[Path]:
+def search_dirs(prefix: str | os.PathLike | None = None) -> list[Path]:
     """The kernels directories Jupyter searches (``JUPYTER_PATH``, user, env, system), in its order."""
     dirs = [Path(d) for d in jupyter_path("kernels")]
     if prefix is not None:
@@ -111,7 +110,7 @@ def search_dirs(prefix: str | os.PathLike | None = None) -> builtins.list[Path]:
     return dirs
 
 
-def _logo_dirs() -> builtins.list[Path]:
+def _logo_dirs() -> list[Path]:
     here = Path(__file__).resolve().parent
     # a wheel carries the repository's kernels/ folder as package data;
     # an editable install reads it from the checkout
@@ -135,9 +134,9 @@ def kernel_json(image: str, *, display_name: str | None = None, modules: Sequenc
     """The kernel.json of a container kernel."""
     config: dict = {"image": image}
     if modules:
-        config["modules"] = builtins.list(modules)
+        config["modules"] = list(modules)
     if podman_args:
-        config["podman_args"] = builtins.list(podman_args)
+        config["podman_args"] = list(podman_args)
     if pool is not None:
         config["pool"] = pool
     if not slurm:
@@ -287,7 +286,7 @@ def install(image: str, name: str | None = None, display_name: str | None = None
     return installed
 
 
-def list_kernels(prefix: str | os.PathLike | None = None) -> builtins.list[ContainerKernel]:
+def list_kernels(prefix: str | os.PathLike | None = None) -> list[ContainerKernel]:
     """The podman-hpc kernelspecs Jupyter sees, one per name (the one Jupyter would use)."""
     found: dict[str, ContainerKernel] = {}
     shadowed: set[str] = set()
@@ -331,7 +330,3 @@ def remove(name: str, prefix: str | os.PathLike | None = None) -> ContainerKerne
     except OSError as err:
         raise KernelSpecError(f"cannot remove the kernelspec {name} from {kernels}: {err.strerror or err}")
     return kernel
-
-
-# ``kernelspec.list()`` as the fronts call it; the builtin stays reachable as builtins.list.
-list = list_kernels  # noqa: A001

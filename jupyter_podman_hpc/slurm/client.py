@@ -374,22 +374,3 @@ class SlurmClient:
 
     def partitions(self) -> list[Partition]:
         return parse_sinfo(self._run("sinfo", ["-h", "-o", SINFO_FORMAT]).stdout)
-
-
-_default = SlurmClient()
-
-
-def submit(script_path: str | os.PathLike) -> str:
-    return _default.submit(script_path)
-
-
-def status(job_id: str) -> JobStatus:
-    return _default.status(job_id)
-
-
-def cancel(job_id: str) -> None:
-    _default.cancel(job_id)
-
-
-def partitions() -> list[Partition]:
-    return _default.partitions()

@@ -33,6 +33,7 @@ from typing import Mapping, Optional
 
 from ..engine.config import SiteConfig, load_config
 from ..engine.errors import EngineError, ImageNotFound, NotFound
+from ..engine.files import atomic_write
 from ..engine.modules import ModuleSet
 from ..engine.progress import Progress, ProgressCallback, ignore
 from ..engine.store import find_squashed
@@ -83,16 +84,7 @@ def _new_id() -> str:
 
 
 def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(2)}.tmp")
-    try:
-        with open(tmp, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, text, mode)
 
 
 @dataclass
@@ -455,13 +447,4 @@ def _remove_stale_staging(root: Path) -> None:
             pass
 
 
-def list_jobs(root: str | Path | None = None, *, client: SlurmClient | None = None) -> list[Job]:
-    return Job.list(root, client=client)
-
-
-def find_job(job_id: str | int, root: str | Path | None = None, *, client: SlurmClient | None = None) -> Job:
-    return Job.find(job_id, root, client=client)
-
-
-__all__ = ["Job", "JobRecord", "JobError", "JobNotFound", "JobTimeout", "default_root",
-           "list_jobs", "find_job"]
+__all__ = ["Job", "JobRecord", "JobError", "JobNotFound", "JobTimeout", "default_root"]

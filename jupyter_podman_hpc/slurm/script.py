@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Optional, Sequence
 
-from .. import __version__
+from ..version import __version__
 from ..engine.config import SiteConfig, load_config
 from ..engine.modules import ModuleSet
 from .spec import SRUN_MPI, JobSpec, JobSpecError, _no_breaks
@@ -89,13 +89,6 @@ def directives(spec: JobSpec, job_dir: str) -> list[str]:
     options.append(f"--output={shlex.quote(f'{job_dir}/{BATCH_LOG}')}")
     options.extend(spec.extra_directives)
     return options
-
-
-def launcher_argv(spec: JobSpec, job_dir: str, target: RunTarget, modules: ModuleSet,
-                  config: SiteConfig) -> list[str]:
-    """``podman-hpc shared-run|run --rm [module flags] [options] IMAGE CMD...`` for one rank."""
-    options, image_and_command = _launcher_parts(spec, job_dir, target, modules, config)
-    return options + image_and_command
 
 
 def _launcher_parts(spec: JobSpec, job_dir: str, target: RunTarget, modules: ModuleSet,

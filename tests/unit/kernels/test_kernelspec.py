@@ -62,7 +62,7 @@ def test_user_install_goes_to_the_jupyter_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_PATH", "")
     kernel = kernelspec.install(IMAGE, name="user-kernel")
     assert kernel.path == str(tmp_path / "data" / "kernels" / "user-kernel")
-    assert [k.name for k in kernelspec.list()] == ["user-kernel"]
+    assert [k.name for k in kernelspec.list_kernels()] == ["user-kernel"]
 
 
 @pytest.mark.parametrize("name", ["Base", "has space", "", "-dash", ".hidden", "a/b", "x" * 129, "über"])
@@ -107,12 +107,12 @@ def test_bad_display_name_and_interrupt_mode(prefix):
 def test_install_list_remove_round_trip(prefix):
     kernelspec.install(IMAGE, name="one", prefix=prefix)
     kernelspec.install("127.0.0.1:5000/jph/tiny:latest", name="two", modules=["home"], prefix=prefix)
-    listed = {k.name: k for k in kernelspec.list(prefix)}
+    listed = {k.name: k for k in kernelspec.list_kernels(prefix)}
     assert sorted(listed) == ["one", "two"]
     assert listed["two"].image == "127.0.0.1:5000/jph/tiny:latest" and listed["two"].modules == ["home"]
     removed = kernelspec.remove("one", prefix)
     assert removed.name == "one" and not os.path.exists(removed.path)
-    assert [k.name for k in kernelspec.list(prefix)] == ["two"]
+    assert [k.name for k in kernelspec.list_kernels(prefix)] == ["two"]
     with pytest.raises(KernelSpecError, match="no podman-hpc kernel named one"):
         kernelspec.remove("one", prefix)
 
@@ -120,7 +120,7 @@ def test_install_list_remove_round_trip(prefix):
 def test_reinstall_replaces_in_place(prefix):
     kernelspec.install(IMAGE, name="k", prefix=prefix)
     kernelspec.install("127.0.0.1:5000/jph/tiny:latest", name="k", prefix=prefix)
-    [kernel] = kernelspec.list(prefix)
+    [kernel] = kernelspec.list_kernels(prefix)
     assert kernel.image == "127.0.0.1:5000/jph/tiny:latest"
     leftovers = [p.name for p in (prefix / "share" / "jupyter").iterdir() if p.name != "kernels"]
     assert leftovers in ([], [".podman-hpc-kernels.lock"])
@@ -132,7 +132,7 @@ def test_other_kernels_are_neither_listed_nor_replaced_nor_removed(prefix):
     (other / "kernel.json").write_text(json.dumps(
         {"argv": ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
          "display_name": "Python", "language": "python"}))
-    assert kernelspec.list(prefix) == []
+    assert kernelspec.list_kernels(prefix) == []
     with pytest.raises(KernelSpecError, match="not a podman-hpc kernel"):
         kernelspec.install(IMAGE, name="python-local", prefix=prefix)
     with pytest.raises(KernelSpecError, match="no podman-hpc kernel named python-local"):
@@ -156,7 +156,7 @@ def test_concurrent_installs_leave_one_complete_kernelspec(prefix):
     for thread in threads:
         thread.join()
     assert not errors
-    [kernel] = kernelspec.list(prefix)
+    [kernel] = kernelspec.list_kernels(prefix)
     assert kernel.image in images
     directory = prefix / "share" / "jupyter" / "kernels" / "same"
     assert sorted(p.name for p in directory.iterdir()) == ["kernel.json", "logo-svg.svg"]
@@ -171,7 +171,7 @@ def test_a_failed_write_leaves_the_old_kernelspec(prefix, monkeypatch):
     monkeypatch.setattr(kernelspec, "_put", broken)
     with pytest.raises(KernelSpecError, match="No space left on device"):
         kernelspec.install("127.0.0.1:5000/jph/tiny:latest", name="k", prefix=prefix)
-    [kernel] = kernelspec.list(prefix)
+    [kernel] = kernelspec.list_kernels(prefix)
     assert kernel.image == IMAGE
     assert not [p for p in (prefix / "share" / "jupyter").iterdir() if p.name.startswith(".podman-hpc-kernel-")]
 
