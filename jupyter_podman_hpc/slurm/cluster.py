@@ -227,10 +227,17 @@ class Cluster:
             time.sleep(0.05)
 
     def _wait_for_engines(self, timeout: float, progress: ProgressCallback) -> None:
-        total = self.record.engines
         ipp_client = self.client()
+        try:
+            self._count_engines(ipp_client, timeout, progress)
+        finally:
+            ipp_client.close()
+            self._clients.remove(ipp_client)
+
+    def _count_engines(self, ipp_client, timeout: float, progress: ProgressCallback) -> None:
+        total = self.record.engines
         deadline = time.monotonic() + timeout
-        seen, next_status, state = -1, 0.0, ""
+        seen, next_status, state = None, 0.0, ""
         while True:
             registered = len(ipp_client.ids)
             now = time.monotonic()
@@ -240,8 +247,8 @@ class Cluster:
                 if status.finished and registered < total:
                     raise ClusterError(self._engines_failed(status.describe()))
                 state = status.state
-            if registered != seen:
-                seen = registered
+            if (registered, state) != seen:      # a new engine, or the job's state changed
+                seen = (registered, state)
                 progress(Progress("cluster", f"{registered}/{total} engines registered (job {self.job_id} "
                                              f"{state})", current=registered, total=total, item=self.job_id))
             if registered >= total:

@@ -27,10 +27,10 @@ from tests.integration.slurm.test_jobs import leftovers_after
 pytestmark = pytest.mark.slow
 
 
-def squeue(hpc) -> list[str]:
-    """The user's jobs Slurm still has (pending, running or completing)."""
-    result = run(["squeue", "-h", "-u", hpc.stack.user, "-o", "%i %T"], env=hpc.env)
-    return result.stdout.split("\n")[:-1]
+def queued(hpc, job_id: str) -> bool:
+    """Whether Slurm still has the job pending, running or completing (other tests' jobs aside)."""
+    result = run(["squeue", "-h", "-j", job_id, "-t", "PD,CF,R,CG", "-o", "%i"], env=hpc.env)
+    return job_id in result.stdout.split()
 
 
 def cluster_dirs(hpc) -> list[Path]:
@@ -60,7 +60,7 @@ def listening(port: int) -> bool:
 def assert_nothing_left(hpc, directory: Path, listened: list[int]) -> None:
     data = record(directory)
     assert data["state"] == "stopped", data
-    assert not squeue(hpc), squeue(hpc)
+    assert not queued(hpc, data["job_id"]), data
     assert leftovers_after(hpc, 30) == {}
     for token in (data["controller"], data["watchdog"]):
         assert token and not owner_alive(token), data
@@ -71,12 +71,13 @@ def assert_nothing_left(hpc, directory: Path, listened: list[int]) -> None:
 
 def test_a_4x2_mpi_cluster_runs_px_cells_and_stop_leaves_nothing(base_kernel, squashed_base, stack):
     kernel = base_kernel
+    before = cluster_dirs(squashed_base)
     cell = kernel.execute(f"cluster = %podman_hpc cluster start --nodes 4 --tasks-per-node 2 --time 10 "
                           f"--module openmpi-pmix {MPI_ENV} {stack.base_image}")
     assert cell.ok, cell.show()
     assert "8/8 engines registered" in cell.stdout, cell.show()
     assert "engines, job " in cell.stdout.splitlines()[-1] and "%%px runs on them" in cell.stdout, cell.show()
-    [directory] = cluster_dirs(squashed_base)
+    [directory] = [d for d in cluster_dirs(squashed_base) if d not in before]
     listened = ports(directory)
     assert listened and all(listening(port) for port in listened)
 
@@ -107,22 +108,26 @@ def test_a_4x2_mpi_cluster_runs_px_cells_and_stop_leaves_nothing(base_kernel, sq
 def test_a_kernel_killed_with_sigkill_leaves_nothing(squashed_base, stack, tmp_path):
     """The watchdog sees the kernel go (a pidfd), stops the controller and cancels the job."""
     session = start_session(squashed_base, tmp_path / "doomed")
+    before = cluster_dirs(squashed_base)
+    started = []
     try:
         cell = session.execute(f"cluster = %podman_hpc cluster start --nodes 2 --time 10 {stack.base_image}")
         assert cell.ok, cell.show()
-        [directory] = cluster_dirs(squashed_base)
+        started = [d for d in cluster_dirs(squashed_base) if d not in before]
+        [directory] = started
         listened = ports(directory)
-        assert squeue(squashed_base)
+        job_id = record(directory)["job_id"]
+        assert queued(squashed_base, job_id)
         os.kill(session.km.provisioner.process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while (squeue(squashed_base) or owner_alive(record(directory)["controller"])) \
+        while (queued(squashed_base, job_id) or owner_alive(record(directory)["controller"])) \
                 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert_nothing_left(squashed_base, directory, listened)
     finally:
         session.kc.stop_channels()
         session.km.cleanup_resources()
-        for directory in cluster_dirs(squashed_base):
+        for directory in started:
             run(["rm", "-rf", str(directory)])
 
 
@@ -155,10 +160,10 @@ def test_bad_input_gives_one_line_and_leaves_nothing_running(base_kernel, squash
                                                                                      no_ipp=no_ipp))
     text = short_error(cell)
     assert expected in text and len(text.splitlines()) == 1, text
-    assert not squeue(squashed_base)
     started = [d for d in cluster_dirs(squashed_base) if d not in before]
     assert len(started) == (1 if case == "no ipyparallel" else 0)
     for directory in started:   # the job it submitted ended, and nothing of it runs
         data = record(directory)
         assert data["state"] == "stopped" and not owner_alive(data["controller"]), data
+        assert not queued(squashed_base, data["job_id"]), data
         assert not list((directory / "ipython" / "security").glob("*.json"))
