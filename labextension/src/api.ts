@@ -105,6 +105,21 @@ export interface IJob {
   status: IJobStatus | null;
 }
 
+/** slurm/cluster.py `Cluster.as_dict`: a running interactive cluster. */
+export interface ICluster {
+  id: string;
+  job_id: string;
+  image: string | null;
+  nodes: number | null;
+  engines: number;
+  registered: number;
+  state: string;
+  host: string;
+  directory: string;
+  job_state: string | null;
+  nodelist: string;
+}
+
 /** GET jobs/{id}/logs. */
 export interface IJobLogs {
   id: string;
@@ -307,6 +322,11 @@ export const api = {
     requestAPI<IJob>(`jobs/${segment(id)}`, { method: 'DELETE' }),
   jobLogs: (id: string): Promise<IJobLogs> =>
     requestAPI<IJobLogs>(`jobs/${segment(id)}/logs`),
+
+  clusters: async (): Promise<ICluster[]> =>
+    (await requestAPI<{ clusters: ICluster[] }>('clusters')).clusters,
+  stopCluster: (id: string): Promise<ICluster> =>
+    requestAPI<ICluster>(`clusters/${segment(id)}`, { method: 'DELETE' }),
 
   kernels: async (): Promise<IContainerKernel[]> =>
     (await requestAPI<{ kernels: IContainerKernel[] }>('kernels')).kernels,

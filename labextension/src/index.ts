@@ -31,6 +31,7 @@ import { IFileBrowserFactory } from '@jupyterlab/filebrowser';
 import {
   INotebookModel,
   INotebookTracker,
+  NotebookActions,
   NotebookPanel
 } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
@@ -226,7 +227,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
           kernelImage: kernelImage(app, notebook),
           settings: settings.current,
           userSettings: settings.user,
-          save: () => notebook.context.save()
+          save: () => notebook.context.save(),
+          startCluster: async code => {
+            NotebookActions.insertBelow(notebook.content);
+            notebook.content.activeCell?.model.sharedModel.setSource(code);
+            await NotebookActions.run(notebook.content, notebook.sessionContext);
+          }
         });
         if (job) {
           showPanel(panel.jobs);

@@ -8,6 +8,7 @@
  * - Builds (POST images/build): live log and step progress, Cancel.
  * - Jobs (GET jobs every refreshInterval seconds): state badges, nodes,
  *   elapsed time, exit code; logs, cancel (DELETE jobs/{id}), directory.
+ * - Clusters (clusters.ts): running interactive clusters, their engines, Stop.
  *
  * Rows are keyed by id and updated in place, so polling neither flickers
  * nor moves what the user is looking at (or has focused).
@@ -38,6 +39,7 @@ import {
   IJob,
   ITask
 } from './api';
+import { ClustersSection } from './clusters';
 import { containersIcon } from './icons';
 import { KernelForm } from './kernelForm';
 import { jobLabel } from './logs';
@@ -645,6 +647,7 @@ export class ContainersPanel extends SidePanel {
   readonly images: ImagesSection;
   readonly builds: BuildsSection;
   readonly jobs: JobsSection;
+  readonly clusters: ClustersSection;
   private _resumed = false;
 
   constructor(options: IPanelOptions) {
@@ -656,10 +659,12 @@ export class ContainersPanel extends SidePanel {
     this.images = new ImagesSection(options);
     this.builds = new BuildsSection(options);
     this.jobs = new JobsSection(options);
+    this.clusters = new ClustersSection(options.settings);
     this.builds.onBuilt = () => void this.images.refresh();
     this.addWidget(this.images);
     this.addWidget(this.builds);
     this.addWidget(this.jobs);
+    this.addWidget(this.clusters);
   }
 
   protected onAfterShow(): void {

@@ -56,6 +56,8 @@ export interface IRunAtScaleOptions {
   userSettings: Partial<ISettings>;
   /** Save the notebook (before it is submitted). */
   save: () => Promise<void>;
+  /** Run code in the notebook's kernel, in a new cell (the "Interactive cluster" choice). */
+  startCluster?: (code: string) => Promise<void>;
 }
 
 interface IField {
@@ -254,6 +256,17 @@ export class RunAtScaleForm extends Widget {
     mode.value = defaults.mode || 'podman-exec';
     this._addField(slurmRow, 'mode', 'Mode', mode);
 
+    // run as a batch job, or as an interactive cluster of engines for this notebook's kernel
+    const runAs = h('select', { name: 'run_as', class: 'jp-mod-styled' });
+    runAs.append(h('option', { value: 'batch' }, 'Batch job'));
+    if (options.startCluster) {
+      runAs.append(
+        h('option', { value: 'cluster', title: 'IPython Parallel engines on the nodes, for %%px in this notebook' },
+          'Interactive cluster')
+      );
+    }
+    this._addField(slurmRow, 'run_as', 'Run as', runAs);
+
     // modules: checkboxes; one that conflicts with a checked one is disabled
     const modules = h('fieldset', { class: 'jp-PodmanHpc-modules' }, h('legend', {}, 'Modules'));
     if (config.module_error) {
@@ -374,10 +387,19 @@ export class RunAtScaleForm extends Widget {
     }
   }
 
-  /** Save the notebook and submit it; true when the job was submitted. */
+  /** Whether the choice is an interactive cluster (started in the kernel) rather than a batch job. */
+  get interactive(): boolean {
+    return this._fields['run_as'].control.value === 'cluster';
+  }
+
+  /** Save the notebook and submit it; true when the job was submitted (or the cluster asked for). */
   async submit(): Promise<boolean> {
     if (this._busy || !this._check(true)) {
       return false;
+    }
+    if (this.interactive && this._options.startCluster) {
+      await this._options.startCluster(clusterCode(this.spec()));
+      return true;
     }
     this._setBusy(true, 'Saving the notebook…');
     try {
@@ -565,6 +587,28 @@ export class RunAtScaleForm extends Widget {
 }
 
 /** Every name of every squashed image, sorted. */
+/** The cell that starts an interactive cluster of the form's shape in the notebook's kernel. */
+export function clusterCode(spec: IJobSpec): string {
+  const words = ['--nodes', String(spec.nodes), '--tasks-per-node', String(spec.tasks_per_node)];
+  const options: [string, string | number | null][] = [
+    ['--time', spec.time || null],
+    ['--partition', spec.partition],
+    ['--account', spec.account],
+    ['--gpus-per-node', spec.gpus_per_node]
+  ];
+  for (const [flag, value] of options) {
+    if (value) {
+      words.push(flag, String(value));
+    }
+  }
+  for (const module of spec.modules) {
+    words.push('--module', module);
+  }
+  words.push(spec.image);
+  const quoted = words.map(w => (/^[A-Za-z0-9_.,:/=@%+-]+$/.test(w) ? w : `'${w.replace(/'/g, "'\"'\"'")}'`));
+  return `%load_ext jupyter_podman_hpc\ncluster = %podman_hpc cluster start ${quoted.join(' ')}`;
+}
+
 export function squashedNames(images: IImage[]): string[] {
   const names = new Set<string>();
   for (const image of images) {
@@ -651,6 +695,11 @@ export async function runAtScale(
   const dialog = new RunAtScaleDialog(form);
   const result = await dialog.launch();
   const job = result.button.accept ? (result.value ?? null) : null;
+  if (result.button.accept && form.interactive) {
+    Notification.info('Starting an interactive cluster in the notebook’s kernel (see the new cell)', {
+      autoClose: 5000
+    });
+  }
   if (job) {
     Notification.success(
       `Submitted ${options.notebookPath} as job ${job.id}`,
