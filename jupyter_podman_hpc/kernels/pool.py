@@ -30,7 +30,7 @@ import os
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 CHECK_SECONDS = 2.0  # how often a pool checks its kernelspec and its containers
@@ -54,7 +54,6 @@ class Pooled:
     ready: threading.Event
     dirs: tuple[str, ...]
     watchdog: subprocess.Popen | None = None
-    started: float = field(default_factory=time.monotonic)
 
     def alive(self) -> bool:
         return self.process.poll() is None

@@ -5,6 +5,7 @@ no Slurm."""
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 
 import pytest
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def shared_cwd(stack):
     """A working directory every node sees (the nodes have private /tmp directories)."""
-    return stack.work_dir("kernel-slurm")
+    path = stack.work_dir("kernel-slurm")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_srun_and_sbatch_from_a_container_kernel(kernel_site, stack, shared_cwd):
