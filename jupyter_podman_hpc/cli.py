@@ -134,12 +134,37 @@ class Cli:
         for number, directory in enumerate(configured_stores(c), start=2):
             kind = "squashed, personal" if directory == c.squash_dir else "squashed, additional"
             print(f" {number}. {kind}: {directory} ({store_access(directory)})")
+        self._read_path()
         print(f"modules ({c.modules_dir}):")
         for module in self.modules:
             flag = module.flag if module.cli_arg else "(no flag)"
             extra = f" conflicts: {', '.join(module.conflicts)}" if module.conflicts else ""
             print(f" - {module.name}: {flag}  {module.help}{extra}")
         return 0
+
+    def _read_path(self) -> None:
+        """The read path this node gives squashed images, and why it fell back where it did."""
+        import shutil
+        from pathlib import Path
+
+        from .engine.readpath import cache_entries, fallbacks
+
+        c = self.config
+        print(f"read path of squashed images: {c.squash_read_path}")
+        cache = Path(c.squash_unpack_dir)
+        if c.read_path.unpacks:
+            entries = cache_entries(cache) if cache.is_dir() else []
+            free = shutil.disk_usage(cache if cache.is_dir() else cache.anchor).free
+            print(f" unpacked copies: {cache} ({len(entries)} images, {sum(e[1] for e in entries) >> 20} MiB "
+                  f"of {c.squash_unpack_max_mb:g} MiB; {free >> 20} MiB free)")
+        if c.read_path.kernel_overlay:
+            probe = self.podman.run(self.podman.command("unshare", sys.executable, "-m",
+                                                        "jupyter_podman_hpc.engine.readpath", c.run_root),
+                                    check=False)
+            verdict = "yes" if probe.returncode == 0 else f"no ({probe.stdout.strip() or probe.stderr.strip()})"
+            print(f" kernel overlayfs in podman's user namespace: {verdict}")
+        for line in fallbacks(Path(c.graph_root) / "squash-mounts"):
+            print(f" fell back: {line}")
 
     def images(self, args: list[str]) -> int:
         from .engine.images import list_images

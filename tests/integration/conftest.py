@@ -68,10 +68,14 @@ class Hpc:
         """
         self("rmi", "--all", "--force")
 
-    def mounts(self) -> list[str]:
-        """squashfuse and fuse-overlayfs mounts in podman's namespace on the login side."""
-        text = self("unshare", "cat", "/proc/self/mountinfo").stdout
-        return [line for line in text.splitlines() if "squashfuse" in line or "fuse-overlayfs" in line]
+    def mounts(self, node: str = "") -> list[str]:
+        """The squash and overlay mounts of this storage in podman's namespace on the login side (or a node)."""
+        where = ("srun", "-w", node, "podman-hpc") if node else ("podman-hpc",)
+        text = self.sh(*where, "unshare", "cat", "/proc/self/mountinfo").stdout
+        ours = (self.env["PODMANHPC_RUN_ROOT"], self.env["PODMANHPC_SQUASH_UNPACK_DIR"])
+        mounts = [line for line in text.splitlines() if line.partition(" - ")[2].startswith(("overlay", "fuse"))]
+        return [line for line in mounts
+                if "squashfuse" in line or "fuse-overlayfs" in line or any(path in line for path in ours)]
 
 
 def make_hpc(stack: Stack, name: str, user: str = "") -> Hpc:
@@ -94,6 +98,8 @@ def make_hpc(stack: Stack, name: str, user: str = "") -> Hpc:
         "PODMANHPC_RUN_ROOT": f"/tmp/{uid}_t{key}",
         "PODMANHPC_CONFIG_HOME": f"/tmp/{uid}_t{key}/config",
         "SQUASH_DIR": str(squash_dir),
+        # node-local copies of squashed images (tmpfs, shared by the fake nodes of this host)
+        "PODMANHPC_SQUASH_UNPACK_DIR": f"/dev/shm/{uid}_t{key}/unpacked",
     })
     hpc = Hpc(stack, env, squash_dir, work, user)
     if user:
@@ -112,6 +118,8 @@ def cleanup_hpc(hpc: Hpc) -> None:
     # --immediate: when another job holds the nodes, leave the (private, /tmp) leftovers rather than hang.
     hpc.srun(f"-N{len(hpc.stack.nodes)}", "--ntasks-per-node=1", "--immediate=60", "sh", "-c", script, "sh", root,
              check=False, timeout=180)
+    # the node-local copies (tmpfs, which the fake nodes share), once no container uses them
+    hpc.sh("podman", "unshare", "rm", "-rf", str(Path(hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"]).parent), check=False)
     if hpc.user:
         hpc.sh("rm", "-rf", hpc.work, check=False)
     shutil.rmtree(hpc.work, ignore_errors=True)

@@ -1,0 +1,137 @@
+"""The read path of squashed images on the real stack: each mode on a node that never
+pulled the image, copy-up into the container's root, fallbacks, and no leaks after
+killed containers or many containers of several images."""
+
+import dataclasses
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_podman_hpc.engine.readpath import cache_entries, in_use
+
+# What the container's root is, by read path: (file system type, what its lower is).
+ROOTS = {"unpacked": ("overlay", "unpacked"), "kernel": ("overlay", "/overlay/l/"),
+         "fuse": ("fuse.fuse-overlayfs", "")}
+
+
+def with_read_path(hpc, mode: str, **extra: str):
+    return dataclasses.replace(hpc, env={**hpc.env, "PODMANHPC_SQUASH_READ_PATH": mode, **extra})
+
+
+def root_mount(hpc, image: str, node: str) -> str:
+    """The container root's /proc/mounts line, from a container run on ``node``."""
+    out = hpc.srun("-w", node, "podman-hpc", "run", "--rm", image, "sh", "-c", "grep ' / ' /proc/mounts").stdout
+    return out.strip().splitlines()[0]
+
+
+@pytest.mark.parametrize("mode", ["unpacked", "kernel", "fuse"])
+def test_each_read_path_runs_the_image_and_copies_up_writes(squashed_tiny, stack, mode):
+    hpc = with_read_path(squashed_tiny, mode)
+    node = stack.nodes[1]
+    fstype, lower = ROOTS[mode]
+    line = root_mount(hpc, stack.tiny_image, node)
+    assert line.split()[2] == fstype, line
+    assert lower in line, line
+    script = ("echo changed >> /etc/os-release && tail -1 /etc/os-release && echo new > /new && cat /new && "
+              "rm /bin/true && test ! -e /bin/true && echo removed && stat -c %u /bin")
+    out = hpc.srun("-w", node, "podman-hpc", "run", "--rm", stack.tiny_image, "sh", "-c", script).stdout.split()
+    assert out == ["changed", "new", "removed", "0"]
+    # the image itself is untouched for the next container
+    again = hpc.srun("-w", node, "podman-hpc", "run", "--rm", stack.tiny_image, "sh", "-c",
+                     "grep -c changed /etc/os-release; test -e /bin/true && echo kept", check=False).stdout.split()
+    assert again == ["0", "kept"]
+    assert hpc.mounts(node) == []
+
+
+def test_an_image_over_the_unpack_budget_falls_back_to_squashfuse_and_says_so(squashed_tiny, stack):
+    hpc = with_read_path(squashed_tiny, "auto", PODMANHPC_SQUASH_UNPACK_MAX_MB="0.01")
+    node = stack.nodes[2]
+    line = root_mount(hpc, stack.tiny_image, node)
+    assert line.split()[2] == "overlay" and "/overlay/l/" in line, line  # kernel overlay over squashfuse
+    info = hpc.srun("-w", node, "podman-hpc", "infohpc").stdout
+    assert "no unpacked copy, squashfuse instead" in info and "squash_unpack_max_mb" in info
+    assert hpc.mounts(node) == []
+
+
+def test_where_kernel_overlayfs_is_refused_the_mount_program_uses_fuse_overlayfs(squashed_tiny, tmp_path):
+    """Outside a user namespace the kernel refuses an unprivileged overlay mount (EPERM),
+    as an old kernel or a locked-down node does: the mount program must still mount."""
+    hpc = squashed_tiny
+    link = next((hpc.squash_dir / "overlay" / "l").glob("*.squash")).with_suffix("")
+    layer = tmp_path / "overlay" / "c0ffee"
+    for name in ("diff", "work", "merged"):
+        (layer / name).mkdir(parents=True)
+    env = {**hpc.env, "PODMANHPC_SQUASH_READ_PATH": "auto",
+           "PODMANHPC_SQUASH_UNPACK_DIR": str(tmp_path / "unpacked")}
+    merged = layer / "merged"
+    subprocess.run(["podman-hpc-mount", "-o", f"lowerdir={link},upperdir={layer}/diff,workdir={layer}/work",
+                    str(merged)], env=env, check=True, timeout=60)
+    try:
+        assert "tiny" in (merged / "etc" / "os-release").read_text()
+        with open("/proc/self/mountinfo") as mountinfo:
+            assert any(f" {merged} " in line and "fuse-overlayfs" in line for line in mountinfo)
+        notes = (tmp_path / "squash-mounts" / "read-path.log").read_text()
+        assert "kernel overlayfs refused" in notes and "fuse-overlayfs instead" in notes
+        assert in_use(tmp_path / "unpacked", cache_entries(tmp_path / "unpacked")[0][0])
+    finally:
+        subprocess.run(["fusermount3", "-u", str(merged)], check=True)
+    deadline = time.monotonic() + 10
+    while in_use(tmp_path / "unpacked", cache_entries(tmp_path / "unpacked")[0][0]):
+        assert time.monotonic() < deadline, "the watcher did not release the copy after the unmount"
+        time.sleep(0.1)
+
+
+def watchers(hpc, node: str) -> list[str]:
+    """Mount-program watchers of this test's storage still running on ``node``."""
+    pattern = f"[p]odman-hpc-mount.*{hpc.env['PODMANHPC_RUN_ROOT']}/"  # [p]: not this pgrep's own shell
+    return hpc.srun("-w", node, "sh", "-c", 'pgrep -u "$(id -u)" -f "$1" || true', "sh", pattern).stdout.split()
+
+
+# On the node, in one step (nodes are allocated whole): start a container, SIGKILL its
+# podman and conmon once its root is mounted, then remove it as the next podman call would.
+KILL_SCRIPT = """
+podman-hpc run --rm --name "$1" "$2" sleep 60 &
+for i in $(seq 120); do podman-hpc unshare grep -q "$3" /proc/self/mountinfo && break; sleep 0.5; done
+echo started
+pkill -KILL -f -- "--name $1"; pkill -KILL -f -- "-n $1"
+podman-hpc rm --force --ignore --time 0 "$1" >/dev/null
+"""
+
+
+def test_killed_podman_and_container_leave_no_mount_or_watcher(squashed_tiny, stack):
+    hpc = with_read_path(squashed_tiny, "unpacked")
+    node = stack.nodes[0]
+    cache = Path(hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"])
+    out = hpc.srun("-w", node, "sh", "-c", KILL_SCRIPT, "sh", f"killed-{os.getpid()}", stack.tiny_image,
+                   str(cache)).stdout
+    assert "started" in out
+    deadline = time.monotonic() + 30
+    while hpc.mounts(node) or watchers(hpc, node):
+        assert time.monotonic() < deadline, (hpc.mounts(node), watchers(hpc, node))
+        time.sleep(1)
+    assert [in_use(cache, key) for key, _, _ in cache_entries(cache)] == [False]
+
+
+def test_fifty_containers_of_three_images_leave_nothing(hpc, stack):
+    hpc = with_read_path(hpc, "auto")
+    node = stack.nodes[3]
+    hpc("pull", stack.base_image)
+    hpc("pull", stack.tiny_image)
+    context = hpc.work / "ctx-third"
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "Containerfile").write_text(f"FROM {stack.tiny_image}\nRUN echo third > /third\n")
+    hpc("build", "-t", "localhost/tests/third:1", context)
+    hpc("migrate", "localhost/tests/third:1")
+    hpc.wipe_local_storage()
+    images = [stack.base_image, stack.tiny_image, "localhost/tests/third:1"]
+    script = ('n=0; for image in "$@"; do podman-hpc run --rm "$image" true & n=$((n+1)); '
+              '[ $((n % 5)) -eq 0 ] && wait; done; wait')
+    hpc.srun("-w", node, "sh", "-c", script, "sh", *(images * 17)[:50], timeout=900)
+    assert hpc.mounts(node) == []
+    assert watchers(hpc, node) == []
+    cache = Path(hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"])
+    entries = cache_entries(cache)
+    assert len(entries) == 3 and not any(in_use(cache, key) for key, _, _ in entries)
