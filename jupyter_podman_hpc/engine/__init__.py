@@ -9,6 +9,10 @@
 - ``hook``: the OCI hook for modules' ``copy`` entries and ldconfig
 - ``images``: local and squashed images, pull
 - ``launcher``: shared-run (podman-exec) and per-process launch under Slurm
+- ``runplan``: how a container run is planned, once for the CLI, the magics and kernels
+- ``commands``: the runner of every external command, which logs each at debug level
+- ``errors``: the kinds of error (invalid input, not found, conflict, ...) fronts map
+- ``files``: the one atomic write-temp-then-rename
 """
 
 from .config import SiteConfig, load_config

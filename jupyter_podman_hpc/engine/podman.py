@@ -58,7 +58,9 @@ class Podman:
             # store is made on first use (a long-running API service must see it
             # from the start); a site store that is missing is left out, one we
             # may not read is refused in one line (personal first: it wins names).
-            make_store_dir(c.squash_dir)
+            # Commands that do not see the stores (pull, build...) leave the file system alone.
+            if squashed:
+                make_store_dir(c.squash_dir)
             stores = readable_stores(c) if squashed else []
             if stores:
                 args += ["--storage-opt", f"additionalimagestore={','.join(stores)}"]

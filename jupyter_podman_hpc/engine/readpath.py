@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from . import commands
 from .locks import flocked
 
 MODES = ("auto", "unpacked", "kernel", "fuse")
@@ -137,8 +138,8 @@ class UnpackedCopy:
         self._make_room()
         staging = self.cache / f"{self.key}.tmp-{os.getpid()}"
         unsquashfs = shutil.which("unsquashfs") or "/usr/bin/unsquashfs"
-        result = subprocess.run([unsquashfs, "-no-progress", "-quiet", "-dest", str(staging), str(self.squash)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        result = commands.run([unsquashfs, "-no-progress", "-quiet", "-dest", str(staging), str(self.squash)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if result.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
             raise NoRoom(f"unsquashfs of {self.squash.name} failed: "

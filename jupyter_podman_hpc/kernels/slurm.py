@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Mapping
 
+from ..engine import commands
 from ..engine.locks import flocked
 
 MODULE = "slurm"
@@ -62,8 +63,7 @@ def uid_shim(environ: Mapping[str, str]) -> str | None:
             if not target.is_file():
                 partial = target.with_name(f".{target.name}.{os.getpid()}")
                 argv = [compiler, "-shared", "-fPIC", "-O2", "-o", str(partial), str(SOURCE)]
-                log.debug("podman-hpc: %s", " ".join(argv))
-                result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+                result = commands.run(argv, capture_output=True, text=True, timeout=120)
                 if result.returncode != 0:
                     partial.unlink(missing_ok=True)
                     log.warning("podman-hpc: building the Slurm uid shim failed: %s",

@@ -55,6 +55,16 @@ def test_commands_carry_the_hpc_storage_settings(tmp_path):
     assert any(a.startswith("additionalimagestore") for a in podman.command(["system", "service"]))
 
 
+def test_only_commands_that_see_the_store_make_it(tmp_path):
+    squash = tmp_path / "sq"
+    podman = Podman(load_config({"SQUASH_DIR": str(squash)}), {})
+    podman.command("pull", "img")
+    podman.help_command("run")
+    assert not squash.exists()
+    podman.command("images")
+    assert squash.is_dir()
+
+
 def test_run_defaults_disable_seccomp_as_podman_hpc_does():
     assert "seccomp=unconfined" in Podman(load_config({}), {}).run_defaults()
 
