@@ -1,9 +1,9 @@
 """Interactive clusters: IPython Parallel engines as the ranks of a Slurm job, the controller here.
 
 ``Cluster.start(image, nodes=N, tasks_per_node=K, ...)`` submits an ordinary
-job (the submit path's ``JobSpec``, validation and batch script) whose one step runs ``python3 -m
-ipyparallel.engine`` through ``podman-hpc shared-run`` on every node, one
-engine per task (MPI ranks, engine id = rank, when an MPI module is given).
+job (the submit path's ``JobSpec``, validation and batch script) whose one
+step runs ``python3 -m ipyparallel.engine`` through ``podman-hpc shared-run``
+on every node, one engine per task (MPI ranks, engine id = rank, when an MPI module is given).
 The controller (``ipyparallel.controller``) runs where this process runs,
 its connection files in the job directory (``ipython/security``), which
 every rank sees as its working directory. ``start`` returns once every
@@ -20,7 +20,7 @@ controller's process group, cancels the job and removes the connection
 files: a SIGKILLed kernel ends its job within seconds. Should the watchdog be
 killed too, the engines leave by themselves once the controller misses
 ``HEARTBEAT_MISSES`` heartbeats (the job then ends), and ``sweep()`` (run by
-every ``start`` and ``list_clusters``) cancels what a dead owner left.
+every ``start`` and by the server's cluster listing) cancels what a dead owner left.
 
 A cluster's record is ``cluster.json`` in its job directory, so any process
 of the user (the Jupyter server's Containers panel) lists and stops it.

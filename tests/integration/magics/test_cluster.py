@@ -131,6 +131,39 @@ def test_a_kernel_killed_with_sigkill_leaves_nothing(squashed_base, stack, tmp_p
             run(["rm", "-rf", str(directory)])
 
 
+def test_the_sweep_stops_what_a_killed_kernel_and_watchdog_left(squashed_base, stack, tmp_path):
+    """The fallback: with the watchdog SIGKILLed too, the controller lives on; the next sweep
+    (any cluster start, the server's listing) stops it and cancels the job."""
+    from jupyter_podman_hpc.slurm import SlurmClient
+    from jupyter_podman_hpc.slurm.cluster import sweep
+
+    session = start_session(squashed_base, tmp_path / "doomed")
+    before = cluster_dirs(squashed_base)
+    started = []
+    try:
+        cell = session.execute(f"cluster = %podman_hpc cluster start --nodes 2 --time 10 {stack.base_image}")
+        assert cell.ok, cell.show()
+        started = [d for d in cluster_dirs(squashed_base) if d not in before]
+        [directory] = started
+        listened = ports(directory)
+        data = record(directory)
+        for token in (data["watchdog"], data["owner"]):
+            os.kill(int(token.split(":")[0]), signal.SIGKILL)
+        time.sleep(1)
+        assert owner_alive(data["controller"]) and queued(squashed_base, data["job_id"])   # left behind
+        swept = sweep(directory.parent, client=SlurmClient(env=squashed_base.env))
+        assert swept == [data["cluster_id"]]
+        deadline = time.monotonic() + 60
+        while queued(squashed_base, data["job_id"]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert_nothing_left(squashed_base, directory, listened)
+    finally:
+        session.kc.stop_channels()
+        session.km.cleanup_resources()
+        for directory in started:
+            run(["rm", "-rf", str(directory)])
+
+
 @pytest.fixture(scope="module")
 def without_ipyparallel(squashed_base, stack):
     """An image with python3 but without ipyparallel, in the squashed store."""
