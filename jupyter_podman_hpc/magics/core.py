@@ -344,7 +344,9 @@ class PodmanHPCMagics(Magics):
                     args.image, controller_ip=args.controller_ip, timeout=args.timeout, client=SlurmClient(),
                     config=config, progress=renderer, **self._job_fields(args))
                 if self.shell is not None:
-                    cluster.client()[:].activate()   # %px, %%px and %autopx now run on its engines
+                    view = cluster.client()[:]
+                    view.block = True                # a %%px cell ends when every engine has run it
+                    view.activate()                  # %px, %%px and %autopx now run on its engines
                 renderer.done(f"Cluster {cluster.id}: {cluster.record.engines} engines, job {cluster.job_id}; "
                               "%%px runs on them")
             return cluster
