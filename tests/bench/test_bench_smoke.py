@@ -25,6 +25,7 @@ import deepcam  # noqa: E402
 import kernel  # noqa: E402
 import lammps  # noqa: E402
 import pynamic  # noqa: E402
+import readpath  # noqa: E402
 import run as bench_run  # noqa: E402
 
 EXPECTED = {  # benchmark -> (configurations, metrics)
@@ -32,6 +33,7 @@ EXPECTED = {  # benchmark -> (configurations, metrics)
     "lammps": (lammps.CONFIGS, ["loop_seconds", "step_seconds"]),
     "pynamic": (pynamic.CONFIGS, ["step_seconds", "import_seconds", "visit_seconds"]),
     "deepcam": (deepcam.CONFIGS, [*deepcam.PHASES, "step_seconds"]),
+    "readpath": (readpath.CANDIDATES, ["import_seconds"]),
     "squash": (["plain mksquashfs", "ours", "1.2.2"], ["squash_seconds"]),
     "kernel": (kernel.CONFIGS, ["ready_seconds"]),
     "cluster": (cluster.CONFIGS, ["start_seconds"]),
