@@ -15,17 +15,19 @@ from tests.integration.conftest import cleanup_hpc, make_hpc
 def read_only_store(stack, monkeypatch):
     """Member B's project store (mode 2750) holding the tiny image; the server's SQUASH_DIR."""
     owner = make_hpc(stack, "owner", os.environ["STACK_USER2"])
-    path = Path(os.environ["STACK_PROJECT_DIR"]) / f"ro-{uuid.uuid4().hex[:8]}"
-    owner.sh("mkdir", "-m", "2750", path)
-    owner("--squash-dir", path, "pull", stack.tiny_image)
     server = make_hpc(stack, "server-ro")
-    for key in ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME"):
-        monkeypatch.setenv(key, server.env[key])
-    monkeypatch.setenv("SQUASH_DIR", str(path))
-    yield path
-    owner.sh("rm", "-rf", path, check=False)
-    cleanup_hpc(server)
-    cleanup_hpc(owner)
+    path = Path(os.environ["STACK_PROJECT_DIR"]) / f"ro-{uuid.uuid4().hex[:8]}"
+    try:
+        owner.sh("mkdir", "-m", "2750", path)
+        owner("--squash-dir", path, "pull", stack.tiny_image)
+        for key in ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME"):
+            monkeypatch.setenv(key, server.env[key])
+        monkeypatch.setenv("SQUASH_DIR", str(path))
+        yield path
+    finally:
+        owner.sh("rm", "-rf", path, check=False)
+        cleanup_hpc(server)
+        cleanup_hpc(owner)
 
 
 async def test_writes_into_a_store_the_user_cannot_write_are_403(api, read_only_store, stack):
