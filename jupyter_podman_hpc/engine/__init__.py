@@ -15,9 +15,18 @@
 - ``files``: the one atomic write-temp-then-rename
 """
 
-from .config import SiteConfig, load_config
 from .errors import (Conflict, ConfigError, EngineError, ImageNotFound, InvalidInput, InvalidReference,
                      ModuleError, NotFound, PermissionDenied, PodmanError)
+
+
+def __getattr__(name: str):
+    """The configuration on first use: a task that joins its node's container
+    (jupyter_podman_hpc.rank) imports engine.join and must not load it."""
+    if name in ("SiteConfig", "load_config"):
+        from . import config
+        return getattr(config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "SiteConfig", "load_config",

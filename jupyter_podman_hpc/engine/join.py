@@ -12,13 +12,13 @@ label) are refused, and the caller falls back to ``podman exec``.
 
 from __future__ import annotations
 
+import _signal
 import ctypes
 import os
 import resource
-import signal
 import struct
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from _collections_abc import Mapping, Sequence  # collections.abc's, loaded with os: this module
+# is on every joining task's path and imports only what is built in or already loaded
 
 NAMESPACES = ("user", "cgroup", "ipc", "uts", "net", "pid", "mnt")  # user first, mnt last
 _PR_CAPBSET_DROP = 24
@@ -41,14 +41,13 @@ class JoinFailed(Exception):
     """Joining failed half-way: this process cannot go back, the task fails."""
 
 
-@dataclass(frozen=True)
 class Credentials:
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-    caps: dict[str, int]        # CapInh, CapPrm, CapEff, CapBnd, CapAmb
-    no_new_privs: bool
-    umask: int
+    """A process's user, groups, capabilities (CapInh, CapPrm, CapEff, CapBnd, CapAmb) and umask."""
+
+    def __init__(self, uid: int, gid: int, groups: tuple[int, ...], caps: dict[str, int],
+                 no_new_privs: bool, umask: int):
+        self.uid, self.gid, self.groups, self.caps = uid, gid, groups, caps
+        self.no_new_privs, self.umask = no_new_privs, umask
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -145,6 +144,25 @@ def _join_cgroups(pid: int) -> None:
                 pass
 
 
+def _exec(command: list[str], env: Mapping[str, str]) -> OSError:
+    """execvpe without os.execvpe, which imports a module: in the container, Python's
+    standard library is out of reach. Returns the error if no candidate could be run."""
+    if "/" in command[0]:
+        candidates = [command[0]]
+    else:
+        path = env.get("PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        candidates = [f"{directory or '.'}/{command[0]}" for directory in path.split(":")]
+    error: OSError = FileNotFoundError(2, "No such file or directory")
+    for candidate in candidates:
+        try:
+            os.execve(candidate, command, env)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            error = err  # e.g. a directory of that name, or not executable: keep looking, as execvp does
+    return error
+
+
 def join_and_run(pid: int, command: Sequence[str], env_overrides: Mapping[str, str] = {},
                  workdir: str | None = None) -> int:
     """Run ``command`` in the container whose first process is ``pid``; its exit code.
@@ -197,13 +215,11 @@ def join_and_run(pid: int, command: Sequence[str], env_overrides: Mapping[str, s
         _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     child = os.fork()  # the pid namespace applies to children
     if child == 0:
-        try:
-            os.execvpe(command[0], list(command), env)
-        except OSError as err:
-            os.write(2, f"{command[0]}: {err.strerror}\n".encode())
-            os._exit(127 if isinstance(err, FileNotFoundError) else 126)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, lambda s, _f: os.kill(child, s))
+        err = _exec(list(command), env)
+        os.write(2, f"{command[0]}: {err.strerror}\n".encode())
+        os._exit(127 if isinstance(err, FileNotFoundError) else 126)
+    for signum in (15, 2, 1, 10, 12):  # SIGTERM SIGINT SIGHUP SIGUSR1 SIGUSR2, as the signal module has them
+        _signal.signal(signum, lambda s, _f: os.kill(child, s))
     while True:
         try:
             _, status = os.waitpid(child, 0)

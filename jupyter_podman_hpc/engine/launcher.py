@@ -1,23 +1,29 @@
 """Launching containers under Slurm: podman-exec ("shared-run") and per-process.
 
-``podman-hpc shared-run [options] IMAGE CMD...`` runs as every task of a
-job step. On each node, the first task to take the step's lock starts a
-*step monitor*: a small detached process that starts one container
-(``IMAGE`` + ``shared_run_command``) and listens on a unix socket in a
-per-step directory. Every task connects, waits for the monitor's "ready"
-(no polling of podman), then runs ``CMD`` in the container with ``podman
-exec``, with its own Slurm/PMI environment, and keeps the connection open
-until it exits. A connection closes when its task ends, however it ends
-(normal exit, failure, scancel's signals, a crash): when all the node's
-tasks have closed theirs, the monitor removes the container and the step
-directory. Names derive from the user, job, step and node, so steps, jobs,
-users and nodes sharing a host never collide.
+``podman-hpc shared-run [options] IMAGE ARGS...`` runs as every task of a
+job step. On each node, the task that binds the step's rendezvous (an
+abstract unix socket named after the user, job, step and node; see
+``jupyter_podman_hpc.rank``) starts a *step monitor*: a small detached
+process that starts one container (``shared_run_command`` as its
+entrypoint, so the image's ENTRYPOINT cannot stop it) and serves the
+socket. Every task connects and waits for the monitor's answer (no polling
+of podman): the first task gets the container's first process and the
+image's ENTRYPOINT/CMD, every other task sends only its arguments and
+environment and gets its whole plan (join the container, or the ``podman
+exec`` line), so it never loads the CLI. Each task runs what ``podman run
+IMAGE ARGS`` would run, with its own Slurm/PMI environment, and keeps its
+connection open until it exits. A connection closes when its task ends,
+however it ends (normal exit, failure, scancel's signals, a crash): when all
+the node's tasks have closed theirs, the monitor removes the container,
+confirms it is gone (retrying if not) and logs failures in the run root.
+Names derive from the user, job, step and node, so steps, jobs, users and
+nodes sharing a host never collide.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
+import marshal
 import math
 import os
 import re
@@ -35,8 +41,8 @@ from . import commands
 from .errors import EngineError
 from .join import CannotJoin, JoinFailed, join_and_run
 from .podman import Podman, error_message, flag_name, group_options
+from .. import rank
 
-READY = b"ready "  # + the RunningContainer as JSON + newline
 
 
 @dataclass(frozen=True)
@@ -378,61 +384,37 @@ def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart
                context: StepContext) -> tuple[socket.socket, RunningContainer]:
     """Connect to the node's step monitor (starting it if we are first) and wait until ready."""
     config = podman.config
-    address = directory / "monitor.sock"
-    lock = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        connection = _connect(address)
-        if connection is None:
-            _start_monitor(podman, directory, address, name, start, context.tasks_on_node)
-            connection = _connect(address)
-    finally:
-        os.close(lock)
-    if connection is None:
-        raise EngineError(f"shared-run: the step monitor for {name} did not start")
-    connection.sendall(f"{context.local_id}\n".encode())
+    address = rank.address_of(context.key)
+    listener = rank.take_listener()  # the console script may have won the election already
+    if listener is None:
+        kind, sock = rank.rendezvous(address)
+        listener, connection = (sock, None) if kind == "listener" else (None, sock)
+    if listener is not None:
+        _start_monitor(podman, directory, listener, name, start, context.tasks_on_node)
+        kind, connection = rank.rendezvous(address)
+        if kind == "listener":  # nobody holds the address: the monitor is gone already
+            connection.close()
+            raise EngineError(f"shared-run: the step monitor for {name} did not start (see {MONITOR_LOG} "
+                              f"in {config.run_root})")
+    rank.send(connection, {"kind": "task"})
     timeout = _scaled(config.wait_timeout, context.tasks_on_node) + 60
     connection.settimeout(timeout)
     try:
-        reply = _read_line(connection)
-    except socket.timeout:
+        reply = rank.receive(connection)
+    except TimeoutError:
         connection.close()
         raise EngineError(f"shared-run: container {name} did not start within {timeout:.0f} s")
     connection.settimeout(None)
-    if not reply.startswith(READY):
+    if not reply or "ready" not in reply:
         connection.close()
-        message = reply.decode(errors="replace").strip().removeprefix("failed ") or "the step monitor exited"
-        raise EngineError(f"shared-run: cannot start container {name}: {message}")
-    return connection, RunningContainer(**json.loads(reply[len(READY):]))
-
-
-def _read_line(connection: socket.socket) -> bytes:
-    """One line from the monitor (b"" if it closed first)."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = connection.recv(65536)
-        if not chunk:
-            return b""
-        data += chunk
-    return data
+        raise EngineError(f"shared-run: cannot start container {name}: "
+                          f"{(reply or {}).get('failed') or 'the step monitor exited'}")
+    return connection, RunningContainer(**reply["ready"])
 
 
 def _scaled(value: float, tasks: int) -> float:
     """podman-hpc scales its wait by 1 + log2(tasks per node)."""
     return value * (1 + math.log2(max(tasks, 1)))
-
-
-def _connect(address: Path) -> socket.socket | None:
-    if not address.exists():
-        return None
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        connection.connect(str(address))
-        return connection
-    except OSError:
-        connection.close()
-        address.unlink(missing_ok=True)  # a monitor that died: its socket is stale
-        return None
 
 
 def _forward_signals(process: subprocess.Popen) -> None:
@@ -450,15 +432,12 @@ def _forward_signals(process: subprocess.Popen) -> None:
 # --- the step monitor ----------------------------------------------------------
 
 MONITOR_LOG = "shared-run-monitor.log"  # in the run root: it outlives the step directories
+PER_TASK_PREFIXES = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "PALS_")
 
 
-def _start_monitor(podman: Podman, directory: Path, address: Path, name: str, start: ContainerStart,
+def _start_monitor(podman: Podman, directory: Path, listener, name: str, start: ContainerStart,
                    tasks: int) -> None:
-    """Fork the detached monitor; return once its socket accepts connections."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    address.unlink(missing_ok=True)
-    listener.bind(str(address))
-    listener.listen(max(64, tasks))
+    """Fork the detached monitor, which takes over the step's listening socket."""
     pid = os.fork()
     if pid == 0:
         try:
@@ -475,7 +454,8 @@ def _start_monitor(podman: Podman, directory: Path, address: Path, name: str, st
             keep = listener.fileno()
             os.closerange(3, keep)
             os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-            code = StepMonitor(podman, directory, listener, name, start, tasks).run()
+            code = StepMonitor(podman, directory, socket.socket(fileno=listener.detach()), name, start,
+                               tasks).run()
         except BaseException:
             import traceback
             traceback.print_exc()
@@ -500,7 +480,10 @@ class StepMonitor:
         self.tasks = tasks
         self.selector = selectors.DefaultSelector()
         self.finished = 0
-        self.state = b""
+        self.state: dict = {}  # what every task hears first: {"ready": RunningContainer} or {"failed": why}
+        self.container: RunningContainer | None = None
+        self.engines: dict[tuple, tuple[Podman, object]] = {}
+        self.buffers: dict[socket.socket, bytes] = {}
         self.keep_alive: tuple[int, str] | None = None  # the container's first process: pid, start time
 
     def run(self) -> int:
@@ -509,8 +492,8 @@ class StepMonitor:
         self.selector.register(self.listener, selectors.EVENT_READ)
         try:
             self.state = self._start_container()
-            if not self.state.startswith(READY):
-                self._log(self.state.decode().strip())
+            if "failed" in self.state:
+                self._log(self.state["failed"])
             self._serve()
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -518,12 +501,12 @@ class StepMonitor:
             self._remove_container()
             self.listener.close()
             shutil.rmtree(self.directory, ignore_errors=True)
-        return 0 if self.state.startswith(READY) else 1
+        return 0 if "ready" in self.state else 1
 
     def _log(self, message: str) -> None:
         print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {self.name}: {message}", flush=True)
 
-    def _start_container(self) -> bytes:
+    def _start_container(self) -> dict:
         """Start the container; the line every task gets (ready + what it needs, or failed + why)."""
         # podman run --replace removes a stale container of a crashed step with the same name
         inspect = self.start.inspect and self.podman.popen(self.start.inspect, stdout=subprocess.PIPE,
@@ -533,7 +516,7 @@ class StepMonitor:
             if inspect:
                 inspect.kill()
                 inspect.wait()
-            return f"failed {error_message(result.stderr, self.start.run)}\n".encode()
+            return {"failed": error_message(result.stderr, self.start.run)}
         entrypoint = cmd = None
         if inspect:
             out, err = inspect.communicate()
@@ -541,13 +524,14 @@ class StepMonitor:
                 again = self.podman.run(self.start.inspect, check=False)
                 out, err = (again.stdout, again.stderr) if again.returncode == 0 else (None, again.stderr)
             if out is None:
-                return f"failed cannot read the image's ENTRYPOINT and CMD: {error_message(err)}\n".encode()
+                return {"failed": f"cannot read the image's ENTRYPOINT and CMD: {error_message(err)}"}
             entrypoint, cmd = (json.loads(part) for part in out.strip().split("\t"))
         pid = self._wait_for_keep_alive()
         if pid is None:
-            return (f"failed the container's keep-alive command ({' '.join(self.start.keep_alive)}) "
-                    f"did not start: does the image have it?\n").encode()
-        return READY + json.dumps(RunningContainer(pid, entrypoint, cmd).__dict__).encode() + b"\n"
+            return {"failed": f"the container's keep-alive command ({' '.join(self.start.keep_alive)}) "
+                              f"did not start: does the image have it?"}
+        self.container = RunningContainer(pid, entrypoint, cmd)
+        return {"ready": dict(self.container.__dict__)}
 
     def _wait_for_keep_alive(self) -> int | None:
         """The container's first process once it runs the keep-alive command (None if it died).
@@ -573,46 +557,96 @@ class StepMonitor:
             time.sleep(0.001)
         return None
 
-    def _send(self, connection: socket.socket) -> None:
-        try:
-            connection.sendall(self.state)
-        except OSError:
-            pass
-
     def _serve(self) -> None:
         """Until every task of the node has come and gone (or nobody is left and nobody comes)."""
         idle_limit = max(self.podman.config.wait_timeout * 6, 60.0)
-        open_connections = 0
         last_change = time.monotonic()
         while self.finished < self.tasks:
-            timeout = None if open_connections else max(0.0, idle_limit - (time.monotonic() - last_change))
+            timeout = None if self.buffers else max(0.0, idle_limit - (time.monotonic() - last_change))
             events = self.selector.select(timeout)
-            if not events and not open_connections:
+            if not events and not self.buffers:
                 self._log(f"no task connected for {idle_limit:.0f} s: removing the container")
                 return
             for key, _ in events:
                 if key.fileobj is self.listener:
-                    try:
-                        connection, _ = self.listener.accept()
-                    except BlockingIOError:
-                        continue
-                    self.selector.register(connection, selectors.EVENT_READ)
-                    open_connections += 1
-                    self._send(connection)
-                else:
-                    connection = key.fileobj
-                    try:
-                        data = connection.recv(4096)
-                    except OSError:
-                        data = b""
-                    if not data:  # the task ended
-                        self.selector.unregister(connection)
-                        connection.close()
-                        open_connections -= 1
-                        self.finished += 1
-                        last_change = time.monotonic()
-            if not self.state.startswith(READY) and not open_connections:
+                    self._accept()
+                elif not self._read(key.fileobj):  # the task ended
+                    self.selector.unregister(key.fileobj)
+                    del self.buffers[key.fileobj]
+                    key.fileobj.close()
+                    self.finished += 1
+                    last_change = time.monotonic()
+            if "ready" not in self.state and not self.buffers:
                 return
+
+    def _accept(self) -> None:
+        try:
+            connection, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        if rank.peer_uid(connection) != os.getuid():
+            connection.close()  # the rendezvous is an abstract socket: only this user's tasks count
+            return
+        self.selector.register(connection, selectors.EVENT_READ)
+        self.buffers[connection] = b""
+
+    def _read(self, connection: socket.socket) -> bool:
+        """Answer the task's complete messages; False once it has closed its end."""
+        try:
+            data = connection.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            return False
+        buffer = self.buffers[connection] + data
+        while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:4], "big"):
+            size = int.from_bytes(buffer[:4], "big")
+            message, buffer = marshal.loads(buffer[4:4 + size]), buffer[4 + size:]
+            reply = self._plan(message) if message.get("kind") == "plan" else self.state
+            try:
+                rank.send(connection, reply)
+            except OSError:
+                pass
+        self.buffers[connection] = buffer
+        return True
+
+    def _plan(self, request: dict) -> dict:
+        """What a task that sent only its arguments and environment runs (see jupyter_podman_hpc.rank):
+        the same parse and options as the whole CLI, with the task's own configuration."""
+        if "ready" not in self.state:
+            return {"error": f"shared-run: cannot start container {self.name}: {self.state['failed']}"}
+        try:
+            env = request["env"]
+            podman, modules = self._engine(env)
+            from .runplan import parse_run_args  # the CLI's own parse (loaded already: the first task forked us)
+            options, image, args, _ = parse_run_args(podman, modules, request["argv"][1:])
+            if image is None:
+                raise EngineError("usage: podman-hpc shared-run [options] IMAGE [COMMAND...]", 125)
+            join = "--join" in options or podman.config.shared_run_exec_mode == "join"
+            _, exec_options, entrypoint = _split_options(podman, [o for o in options if o != "--join"])
+            command = task_command(entrypoint, self.container, args)
+        except EngineError as err:
+            return {"error": str(err), "code": err.exit_code}
+        exec_args = [*podman.config.shared_run_exec_args, *exec_options]
+        overrides = exec_env(exec_args, env) if join else None
+        pmi_fd = int(env["PMI_FD"]) if "PMI_FD" in env else None
+        task_env = {**env, "PMI_FD": "3"} if pmi_fd is not None else env
+        argv = podman.exec_command(self.name, command, [*(["--preserve-fds", "1"] if pmi_fd is not None else []),
+                                                        *exec_args])
+        return {"plan": {"join": overrides is not None, "pid": self.container.pid, "command": command,
+                         "env": overrides, "workdir": _workdir(exec_args),
+                         "argv": argv, "podman_env": podman.config.podman_env(task_env), "pmi_fd": pmi_fd}}
+
+    def _engine(self, env: Mapping[str, str]):
+        """podman and the modules for a task's configuration, loaded once per configuration
+        (every variable but those Slurm and the MPI libraries set per task)."""
+        key = tuple(sorted((k, v) for k, v in env.items() if not k.startswith(PER_TASK_PREFIXES)))
+        if key not in self.engines:
+            from .config import load_config
+            from .modules import ModuleSet
+            config = load_config(env)
+            self.engines[key] = (Podman(config, env), ModuleSet.load(config.modules_dir, cache_dir=config.run_root))
+        return self.engines[key]
 
     def _remove_container(self) -> None:
         """podman rm until the container is confirmed gone; what fails is logged."""

@@ -116,11 +116,13 @@ def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stac
     hpc = squashed_base
     probe = ('id; umask; pwd; env | grep -v -E "^(_|SHLVL|PWD)=" | sort; grep -E "^Cap|^NoNewPrivs|^Seccomp" '
              '/proc/self/status; for n in ipc mnt net pid user uts; do readlink /proc/self/ns/$n; done; '
-             'cut -d" " -f2,5 /proc/self/mountinfo | sort; ulimit -n; ulimit -u; exit 3')
+             'cut -d" " -f2,5 /proc/self/mountinfo | sort; ulimit -n; ulimit -u; '
+             'echo "pmi fd: $(readlink /proc/self/fd/$PMI_FD | cut -d: -f1)"; exit 3')
     outputs, execs = {}, {}
     for mode in ([], ["--join"]):
         podman, calls = recording_podman(hpc, "join" if mode else "exec")
-        result = run(["srun", "-N1", "-n2", "podman-hpc", "shared-run", *mode, "-e", "EXTRA=1", "-w", "/etc",
+        result = run(["srun", "--mpi=pmi2", "-N1", "-n2", "podman-hpc", "shared-run", *mode, "-e", "EXTRA=1",
+                      "-w", "/etc",
                       stack.base_image, "bash", "-c", probe + " # $SLURM_LOCALID"],
                      env={**hpc.env, "PODMANHPC_PODMAN_BIN": podman}, check=False)
         assert result.returncode == 3, result.stderr
@@ -131,6 +133,7 @@ def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stac
     assert len(execs[False]) == 2 and execs[True] == []  # each task really went its own way
     assert normalized(joined) == normalized(podman_exec)
     assert "EXTRA=1" in joined and "SLURM_PROCID=1" in joined and "\n/etc\n" in joined
+    assert joined.count("pmi fd: socket") == 2  # PMI_FD reaches every task, joined or not
 
 
 def recording_podman(hpc, name):
