@@ -45,10 +45,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from ..engine.errors import EngineError, NotFound
+from ..engine.files import atomic_write
 from ..engine.progress import Progress, ProgressCallback, ignore
 from ..kernels.orphans import owner_alive, owner_token
 from .client import SlurmClient, SlurmError
-from .jobs import Job, JobError, _atomic_write, default_root
+from .jobs import Job, JobError, default_root
 from .spec import SRUN_MPI, JobSpec
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class ClusterRecord:
             raise ClusterError(f"{directory} holds no readable cluster record: {err}")
 
     def write(self, directory: Path) -> None:
-        _atomic_write(directory / RECORD, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+        atomic_write(directory / RECORD, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n", 0o644)
 
     def update(self, directory: Path, **changes) -> None:
         """Set some fields here and on disk, keeping what another process (the watchdog) wrote there."""

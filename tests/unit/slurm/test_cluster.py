@@ -37,3 +37,16 @@ def test_what_runs_is_the_clusters_own(field):
 def test_an_unknown_field_is_one_line():
     with pytest.raises(ClusterError, match="not a job specification field"):
         cluster_spec("x1", "reg/image:1", colour="red")
+
+
+def test_a_record_update_keeps_what_the_watchdog_wrote(tmp_path):
+    from jupyter_podman_hpc.slurm.cluster import ClusterRecord
+
+    mine = ClusterRecord("ab12cd34", "42", 8, owner="10:20", host="vm")
+    mine.write(tmp_path)
+    theirs = ClusterRecord.read(tmp_path)
+    theirs.update(tmp_path, watchdog="11:21", controller="12:22")
+    mine.update(tmp_path, state="running")
+    again = ClusterRecord.read(tmp_path)
+    assert (again.state, again.watchdog, again.controller, again.engines) == ("running", "11:21", "12:22", 8)
+    assert [p.name for p in tmp_path.iterdir()] == ["cluster.json"]
