@@ -1,0 +1,99 @@
+"""Many short podman-exec steps of mixed sizes, some cancelled while they run, at the same
+time in one allocation: afterwards no container, step directory, socket, mount or monitor
+remains on any node, and no monitor had to give up removing its container."""
+
+import concurrent.futures
+import itertools
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import run
+from tests.integration.engine.test_launcher import leftovers
+
+STEPS = 200
+AT_ONCE = 4
+# nodes x tasks per node; the big ones are rarer, so the run stays short on 2 cores
+SIZES = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (4, 2), (2, 1), (1, 1), (4, 1),
+         (1, 8), (2, 4), (1, 1), (4, 8), (2, 2), (4, 1), (1, 2), (2, 8), (1, 1), (4, 4)]
+CANCEL_EVERY = 10
+
+
+def wait_running(job, env, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, check=False).stdout.strip()
+        if state == "RUNNING":
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} did not start: {state}")
+
+
+def cancel_when_up(job, name, env, deadline):
+    """scancel the step called ``name`` once its tasks run; whether it was seen running."""
+    while time.monotonic() < deadline:
+        steps = run(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"], env=env, check=False).stdout.split("\n")
+        found = [line.split()[0] for line in steps if line.endswith(f" {name}")]
+        if found:
+            time.sleep(1.5)  # let its monitor start the containers
+            run(["scancel", found[0]], env=env, check=False)
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def test_200_mixed_steps_some_cancelled_leave_nothing_behind(squashed_tiny, stack):
+    hpc = squashed_tiny
+    env = hpc.env
+    job = run(["sbatch", "--parsable", f"-N{len(stack.nodes)}", "-o", "/dev/null", "--wrap", "sleep 1800"],
+              env=env).stdout.strip()
+    try:
+        wait_running(job, env)
+        sizes = itertools.cycle(SIZES)
+
+        def step(index):
+            nodes, per_node = next(sizes)
+            cancelled = index % CANCEL_EVERY == CANCEL_EVERY - 1
+            mode = ["--join"] if index % 2 else []
+            name = f"stress-{index}"
+            command = ["sleep", "60"] if cancelled else ["true"]
+            argv = ["srun", "--jobid", job, "--overlap", "-J", name, f"-N{nodes}", f"--ntasks-per-node={per_node}",
+                    "podman-hpc", "shared-run", *mode, stack.tiny_image, *command]
+            process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if cancelled:
+                assert cancel_when_up(job, name, env, time.monotonic() + 60), f"step {name} never ran"
+            _, stderr = process.communicate(timeout=180)
+            return index, cancelled, process.returncode, stderr
+
+        with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
+            results = list(pool.map(step, range(STEPS)))
+        failed = [(i, code, err[-300:]) for i, cancelled, code, err in results if not cancelled and code != 0]
+        assert failed == []
+        assert all(code != 0 for _, cancelled, code, _ in results if cancelled)  # really cancelled mid-run
+    finally:
+        run(["scancel", job], env=env, check=False)
+    root = env["PODMANHPC_RUN_ROOT"]
+    script = ('podman-hpc ps -a --format "container {{.Names}}"; '
+              f'find {root} -type s | sed "s/^/socket /"; '
+              f'cat {root}/shared-run-monitor.log 2>/dev/null | grep -i "could not be removed" | sed "s/^/gave up /"; true')
+    deadline = time.monotonic() + 60  # monitors remove their containers after the step's tasks end
+    while True:
+        remaining = {**leftovers(hpc), **{n: t for n, t in hpc.on_each_node("sh", "-c", script).items() if t.strip()}}
+        if not remaining or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert remaining == {}
+    assert monitors_of(root) == []
+
+
+def monitors_of(run_root):
+    """This user's processes that work for the test's run root (monitors, podman, conmon)."""
+    marker = f"PODMANHPC_RUN_ROOT={run_root}".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((proc.name, (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except OSError:
+            pass
+    return found
