@@ -111,6 +111,8 @@ def test_a_migrates_b_lists_and_runs_it_on_four_nodes(hpc, b, store, stack):
     shared = b.srun(f"-N{len(stack.nodes)}", "--ntasks-per-node=2", "podman-hpc", "shared-run", tag,
                     "sh", "-c", f"{CHECK} | tr '\\n' ' '; echo").stdout
     assert shared.count(EXPECTED) == 2 * len(stack.nodes), shared
+    # the image's own user reads its private file, whoever squashed it
+    assert b("run", "--rm", "--user", "1000", tag, "cat", "/data/f").stdout.strip() == "secret"
 
 
 def test_an_outsider_is_refused_in_one_line_naming_the_store(hpc, outsider, store, stack):
