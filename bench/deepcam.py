@@ -172,8 +172,9 @@ def phases(stdout: str, started: float, step: float, ranks: int, label: str) -> 
 def wait_for_idle_nodes(timeout: float = 120) -> None:
     """Every node idle: the previous run's job may still be completing, and srun's wait for it
     would count as container start."""
-    from jupyter_podman_hpc.slurm import client
+    from jupyter_podman_hpc.slurm.client import SlurmClient
 
+    client = SlurmClient()
     deadline = time.monotonic() + timeout
     while not all(p.idle == p.nodes for p in client.partitions()):
         if time.monotonic() > deadline:

@@ -23,7 +23,6 @@ unsquashfs of the image into tmpfs.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys

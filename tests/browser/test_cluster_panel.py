@@ -9,7 +9,7 @@ import uuid
 import nbformat
 import pytest
 
-from tests.browser.lab import PANEL, open_notebook, open_panel
+from tests.browser.lab import open_notebook, open_panel
 from tests.browser.test_containers import open_dialog
 from tests.conftest import run
 

@@ -1,6 +1,5 @@
 """The node-level launcher on the 4-node cluster: podman-exec (shared-run) and per-process."""
 
-import subprocess
 import time
 
 import pytest
