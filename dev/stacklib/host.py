@@ -187,7 +187,17 @@ def user_ready() -> bool:
                for user in users) \
         and _in_group(layout.USER, layout.PROJECT_GROUP) and _in_group(layout.USER2, layout.PROJECT_GROUP) \
         and not _in_group(layout.OUTSIDER, layout.PROJECT_GROUP) \
-        and layout.SUDOERS.exists() and layout.SUDOERS.read_text() == _sudoers()
+        and _sudoers_ready()
+
+
+def _sudoers_ready() -> bool:
+    """The sudo rule is in place (only root may read it: others see that it exists)."""
+    try:
+        return layout.SUDOERS.read_text() == _sudoers()
+    except PermissionError:
+        return layout.SUDOERS.exists()
+    except FileNotFoundError:
+        return False
 
 
 def user_env() -> dict[str, str]:

@@ -62,7 +62,7 @@ def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> Mi
     graph = GraphRoot(config.graph_root)
     record = graph.image_record(image_id)
     chain = graph.layer_chain(record["layer"])
-    link = graph.link(record["layer"])
+    link = store.link_of(record["layer"]) or graph.link(record["layer"])
     names = list(record.get("names") or [])
     with store.image_lock(image_id):
         if store.has_complete(image_id):

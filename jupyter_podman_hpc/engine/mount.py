@@ -283,10 +283,25 @@ def _squash_lower(squash: Path, target: Path, settings: ReadPathSettings, state_
             _log(f"{squash} unpacked at {root}")
             held.append(copy)
             return str(root)
-    mount = SquashMount(squash, target, state_dir)
+    mount = SquashMount(squash, target, _mounts_dir(settings, state_dir))
     mount.acquire()
     held.append(mount)
     return str(target)
+
+
+def _mounts_dir(settings: ReadPathSettings, state_dir: Path) -> Path:
+    """Where the references to this namespace's squashfuse mounts are counted.
+
+    A squashfuse mount sits on the squashed store's directory in podman's mount
+    namespace, which every storage (graph root) of the user on the node shares:
+    counting per graph root would let one storage unmount what another's
+    container is about to use. So: one directory per mount namespace, beside
+    the unpacked copies (node-local, the user's own).
+    """
+    if not settings.unpack_dir:
+        return state_dir
+    namespace = os.stat("/proc/self/ns/mnt").st_ino
+    return Path(settings.unpack_dir).parent / "squash-mounts" / str(namespace)
 
 
 def _kernel_overlay(options: list[str], lowers: list[str], merged: str, state_dir: Path) -> bool:

@@ -250,14 +250,15 @@ class SquashStore:
         except ValueError:
             raise EngineError(f"{path} is not valid JSON: the squashed store is damaged")
 
-    def _link_of(self, layer: str) -> str:
+    def link_of(self, layer: str) -> str:
+        """The short link of a layer the store has, else ''."""
         try:
             return (self.root / "overlay" / layer / "link").read_text().strip()
         except OSError:
             return ""
 
     def _stored(self, record: dict) -> StoredImage:
-        squash = self.squash_path(self._link_of(record["layer"])) if record.get("layer") else None
+        squash = self.squash_path(self.link_of(record["layer"])) if record.get("layer") else None
         try:
             size = squash.stat().st_size if squash else 0
         except OSError:
@@ -343,8 +344,10 @@ class SquashStore:
                 _atomic_write(target, split.read_bytes(), self.sharing)
             layer_dir = self.root / "overlay" / layer_id
             _mkdirs(layer_dir / "diff", self.sharing)
-            link = source.link(layer_id)
-            if self._link_of(layer_id) != link:
+            # A layer the store has keeps its link: another image's squash file is named by it
+            # (the base image's top layer is a parent of every image built FROM it).
+            link = self.link_of(layer_id) or source.link(layer_id)
+            if not self.link_of(layer_id):
                 _atomic_write(layer_dir / "link", link.encode(), self.sharing)
             symlink = self.links / link
             if not symlink.is_symlink():
@@ -414,7 +417,7 @@ class SquashStore:
         # kill would hide the same layer in a later store from podman (upstream #172).
         shutil.rmtree(self.root / "overlay-images" / image.id, ignore_errors=True)
         for layer in doomed:
-            link = self._link_of(layer["id"])
+            link = self.link_of(layer["id"])
             if link:
                 (self.links / link).unlink(missing_ok=True)
             shutil.rmtree(self.root / "overlay" / layer["id"], ignore_errors=True)
