@@ -272,6 +272,13 @@ def _usable(state: str) -> bool:
     return state in ("idle", "mix", "alloc")
 
 
+def _responding(state: str) -> bool:
+    """slurmctld hears from the node and may give it work: busy finishing a job ("comp"),
+    held for a pending one ("plnd") or reserved counts; down, drained or failed does not."""
+    return bool(state) and "*" not in state and \
+        state.rstrip("~#!%$@^-") not in ("down", "drain", "drng", "fail", "failg", "unk", "inval")
+
+
 def nodes_idle() -> bool:
     states = _sinfo_states()
     return all(_usable(states.get(node, "")) for node in layout.NODES)
@@ -322,5 +329,5 @@ def status() -> dict[str, bool]:
     }
     for node in layout.NODES:
         result[f"slurmd {node}"] = running_pid(f"slurmd-{node}") is not None and \
-            _usable(states.get(node, ""))
+            _responding(states.get(node, ""))
     return result

@@ -7,6 +7,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,24 @@ class Hpc:
         for lines in by_task.values():
             outputs[lines[0].lstrip("@")] = lines[1:]
         return {node: "\n".join(lines) for node, lines in outputs.items()}
+
+    def leftovers(self, within: float = 30) -> dict[str, str]:
+        """Per node: this storage's containers, step directories, pid files and mounts that
+        remain once the nodes have had up to ``within`` seconds to clean up (a step's monitor
+        removes its container after the step's tasks have ended, so after srun returns)."""
+        script = ('podman-hpc ps -a --format "container {{.Names}} {{.Status}}"; '
+                  'ls -A "$PODMANHPC_RUN_ROOT/shared-run" 2>/dev/null | sed "s/^/stepdir /"; '
+                  'ls -A "$PODMANHPC_RUN_ROOT/per-process" 2>/dev/null | sed "s/^/pidfile /"; '
+                  'podman unshare cat /proc/self/mountinfo | grep -F -e "$PODMANHPC_RUN_ROOT" -e "$SQUASH_DIR" '
+                  '-e "$PODMANHPC_SQUASH_UNPACK_DIR" | sed "s/^/mount /"; true')
+        deadline = time.monotonic() + within
+        while True:
+            outputs = self.on_each_node("sh", "-c", script)
+            assert sorted(outputs) == list(self.stack.nodes)
+            remaining = {node: text for node, text in outputs.items() if text.strip()}
+            if not remaining or time.monotonic() > deadline:
+                return remaining
+            time.sleep(1)
 
     def wipe_local_storage(self) -> None:
         """Forget every node-local image on the login side, as on a fresh node.

@@ -17,14 +17,6 @@ def reports(result):
     return {int(rank): (node, pidns, os_id) for rank, node, pidns, os_id in rows}
 
 
-def leftovers(hpc):
-    """Per node: containers, step directories and fuse mounts that remain."""
-    script = ('podman-hpc ps -a --format "container {{.Names}}"; '
-              'ls "$PODMANHPC_RUN_ROOT/shared-run" 2>/dev/null | sed "s/^/stepdir /"; '
-              'podman unshare cat /proc/self/mountinfo | grep -E "squashfuse|fuse-overlayfs" | sed "s/^/mount /"; true')
-    return {node: text for node, text in hpc.on_each_node("sh", "-c", script).items() if text.strip()}
-
-
 def test_podman_exec_runs_one_container_per_node(squashed_tiny, stack):
     hpc = squashed_tiny
     result = hpc.srun("-N4", "-n8", "podman-hpc", "shared-run", stack.tiny_image, "sh", "-c", REPORT)
@@ -37,7 +29,7 @@ def test_podman_exec_runs_one_container_per_node(squashed_tiny, stack):
     assert sorted(per_node) == list(stack.nodes)
     assert all(len(namespaces) == 1 for namespaces in per_node.values())  # one container a node
     assert len({pidns for _, pidns, _ in ranks.values()}) == 4
-    assert leftovers(hpc) == {}
+    assert hpc.leftovers() == {}
 
 
 def test_per_process_mode_runs_one_container_per_rank(squashed_tiny, stack):
@@ -46,7 +38,7 @@ def test_per_process_mode_runs_one_container_per_rank(squashed_tiny, stack):
     ranks = reports(result)
     assert sorted(ranks) == list(range(8))
     assert len({pidns for _, pidns, _ in ranks.values()}) == 8
-    assert leftovers(hpc) == {}
+    assert hpc.leftovers() == {}
 
 
 def test_a_failing_rank_fails_the_step_with_its_code_and_nobody_hangs(squashed_tiny, stack):
@@ -58,7 +50,7 @@ def test_a_failing_rank_fails_the_step_with_its_code_and_nobody_hangs(squashed_t
     crashed = hpc.srun("-N4", "-n8", "podman-hpc", "shared-run", stack.tiny_image, "sh", "-c",
                        'if [ "$SLURM_PROCID" = 2 ]; then kill -9 $$; fi; sleep 2', check=False, timeout=120)
     assert crashed.returncode == 137
-    assert leftovers(hpc) == {}
+    assert hpc.leftovers() == {}
 
 
 def test_steps_and_a_stale_container_never_share_a_name(squashed_tiny, stack):
@@ -80,7 +72,7 @@ wait
     second_ns = {line.split()[1] for line in second if line}
     assert all(line.startswith("fresh ") for line in first if line), first
     assert len(first_ns) == 4 and len(second_ns) == 4 and not first_ns & second_ns
-    assert leftovers(hpc) == {}
+    assert hpc.leftovers() == {}
 
 
 def test_scancel_removes_every_container_within_seconds(squashed_tiny, stack):
@@ -103,7 +95,7 @@ def test_scancel_removes_every_container_within_seconds(squashed_tiny, stack):
         run(["scancel", job], env=hpc.env)
     while run(["squeue", "-h", "-j", job], env=hpc.env, check=False).stdout.strip():
         time.sleep(0.5)
-    remaining = leftovers(hpc)
+    remaining = hpc.leftovers()
     elapsed = time.monotonic() - cancelled
     assert remaining == {}, remaining
     assert elapsed < 30

@@ -5,7 +5,6 @@ import pytest
 
 from tests.conftest import run
 from tests.integration.conftest import cleanup_hpc, make_hpc
-from tests.integration.engine.test_launcher import leftovers
 
 IMAGE = "localhost/tests/entrypoint:1"
 
@@ -35,7 +34,7 @@ def test_each_task_runs_the_entrypoint_with_its_arguments(entrypoint_image, mode
     result = hpc.srun("-N2", "--ntasks-per-node=2", "podman-hpc", "shared-run", *mode, IMAGE,
                       'echo "rank $SLURM_PROCID"')
     assert lines(result) == [f"rank {rank}" for rank in range(4)]
-    assert leftovers(hpc) == {}
+    assert hpc.leftovers() == {}
 
 
 def test_without_arguments_each_task_runs_the_image_cmd(entrypoint_image):
@@ -59,7 +58,7 @@ def test_entrypoint_workdir_and_env_apply_to_every_task(entrypoint_image, mode):
                       "--entrypoint", '["/bin/sh", "-c"]', "-w", "/etc", "-eX=1", "-e", "Y=2", IMAGE,
                       'echo "$SLURM_PROCID $(pwd) $X $Y"')
     assert lines(result) == [f"{rank} /etc 1 2" for rank in range(4)]
-    assert leftovers(hpc) == {}
+    assert hpc.leftovers() == {}
 
 
 def test_interactive_terminal_per_task(entrypoint_image):

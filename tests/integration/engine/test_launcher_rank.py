@@ -2,7 +2,6 @@
 configuration or the modules; the step monitor hands it its plan over the step's socket."""
 
 from tests.conftest import run
-from tests.integration.engine.test_launcher import leftovers
 
 
 def cli_imports(stderr):
@@ -19,7 +18,7 @@ def test_only_the_first_task_of_each_node_loads_the_cli(squashed_tiny, stack):
     assert sorted(ranks, key=int) == [str(rank) for rank in range(8)]
     assert len(set(ranks.values())) == 2  # one container a node
     assert len(cli_imports(result.stderr)) == 2, result.stderr[-2000:]
-    assert leftovers(hpc) == {}
+    assert hpc.leftovers() == {}
 
 
 def test_a_task_without_an_image_gets_the_clis_message(squashed_tiny, stack):
@@ -30,4 +29,4 @@ def test_a_task_without_an_image_gets_the_clis_message(squashed_tiny, stack):
     assert failed.returncode == 125
     assert "Error: usage: podman-hpc shared-run [options] IMAGE" in failed.stderr
     assert "Traceback" not in failed.stderr
-    assert leftovers(hpc) == {}
+    assert hpc.leftovers() == {}

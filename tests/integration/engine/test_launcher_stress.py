@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 from tests.conftest import run
-from tests.integration.engine.test_launcher import leftovers
 
 STEPS = 200
 AT_ONCE = 4
@@ -78,7 +77,7 @@ def test_200_mixed_steps_some_cancelled_leave_nothing_behind(squashed_tiny, stac
               f'cat {root}/shared-run-monitor.log 2>/dev/null | grep -i "could not be removed" | sed "s/^/gave up /"; true')
     deadline = time.monotonic() + 60  # monitors remove their containers after the step's tasks end
     while True:
-        remaining = {**leftovers(hpc), **{n: t for n, t in hpc.on_each_node("sh", "-c", script).items() if t.strip()}}
+        remaining = {**hpc.leftovers(within=0), **{n: t for n, t in hpc.on_each_node("sh", "-c", script).items() if t.strip()}}
         if not remaining or time.monotonic() > deadline:
             break
         time.sleep(2)

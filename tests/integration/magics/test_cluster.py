@@ -22,7 +22,6 @@ from jupyter_podman_hpc.kernels.orphans import owner_alive
 from tests.conftest import run
 from tests.integration.magics.conftest import start_session
 from tests.integration.magics.test_magics import MPI_ENV, short_error
-from tests.integration.slurm.test_jobs import leftovers_after
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +60,7 @@ def assert_nothing_left(hpc, directory: Path, listened: list[int]) -> None:
     data = record(directory)
     assert data["state"] == "stopped", data
     assert not queued(hpc, data["job_id"]), data
-    assert leftovers_after(hpc, 30) == {}
+    assert hpc.leftovers(within=30) == {}
     for token in (data["controller"], data["watchdog"]):
         assert token and not owner_alive(token), data
     security = directory / "ipython" / "security"

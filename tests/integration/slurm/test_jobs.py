@@ -34,26 +34,6 @@ def root(stack):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def leftovers(hpc):
-    """Per node: the store's containers, step directories, pid files and fuse mounts that remain."""
-    script = ('podman-hpc ps -a --format "container {{.Names}} {{.Status}}"; '
-              'ls -A "$PODMANHPC_RUN_ROOT/shared-run" 2>/dev/null | sed "s/^/stepdir /"; '
-              'ls -A "$PODMANHPC_RUN_ROOT/per-process" 2>/dev/null | sed "s/^/pidfile /"; '
-              'podman unshare cat /proc/self/mountinfo | grep -E "squashfuse|fuse-overlayfs" '
-              '| grep -F -e "$PODMANHPC_GRAPH_ROOT" -e "$SQUASH_DIR" | sed "s/^/mount /"; true')
-    outputs = hpc.on_each_node("sh", "-c", script)
-    assert sorted(outputs) == list(hpc.stack.nodes)
-    return {node: text for node, text in outputs.items() if text.strip()}
-
-
-def leftovers_after(hpc, seconds):
-    """`leftovers`, once the nodes have had up to ``seconds`` to finish cleaning up."""
-    deadline = time.monotonic() + seconds
-    while (remaining := leftovers(hpc)) and time.monotonic() < deadline:
-        time.sleep(2)
-    return remaining
-
-
 def submit_and_wait(spec, root, **kwargs):
     events = []
     job = Job.submit(spec, root)
@@ -80,7 +60,7 @@ def test_a_job_of_4_nodes_by_2_tasks_runs_every_rank_inside_the_image(squashed_b
     launcher = "podman-hpc shared-run" if mode == "podman-exec" else "podman-hpc run --rm"
     assert launcher in job.script and job.script == (job.directory / "job.sh").read_text()
     assert {e.stage for e in events} == {"job"} and events[-1].message.startswith(f"job {job.id} COMPLETED")
-    assert leftovers(squashed_base) == {}
+    assert squashed_base.leftovers() == {}
 
 
 def test_the_script_runs_as_written_with_sbatch_from_a_terminal(squashed_tiny, stack, root):
@@ -132,7 +112,7 @@ def test_cancel_stops_the_job_and_leaves_nothing_on_any_node(squashed_tiny, stac
     assert time.monotonic() - cancelled < 30
     job.cancel()  # again, on a finished job: not an error
     # Once the nodes are free again (the checks are a job of their own): nothing remains.
-    remaining = leftovers(hpc)
+    remaining = hpc.leftovers()
     assert remaining == {}, remaining
     assert time.monotonic() - cancelled < 60
 
@@ -252,6 +232,6 @@ def test_cancel_in_per_process_mode_leaves_nothing_either(squashed_tiny, stack, 
     assert job.wait(timeout=60, poll_interval=0.2).state == "CANCELLED"
     try:
         # Each rank's reaper removes its container after Slurm has killed the step (KillWait=5 s).
-        assert leftovers_after(hpc, 30) == {}
+        assert hpc.leftovers(within=30) == {}
     finally:  # whatever the launcher left, for the tests that follow
         hpc.on_each_node("podman-hpc", "rm", "--all", "--force", "--time", "0", check=False)
