@@ -10,8 +10,9 @@ Configurations, every one under ``srun --mpi=pmix`` with Open MPI over TCP on
 loopback (``common.MPI_ENV``):
 
 - ``bare``: the host's ``lmp`` (Debian's ``lammps``);
-- ``podman-exec``: ``podman-hpc shared-run --openmpi-pmix ... IMAGE lmp ...``;
-- ``podman-exec --join``: the same, tasks joining the container's namespaces;
+- ``podman-exec``: ``podman-hpc shared-run --openmpi-pmix ... IMAGE lmp ...``
+  (tasks join the node container's namespaces, the default);
+- ``podman-exec --no-join``: the same, tasks entering it with ``podman exec``;
 - ``per-process``: ``podman-hpc run --rm --openmpi-pmix ... IMAGE lmp ...``;
 
 where IMAGE is the base image plus Debian's ``lammps`` (``Containerfile.lammps``,
@@ -43,7 +44,7 @@ from typing import Callable, Sequence
 from common import MPI_ENV, BenchError, Failure, PrivateStorage, Sample, alternating, ensure_image, timed, which
 
 BENCHMARK = "lammps"
-CONFIGS = ["bare", "podman-exec", "podman-exec --join", "per-process"]
+CONFIGS = ["bare", "podman-exec", "podman-exec --no-join", "per-process"]
 TASKS_PER_NODE = 1
 FULL_NODES = (1, 2, 4)
 SMOKE_NODES = (1, 2)
@@ -149,8 +150,8 @@ def command(setup: Setup, config: str, nodes: int, problem: Problem, out: str) -
         return [*srun, setup.lmp, *app[1:]]
     if config == "podman-exec":
         return [*srun, "podman-hpc", "shared-run", *mount, setup.image, *app]
-    if config == "podman-exec --join":
-        return [*srun, "podman-hpc", "shared-run", "--join", *mount, setup.image, *app]
+    if config == "podman-exec --no-join":
+        return [*srun, "podman-hpc", "shared-run", "--no-join", *mount, setup.image, *app]
     if config == "per-process":
         return [*srun, "podman-hpc", "run", "--rm", *mount, setup.image, *app]
     raise BenchError(f"unknown lammps configuration: {config}")

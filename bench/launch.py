@@ -1,7 +1,7 @@
 """Launch overhead: wall time of a job step running `true`, bare and in containers.
 
 Configurations (each a command prefix run under `srun -N<n> --ntasks-per-node=<k>`):
-bare srun; ours in podman-exec mode (podman exec, and --join); ours per-process
+bare srun; ours in podman-exec mode (joining, the default, and --no-join: podman exec); ours per-process
 (`podman-hpc run --rm`); podman-hpc 1.2.2's `shared-run` and `run --rm`, each
 tool on its own squashed copy of the same image. Repetitions alternate the
 configurations so that drift on the machine spreads over all of them.
@@ -62,8 +62,8 @@ def configurations(setup: Setup, names: Sequence[str]) -> dict[str, Callable[[in
     table = {
         "bare": lambda n, k: ([*srun(n, k), "true"], setup.ours_env),
         "podman-exec": lambda n, k: ([*srun(n, k), "podman-hpc", "shared-run", image, "true"], setup.ours_env),
-        "podman-exec --join": lambda n, k: ([*srun(n, k), "podman-hpc", "shared-run", "--join", image, "true"],
-                                            setup.ours_env),
+        "podman-exec --no-join": lambda n, k: ([*srun(n, k), "podman-hpc", "shared-run", "--no-join", image,
+                                                "true"], setup.ours_env),
         "per-process": lambda n, k: ([*srun(n, k), "podman-hpc", "run", "--rm", image, "true"], setup.ours_env),
     }
     if setup.peer_bin:

@@ -19,7 +19,7 @@ libraries. This one generates (deterministically, from a ``Workload``):
 
 Every rank runs ``python3 -E -B driver.py`` (no PYTHON* variables, no byte
 code written). Configurations: ``bare`` (the host's /usr/bin/python3),
-``podman-exec``, ``podman-exec --join`` and ``per-process`` (the base image's
+``podman-exec`` (joining), ``podman-exec --no-join`` (podman exec) and ``per-process`` (the base image's
 python3). Metrics: ``step_seconds``, the wall time of the whole ``srun``
 (the start-up cost a user sees), and the slowest rank's ``import_seconds``
 and ``visit_seconds``.
@@ -58,7 +58,7 @@ from common import (BenchError, Failure, PrivateStorage, Sample, alternating, be
                     ensure_image, locked, timed)
 
 BENCHMARK = "pynamic"
-CONFIGS = ["bare", "podman-exec", "podman-exec --join", "per-process"]
+CONFIGS = ["bare", "podman-exec", "podman-exec --no-join", "per-process"]
 VARIANTS = ["in image", "bind-mounted"]
 FULL_SIZES = [(1, 1), (4, 2)]
 SMOKE_SIZES = [(1, 1)]
@@ -247,8 +247,8 @@ def command(setup: Setup, config: str, variant: str, nodes: int, per_node: int) 
     app = [PYTHON, "-E", "-B", driver]
     if config == "podman-exec":
         return [*srun, "podman-hpc", "shared-run", *mount, image, *app]
-    if config == "podman-exec --join":
-        return [*srun, "podman-hpc", "shared-run", "--join", *mount, image, *app]
+    if config == "podman-exec --no-join":
+        return [*srun, "podman-hpc", "shared-run", "--no-join", *mount, image, *app]
     if config == "per-process":
         return [*srun, "podman-hpc", "run", "--rm", *mount, image, *app]
     raise BenchError(f"unknown pynamic configuration: {config}")

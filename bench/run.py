@@ -36,9 +36,10 @@ import squash  # noqa: E402
 from common import BenchError, Failure, PrivateStorage, Sample, machine, remove_tree  # noqa: E402
 
 BENCHMARKS = ["launch", "lammps", "pynamic", "deepcam", "readpath", "squash", "kernel", "cluster"]
-FULL_SIZES = [(n, k) for n in (1, 2, 4) for k in (1, 2, 4, 8)]
+# 1x16 and 4x16 show what each added rank costs (the nodes declare 16 CPUs for them)
+FULL_SIZES = [(n, k) for n in (1, 2, 4) for k in (1, 2, 4, 8)] + [(1, 16), (4, 16)]
 SMOKE_SIZES = [(1, 1)]
-LAUNCH_CONFIGS = ["bare", "podman-exec", "podman-exec --join", "per-process", "1.2.2 shared-run", "1.2.2 run"]
+LAUNCH_CONFIGS = ["bare", "podman-exec", "podman-exec --no-join", "per-process", "1.2.2 shared-run", "1.2.2 run"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from typing import Sequence, TextIO
 from .version import __version__
 from .engine import commands
 from .engine.errors import EngineError, InvalidInput
-from .engine.runplan import Site
+from .engine.runplan import JOIN_FLAGS, Site, wants_join
 from .engine.progress import Progress
 
 # Commands import the rest of the engine when they need it: every Slurm task of a
@@ -218,13 +218,13 @@ class Cli:
         return self.exec(self.podman.command("build", *extra, *args))
 
     def run(self, args: list[str], shared: bool = False) -> int:
-        plan = self.site.plan(args, front_flags=["--join"])
+        plan = self.site.plan(args, front_flags=JOIN_FLAGS)
         if plan.image is None:
             raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
         from .engine.launcher import in_slurm_step, per_process_run, pmi_fd_passthrough, shared_run
         if shared or plan.shared:
             return shared_run(self.podman, plan.options, plan.module_args, plan.image, plan.command, self.environ,
-                              join=True if plan.flags else None)
+                              join=wants_join(plan.flags, self.config.shared_run_exec_mode))
         if in_slurm_step(self.environ):
             return per_process_run(self.podman, plan.options, plan.module_args, plan.image, plan.command,
                                    self.environ)
@@ -240,7 +240,8 @@ class Cli:
         if subcommand in ("run", "shared-run"):
             print(f"podman-hpc {subcommand}: podman run options, plus:")
             if subcommand == "shared-run":
-                print(f"  {'--join':<22} enter the container by joining its namespaces, not with podman exec")
+                print(f"  {'--join':<22} enter the container by joining its namespaces (the default)")
+                print(f"  {'--no-join':<22} enter it with podman exec (shared_run_exec_mode: podman)")
             for module in self.modules:
                 if module.cli_arg and not module.hidden:
                     print(f"  {module.flag:<22} {module.help}")

@@ -51,7 +51,7 @@ class SiteConfig:
     shared_run_exec_args: list[str] = field(default_factory=lambda: [
         "-e", "SLURM_*", "-e", "SLURMD_*", "-e", "PALS_*", "-e", "PMI_*", "-e", "PMIX_*", "-e", "OMPI_*"])
     shared_run_command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
-    shared_run_exec_mode: str = "podman"  # ours: "join" enters the container without podman exec
+    shared_run_exec_mode: str = "join"  # ours: "podman" enters the container with podman exec
     graph_root: str = "/tmp/{{ uid }}_hpc/storage"
     run_root: str = "/tmp/{{ uid }}_hpc"
     additional_stores: list[str] = field(default_factory=list)

@@ -204,11 +204,11 @@ def step_env_args(config, environ: Mapping[str, str]) -> list[str]:
 
 
 def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str], image: str,
-               command: Sequence[str], environ: Mapping[str, str], join: bool | None = None) -> int:
+               command: Sequence[str], environ: Mapping[str, str], join: bool) -> int:
     """Run ``command`` as this task inside the node's shared container; returns its exit code.
 
-    ``join`` (default: the ``shared_run_exec_mode`` setting) enters the
-    container by joining its namespaces instead of ``podman exec``.
+    ``join`` enters the container by joining its namespaces (falling back to
+    ``podman exec`` where only podman can do what the options ask).
     """
     config = podman.config
     context = step_context(config, environ)
@@ -227,7 +227,7 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
     connection, container = _join_step(podman, directory, name, start, context)
     try:
         command = task_command(entrypoint, container, command)
-        if join if join is not None else config.shared_run_exec_mode == "join":
+        if join:
             code = _run_joined(container.pid, [*config.shared_run_exec_args, *exec_options], command, environ)
             if code is not None:
                 return code
@@ -618,12 +618,12 @@ class StepMonitor:
         try:
             env = request["env"]
             podman, modules = self._engine(env)
-            from .runplan import parse_run_args  # the CLI's own parse (loaded already: the first task forked us)
+            from .runplan import JOIN_FLAGS, parse_run_args, wants_join  # the CLI's (loaded already: we are its fork)
             options, image, args, _ = parse_run_args(podman, modules, request["argv"][1:])
             if image is None:
                 raise EngineError("usage: podman-hpc shared-run [options] IMAGE [COMMAND...]", 125)
-            join = "--join" in options or podman.config.shared_run_exec_mode == "join"
-            _, exec_options, entrypoint = _split_options(podman, [o for o in options if o != "--join"])
+            join = wants_join(options, podman.config.shared_run_exec_mode)
+            _, exec_options, entrypoint = _split_options(podman, [o for o in options if o not in JOIN_FLAGS])
             command = task_command(entrypoint, self.container, args)
         except EngineError as err:
             return {"error": str(err), "code": err.exit_code}

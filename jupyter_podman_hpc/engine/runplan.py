@@ -70,8 +70,18 @@ class Site:
                                        plan.module_args)
 
 
+# shared-run's own flags: how the task enters the node's container (they beat shared_run_exec_mode)
+JOIN_FLAGS = ("--join", "--no-join")
+
+
+def wants_join(flags: Sequence[str], mode: str) -> bool:
+    """Whether a task joins the container (the last of ``--join``/``--no-join`` given, else ``mode``)."""
+    given = [flag for flag in flags if flag in JOIN_FLAGS]
+    return given[-1] == "--join" if given else mode == "join"
+
+
 def parse_run_args(podman: Podman, modules: ModuleSet, args: Sequence[str],
-                   extra_flags: Sequence[str] = ("--join",)) -> tuple[list[str], str | None, list[str], list[Module]]:
+                   extra_flags: Sequence[str] = JOIN_FLAGS) -> tuple[list[str], str | None, list[str], list[Module]]:
     """``[options] IMAGE [COMMAND...]``: (podman options with ``extra_flags`` kept, image, command,
     chosen modules). Module flags (``--gpu``, ``--openmpi-pmix``...) are told apart from podman's
     own run options; the modules are checked for conflicts and dependencies."""

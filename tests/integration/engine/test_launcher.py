@@ -102,24 +102,26 @@ def test_scancel_removes_every_container_within_seconds(squashed_tiny, stack):
 
 
 def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stack):
-    """--join gives a task what podman exec gives it: same user, groups, capabilities,
-    environment, working directory, mounts, namespaces, limits, umask and exit code."""
+    """Joining (the default) gives a task what podman exec (shared_run_exec_mode: podman) gives
+    it: same user, groups, capabilities, environment, working directory, mounts, namespaces,
+    limits, umask and exit code."""
     hpc = squashed_base
     probe = ('id; umask; pwd; env | grep -v -E "^(_|SHLVL|PWD)=" | sort; grep -E "^Cap|^NoNewPrivs|^Seccomp" '
              '/proc/self/status; for n in ipc mnt net pid user uts; do readlink /proc/self/ns/$n; done; '
              'cut -d" " -f2,5 /proc/self/mountinfo | sort; ulimit -n; ulimit -u; '
              'echo "pmi fd: $(readlink /proc/self/fd/$PMI_FD | cut -d: -f1)"; exit 3')
     outputs, execs = {}, {}
-    for mode in ([], ["--join"]):
-        podman, calls = recording_podman(hpc, "join" if mode else "exec")
-        result = run(["srun", "--mpi=pmi2", "-N1", "-n2", "podman-hpc", "shared-run", *mode, "-e", "EXTRA=1",
+    for join in (False, True):
+        podman, calls = recording_podman(hpc, "join" if join else "exec")
+        mode = {} if join else {"PODMANHPC_SHARED_RUN_EXEC_MODE": "podman"}
+        result = run(["srun", "--mpi=pmi2", "-N1", "-n2", "podman-hpc", "shared-run", "-e", "EXTRA=1",
                       "-w", "/etc",
                       stack.base_image, "bash", "-c", probe + " # $SLURM_LOCALID"],
-                     env={**hpc.env, "PODMANHPC_PODMAN_BIN": podman}, check=False)
+                     env={**hpc.env, **mode, "PODMANHPC_PODMAN_BIN": podman}, check=False)
         assert result.returncode == 3, result.stderr
-        outputs[bool(mode)] = result.stdout
-        execs[bool(mode)] = [line for line in calls.read_text().splitlines()
-                             if " exec " in f" {line} " and not line.endswith("--help")]
+        outputs[join] = result.stdout
+        execs[join] = [line for line in calls.read_text().splitlines()
+                       if " exec " in f" {line} " and not line.endswith("--help")]
     podman_exec, joined = outputs[False], outputs[True]
     assert len(execs[False]) == 2 and execs[True] == []  # each task really went its own way
     assert normalized(joined) == normalized(podman_exec)

@@ -28,7 +28,7 @@ def lines(result):
     return sorted(line for line in result.stdout.splitlines() if line.strip())
 
 
-@pytest.mark.parametrize("mode", [[], ["--join"]], ids=["exec", "join"])
+@pytest.mark.parametrize("mode", [["--no-join"], []], ids=["exec", "join"])
 def test_each_task_runs_the_entrypoint_with_its_arguments(entrypoint_image, mode):
     hpc = entrypoint_image
     result = hpc.srun("-N2", "--ntasks-per-node=2", "podman-hpc", "shared-run", *mode, IMAGE,
@@ -51,7 +51,7 @@ def test_the_users_entrypoint_replaces_the_images_and_drops_its_cmd(entrypoint_i
     assert alone.stdout == "\n"
 
 
-@pytest.mark.parametrize("mode", [[], ["--join"]], ids=["exec", "join"])
+@pytest.mark.parametrize("mode", [["--no-join"], []], ids=["exec", "join"])
 def test_entrypoint_workdir_and_env_apply_to_every_task(entrypoint_image, mode):
     hpc = entrypoint_image
     result = hpc.srun("-N2", "--ntasks-per-node=2", "podman-hpc", "shared-run", *mode,

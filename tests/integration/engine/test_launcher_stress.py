@@ -53,7 +53,7 @@ def test_200_mixed_steps_some_cancelled_leave_nothing_behind(squashed_tiny, stac
         def step(index):
             nodes, per_node = next(sizes)
             cancelled = index % CANCEL_EVERY == CANCEL_EVERY - 1
-            mode = ["--join"] if index % 2 else []
+            mode = [] if index % 2 else ["--no-join"]
             name = f"stress-{index}"
             command = ["sleep", "60"] if cancelled else ["true"]
             argv = ["srun", "--jobid", job, "--overlap", "-J", name, f"-N{nodes}", f"--ntasks-per-node={per_node}",
