@@ -2,6 +2,8 @@
 
 A pid file records the pid and the kernel's start time of the process, so a
 pid reused by an unrelated process after a crash is never mistaken for ours.
+The stack is built by the system's python3 before any package is installed,
+so this reads /proc itself instead of using psutil as the package does.
 """
 
 import os

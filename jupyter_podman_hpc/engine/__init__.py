@@ -13,10 +13,11 @@
 - ``commands``: the runner of every external command, which logs each at debug level
 - ``errors``: the kinds of error (invalid input, not found, conflict, ...) fronts map
 - ``files``: the one atomic write-temp-then-rename
+- ``processes``: what the engine asks about a process (psutil)
 """
 
 from .errors import (Conflict, ConfigError, EngineError, ImageNotFound, InvalidInput, InvalidReference,
-                     ModuleError, NotFound, PermissionDenied, PodmanError)
+                     ModuleError, NotFound, PermissionDenied, PodmanError, ToolFailed)
 
 
 def __getattr__(name: str):

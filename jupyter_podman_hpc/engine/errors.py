@@ -34,6 +34,11 @@ class PermissionDenied(EngineError):
     """The user may not read or write what was asked (a shared store, a directory)."""
 
 
+class ToolFailed(EngineError):
+    """A program the engine relies on (podman, Slurm, the Podman service) failed for a reason
+    of its own, not the request's; the message is the program's."""
+
+
 class ConfigError(InvalidInput):
     """The site configuration or the environment is invalid."""
 
@@ -50,7 +55,7 @@ class InvalidReference(InvalidInput):
     """A string is not a valid image reference."""
 
 
-class PodmanError(EngineError):
+class PodmanError(ToolFailed):
     """podman exited with an error; ``exit_code`` is podman's."""
 
     def __init__(self, message: str, exit_code: int = 125, output: str = ""):

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import commands
+from . import commands, processes
 from .errors import EngineError
 from .join import CannotJoin, JoinFailed, join_and_run
 from .podman import Podman, error_message, flag_name, group_options
@@ -550,7 +550,10 @@ class StepMonitor:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                     if cmdline.read() == expected:
-                        self.keep_alive = (pid, _start_time(pid))
+                        started = processes.start_time(pid)
+                        if started is None:
+                            return None
+                        self.keep_alive = (pid, started)
                         return pid
             except OSError:
                 return None
@@ -674,13 +677,4 @@ class StepMonitor:
         return exists.returncode == 1
 
     def _keep_alive_running(self) -> bool:
-        return bool(self.keep_alive) and _start_time(self.keep_alive[0]) == self.keep_alive[1]
-
-
-def _start_time(pid: int) -> str:
-    """A process's start time (tells it from a later one with the same pid); "" if none."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+        return bool(self.keep_alive) and processes.start_time(self.keep_alive[0]) == self.keep_alive[1]

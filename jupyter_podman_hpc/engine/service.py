@@ -52,9 +52,9 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from . import commands
+from . import commands, processes
 from .config import SiteConfig
-from .errors import EngineError
+from .errors import ToolFailed
 from .locks import flocked
 from .podman import Podman
 from .store import SquashStore
@@ -82,7 +82,7 @@ print(child.pid, flush=True)
 """
 
 
-class ServiceError(EngineError):
+class ServiceError(ToolFailed):
     """The Podman API service could not be started or reached."""
 
 
@@ -106,68 +106,19 @@ def ping(sock: str | os.PathLike, timeout: float = PING_TIMEOUT) -> bool:
         and body.strip() == b"OK"
 
 
-# psutil is imported when a process is looked at (it costs 14 ms to import).
-
-
-def _pid_alive(pid: int) -> bool:
-    import psutil
-    return psutil.pid_exists(pid)
-
-
-def _cmdline(pid: int) -> list[str]:
-    import psutil
-    try:
-        return psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return []
-
-
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process we can see (one pass over the process table)."""
-    import psutil
-    return {process.info["pid"]: process.info["ppid"] for process in psutil.process_iter(["pid", "ppid"])
-            if process.info["ppid"] is not None}
-
-
-def descendants(pid: int, parents: Mapping[int, int] | None = None) -> list[int]:
-    """Every process below ``pid``, parents before their children."""
-    table = _parents() if parents is None else parents
-    children: dict[int, list[int]] = {}
-    for child, parent in table.items():
-        children.setdefault(parent, []).append(child)
-    order: list[int] = []
-    queue = sorted(children.get(pid, []))
-    while queue:
-        child = queue.pop(0)
-        order.append(child)
-        queue += sorted(children.get(child, []))
-    return order
-
-
 def _kill_tree(pid: int, grace: float = 10.0) -> None:
     """Stop a service we started: SIGTERM its process group, SIGKILL what is left after ``grace``."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _pid_alive(pid) and not _is_zombie(pid):
+    while time.monotonic() < deadline and processes.running(pid):
         time.sleep(0.05)
-    if _pid_alive(pid) and not _is_zombie(pid):
-        for target in [*descendants(pid), pid]:
+    if processes.running(pid):
+        for target in [*processes.descendants(pid), pid]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(target, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-
-
-def _is_zombie(pid: int) -> bool:
-    """A zombie, or gone."""
-    import psutil
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
 
 
 def _run_root(config: SiteConfig) -> Path:
@@ -225,7 +176,7 @@ class ApiService:
             pid = int(self.pid_path.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
-        if _pid_alive(pid) and not _is_zombie(pid) and self.url in _cmdline(pid):
+        if processes.running(pid) and self.url in processes.cmdline(pid):
             return pid
         return None
 
@@ -276,7 +227,7 @@ class ApiService:
             lines = (getattr(err, "stderr", "") or "").strip().splitlines()
             raise ServiceError(f"cannot start the Podman API service: {lines[-1] if lines else err}")
         self.pid_path.write_text(f"{pid}\n")
-        _wait_ready(self.socket, lambda: _pid_alive(pid) and not _is_zombie(pid),
+        _wait_ready(self.socket, lambda: processes.running(pid),
                     self.log_path, self.start_timeout)
 
     def stop(self, grace: float = 10.0) -> bool:
@@ -384,11 +335,11 @@ class PrivateService:
         """
         if self.process is None:
             return []
-        table = _parents()
+        table = processes.parents()
         found: list[int] = []
-        for pid in descendants(self.process.pid, table):
-            if pid not in found and (_cmdline(pid) or [""])[0] == "buildah-oci-runtime":
-                found += [p for p in descendants(pid, table) if p not in found]
+        for pid in processes.descendants(self.process.pid, table):
+            if pid not in found and (processes.cmdline(pid) or [""])[0] == "buildah-oci-runtime":
+                found += [p for p in processes.descendants(pid, table) if p not in found]
         return found
 
     def kill_containers(self) -> int:
@@ -411,18 +362,7 @@ class PrivateService:
         if self.process is None:
             return []
         roots = {"/var/tmp", self.podman.env.get("TMPDIR") or "/var/tmp"}
-        found: list[str] = []
-        for pid in [self.process.pid, *descendants(self.process.pid)]:
-            try:
-                fds = os.listdir(f"/proc/{pid}/fd")
-            except OSError:
-                continue
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if any(target.startswith(root.rstrip("/") + "/") for root in roots):
-                        found.append(target)
-        return found
+        return processes.open_files_under([self.process.pid, *processes.descendants(self.process.pid)], roots)
 
     def quiesce(self, timeout: float, quiet: float = QUIET) -> bool:
         """After its client was cut off: let the service wind the operation down; whether it did.
@@ -488,4 +428,4 @@ class PrivateService:
 
 
 __all__ = ["ApiService", "PrivateService", "ServiceError", "client", "ensure_service", "ping",
-           "descendants", "DEFAULT_IDLE"]
+           "DEFAULT_IDLE"]

@@ -30,7 +30,9 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-if TYPE_CHECKING:  # the engine is imported lazily: the watchdog must start fast
+from ..engine import processes
+
+if TYPE_CHECKING:  # the engine's podman is imported lazily: the watchdog must start fast
     from ..engine.podman import Podman
 
 LABEL = "io.podman-hpc.kernel"
@@ -40,23 +42,10 @@ POOL_LABEL = "io.podman-hpc.kernel.pool"  # on containers of a warm pool (see po
 POOL = "pool"  # their kernel label until a kernel adopts them
 
 
-def process_start(pid: int) -> str | None:
-    """The start time of a process (clock ticks since boot), or None if there is none."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            text = stat.read()
-    except (OSError, ValueError):
-        return None
-    fields = text.rpartition(")")[2].split()
-    # after "pid (comm)": state is field 3, starttime field 22
-    if len(fields) < 20 or fields[0] in ("Z", "X"):
-        return None
-    return fields[19]
-
-
 def owner_token(pid: int | None = None) -> str:
+    """``PID:START`` of a process (this one by default): what owner labels and records hold."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}:{process_start(pid) or '0'}"
+    return f"{pid}:{processes.start_time(pid) or '0'}"
 
 
 def owner_alive(token: str) -> bool:
@@ -65,7 +54,7 @@ def owner_alive(token: str) -> bool:
         number = int(pid)
     except ValueError:
         return False
-    current = process_start(number)
+    current = processes.start_time(number)
     return current is not None and (not start or current == start)
 
 

@@ -17,7 +17,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from ..engine.errors import Conflict, EngineError, InvalidInput, NotFound, PermissionDenied
+from ..engine.errors import Conflict, EngineError, InvalidInput, NotFound, PermissionDenied, ToolFailed
 from ..kernels.kernelspec import MAX_POOL
 from . import validation as v
 from .backend import Backend
@@ -26,8 +26,9 @@ from .tasks import FINISHED
 RESOURCE = "podman-hpc"
 
 
-# The one table from the engine's kinds of error to HTTP status.
-HTTP_STATUS = ((NotFound, 404), (PermissionDenied, 403), (Conflict, 409), (InvalidInput, 400))
+# The one table from the engine's kinds of error to HTTP status (502: the server is a
+# gateway to podman and Slurm, and the tool behind it failed).
+HTTP_STATUS = ((NotFound, 404), (PermissionDenied, 403), (Conflict, 409), (InvalidInput, 400), (ToolFailed, 502))
 
 
 def http_status(err: EngineError, default: int = 400) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 from ..engine import commands
-from ..engine.errors import EngineError
+from ..engine.errors import ToolFailed
 from .spec import elapsed_seconds
 
 STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "UNKNOWN")
@@ -52,7 +52,7 @@ SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Elapsed,Start,End,Reason"
 SINFO_FORMAT = "%P|%a|%D|%l|%F"
 
 
-class SlurmError(EngineError):
+class SlurmError(ToolFailed):
     """A Slurm command failed; the message is Slurm's own."""
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine import api, service
+from jupyter_podman_hpc.engine import api, processes
 from jupyter_podman_hpc.engine.config import load_config
 from jupyter_podman_hpc.engine.store import SquashStore
 from tests.conftest import run
@@ -69,13 +69,13 @@ def working_containers(hpc):
 def private_services(hpc):
     """Processes and files (socket, log, TMPDIR) of per-operation services left in the test's run root."""
     marker = f"{hpc.env['PODMANHPC_RUN_ROOT']}/podman-hpc-op-"
-    processes = [pid for pid in service._parents() if any(marker in arg for arg in service._cmdline(pid))]
+    processes = [pid for pid in processes.parents() if any(marker in arg for arg in processes.cmdline(pid))]
     files = [str(path) for path in Path(hpc.env["PODMANHPC_RUN_ROOT"]).glob("podman-hpc-op-*")]
     return processes + files
 
 
 def processes_running(*argv):
-    return [pid for pid in service._parents() if service._cmdline(pid)[:len(argv)] == list(argv)]
+    return [pid for pid in processes.parents() if processes.cmdline(pid)[:len(argv)] == list(argv)]
 
 
 class Recorder(list):

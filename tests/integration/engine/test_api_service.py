@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine import service
+from jupyter_podman_hpc.engine import processes, service
 from jupyter_podman_hpc.engine.config import load_config
 
 CALLER = """
@@ -37,8 +37,8 @@ def shared(hpc):
 
 def service_processes(url: str) -> list[int]:
     """Outermost podman processes serving ``url`` (rootless podman re-executes itself once)."""
-    table = service._parents()
-    serving = {pid for pid in table if url in service._cmdline(pid)}
+    table = processes.parents()
+    serving = {pid for pid in table if url in processes.cmdline(pid)}
     return sorted(pid for pid in serving if table.get(pid) not in serving)
 
 
@@ -85,7 +85,7 @@ def test_a_stale_socket_is_replaced_by_a_new_service(shared):
     svc.ensure()
     old = svc.pid()
     os.killpg(old, signal.SIGKILL)  # the service dies without cleaning up
-    wait_for(lambda: not service._pid_alive(old) or service._is_zombie(old), 10)
+    wait_for(lambda: not processes.running(old), 10)
     assert svc.socket.is_socket() and not svc.alive()
 
     started = time.monotonic()
@@ -103,7 +103,7 @@ def test_the_service_exits_when_idle_and_the_next_call_starts_it_again(hpc):
     try:
         svc.ensure()
         pid = svc.pid()
-        idle = wait_for(lambda: not service._pid_alive(pid) or service._is_zombie(pid), 30, 0.2)
+        idle = wait_for(lambda: not processes.running(pid), 30, 0.2)
         assert 2.5 <= idle <= 30
         assert not svc.alive()
         assert service.client(config, idle=3).ping()

@@ -1,6 +1,5 @@
 """The API service's command lines, socket naming and liveness check (no podman needed)."""
 
-import os
 import socket
 import threading
 
@@ -76,10 +75,3 @@ def test_ping_tells_a_live_service_from_a_stale_socket(tmp_path):
     finally:
         thread.join(5)
         server.close()
-
-
-def test_descendants_walks_the_process_table():
-    table = {10: 1, 11: 10, 12: 11, 13: 10, 20: 1}
-    assert service.descendants(10, table) == [11, 13, 12]
-    assert service.descendants(20, table) == []
-    assert os.getpid() in service.descendants(os.getppid())

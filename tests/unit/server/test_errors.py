@@ -7,6 +7,8 @@ from jupyter_podman_hpc.engine.errors import (Conflict, ConfigError, EngineError
 from jupyter_podman_hpc.kernels.kernelspec import KernelNotFound
 from jupyter_podman_hpc.kernels.provisioner import KernelStartError
 from jupyter_podman_hpc.server.handlers import KernelStartFailed, http_error, http_status
+from jupyter_podman_hpc.engine.service import ServiceError
+from jupyter_podman_hpc.slurm.client import SlurmError
 from jupyter_podman_hpc.slurm.jobs import JobNotFound
 from jupyter_podman_hpc.slurm.spec import JobSpecError
 
@@ -14,7 +16,8 @@ from jupyter_podman_hpc.slurm.spec import JobSpecError
 @pytest.mark.parametrize("error, status", [
     (ImageNotFound("x"), 404), (JobNotFound("x"), 404), (KernelNotFound("x"), 404),
     (PermissionDenied("x"), 403), (Conflict("x"), 409),
-    (JobSpecError("x"), 400), (ConfigError("x"), 400), (PodmanError("x"), 400), (EngineError("x"), 400),
+    (JobSpecError("x"), 400), (ConfigError("x"), 400), (EngineError("x"), 400),
+    (PodmanError("x"), 502), (SlurmError("x"), 502), (ServiceError("x"), 502),
 ])
 def test_each_kind_of_error_has_its_status(error, status):
     assert http_status(error) == status

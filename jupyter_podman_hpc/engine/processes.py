@@ -1,0 +1,76 @@
+"""What the engine needs to know about a process, through psutil: running, since when, its
+command line, what runs below it, the files it holds open.
+
+psutil is imported on first use (about 14 ms): a kernel's watchdog, a step
+monitor or a service supervisor pays for it only when it looks at a process.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # there, but we may not look at it
+        return True
+
+
+def start_time(pid: int) -> str | None:
+    """When a running process started: tells it from a later one given the same pid (None if none)."""
+    import psutil
+    try:
+        process = psutil.Process(pid)
+        if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return None
+        return f"{process.create_time():.2f}"
+    except psutil.Error:
+        return None
+
+
+def cmdline(pid: int) -> list[str]:
+    import psutil
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+def parents() -> dict[int, int]:
+    """pid -> parent pid of every process we can see (one pass over the process table)."""
+    import psutil
+    return {process.info["pid"]: process.info["ppid"] for process in psutil.process_iter(["pid", "ppid"])
+            if process.info["ppid"] is not None}
+
+
+def descendants(pid: int, table: Mapping[int, int] | None = None) -> list[int]:
+    """Every process below ``pid`` (in ``table``, a :func:`parents`), parents before their children."""
+    table = parents() if table is None else table
+    children: dict[int, list[int]] = {}
+    for child, parent in table.items():
+        children.setdefault(parent, []).append(child)
+    order: list[int] = []
+    queue = sorted(children.get(pid, []))
+    while queue:
+        child = queue.pop(0)
+        order.append(child)
+        queue += sorted(children.get(child, []))
+    return order
+
+
+def open_files_under(pids: Iterable[int], roots: Iterable[str]) -> list[str]:
+    """The regular files the processes hold open below any of the directories ``roots``."""
+    import psutil
+    prefixes = tuple(root.rstrip("/") + "/" for root in roots)
+    found: list[str] = []
+    for pid in pids:
+        try:
+            found += [f.path for f in psutil.Process(pid).open_files() if f.path.startswith(prefixes)]
+        except psutil.Error:
+            continue
+    return found

@@ -1,0 +1,34 @@
+"""Process facts through psutil, on real processes of this test."""
+
+import os
+import subprocess
+import sys
+
+from jupyter_podman_hpc.engine import processes
+
+
+def test_a_process_is_running_until_it_exits_even_as_a_zombie():
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    started = processes.start_time(child.pid)
+    assert processes.running(child.pid) and started is not None
+    assert processes.start_time(child.pid) == started  # stable: it tells this process from a later one
+    child.stdin.close()
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    assert not processes.running(child.pid) and processes.start_time(child.pid) is None
+    child.wait()
+    assert not processes.running(child.pid) and processes.cmdline(child.pid) == []
+
+
+def test_descendants_walks_the_process_table():
+    table = {10: 1, 11: 10, 12: 11, 13: 10, 20: 1}
+    assert processes.descendants(10, table) == [11, 13, 12]
+    assert processes.descendants(20, table) == []
+    assert os.getpid() in processes.descendants(os.getppid())
+
+
+def test_open_files_under_a_directory(tmp_path):
+    inside, outside = tmp_path / "in" / "held", tmp_path / "held-outside"
+    inside.parent.mkdir()
+    with open(inside, "w"), open(outside, "w"):
+        assert processes.open_files_under([os.getpid()], [str(tmp_path / "in")]) == [str(inside)]
+    assert processes.open_files_under([os.getpid()], [str(tmp_path / "in")]) == []
