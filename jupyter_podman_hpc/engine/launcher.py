@@ -27,6 +27,7 @@ import marshal
 import math
 import os
 import re
+import select
 import selectors
 import shutil
 import signal
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import commands, processes
+from . import commands
 from .errors import EngineError
 from .join import CannotJoin, JoinFailed, join_and_run
 from .podman import Podman, error_message, flag_name, group_options
@@ -484,7 +485,7 @@ class StepMonitor:
         self.container: RunningContainer | None = None
         self.engines: dict[tuple, tuple[Podman, object]] = {}
         self.buffers: dict[socket.socket, bytes] = {}
-        self.keep_alive: tuple[int, str] | None = None  # the container's first process: pid, start time
+        self.keep_alive: int | None = None  # a pidfd of the container's first process (no pid reuse)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
@@ -544,16 +545,13 @@ class StepMonitor:
         deadline = time.monotonic() + self.podman.config.wait_timeout
         try:
             pid = int((self.directory / "container.pid").read_text().strip())
+            self.keep_alive = os.pidfd_open(pid)
         except (OSError, ValueError):
             return None
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self._keep_alive_running():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                     if cmdline.read() == expected:
-                        started = processes.start_time(pid)
-                        if started is None:
-                            return None
-                        self.keep_alive = (pid, started)
                         return pid
             except OSError:
                 return None
@@ -662,7 +660,7 @@ class StepMonitor:
             why = error_message(result.stderr or "") if result.returncode else "podman rm succeeded"
             self._log(f"still there after podman rm (attempt {attempt}): {why}")
             if self._keep_alive_running():
-                os.kill(self.keep_alive[0], signal.SIGKILL)  # ours: conmon then sees the container end
+                signal.pidfd_send_signal(self.keep_alive, signal.SIGKILL)  # conmon then sees the container end
             time.sleep(0.5 * attempt)
         self._log(f"could not be removed after {self.REMOVE_ATTEMPTS} attempts")
 
@@ -671,10 +669,15 @@ class StepMonitor:
         (or, when we never knew that process or rm failed, podman has no such container)."""
         if self._keep_alive_running():
             return False
-        if removed and self.keep_alive:
+        if removed and self.keep_alive is not None:
             return True
         exists = self.podman.run(self.podman.command(("container", "exists"), self.name), check=False)
         return exists.returncode == 1
 
     def _keep_alive_running(self) -> bool:
-        return bool(self.keep_alive) and processes.start_time(self.keep_alive[0]) == self.keep_alive[1]
+        """The container's first process has not exited (a pidfd polls readable once it has)."""
+        if self.keep_alive is None:
+            return False
+        poller = select.poll()
+        poller.register(self.keep_alive, select.POLLIN)
+        return not poller.poll(0)
