@@ -230,20 +230,37 @@ exec slurmd -D -N "$node"
 """
 
 
-def _stop_podman_pause_processes(node_tmp: Path) -> None:
-    """Stop rootless podman's pause processes left by the node's previous slurmd.
+def _stop_node_processes(node_tmp: Path) -> None:
+    """Kill what the node's previous slurmd left running, as a reboot would: every process
+    whose /tmp is the node's (podman's pause processes, conmon, mount helpers), and what
+    runs below them (the containers).
 
-    Podman joins a user's pause process for its namespaces, so one that
-    outlived slurmd would keep the mounts of the old namespace (an old
-    checkout, a /tmp since replaced) for every later container on the node.
+    Podman joins a user's pause process for its namespaces, or without one the
+    namespaces of a running container's conmon, so either would keep the mounts
+    of the old namespace (an old checkout, a /tmp since replaced) for every later
+    container on the node.
     """
-    for pidfile in node_tmp.glob("podman-run-*/libpod/tmp/pause.pid"):
+    children: dict[int, list[int]] = {}
+    doomed: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            pid = int(pidfile.read_text().strip())
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "catatonit":
-                os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError):
-            pass  # gone already, or not a pause process any more
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            mounts = (entry / "mountinfo").read_text().splitlines()
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(entry.name))
+        if any(f.split()[3:5] == [str(node_tmp), "/tmp"] for f in mounts if len(f.split()) > 4):
+            doomed.append(int(entry.name))
+    while doomed:
+        pid = doomed.pop()
+        doomed += children.get(pid, [])
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pidfile in node_tmp.glob("podman-run-*/libpod/tmp/pause.pid"):
         pidfile.unlink(missing_ok=True)
 
 
@@ -259,7 +276,7 @@ def slurmd_up(node: str) -> None:
     tmp = layout.node_tmp(node)
     tmp.mkdir(parents=True, exist_ok=True)
     tmp.chmod(0o1777)
-    _stop_podman_pause_processes(tmp)
+    _stop_node_processes(tmp)
     started_with.write_text(checkout)
     say(f"starting slurmd {node}")
     start_daemon(name, ["unshare", "--mount", "--propagation", "private", "sh", "-c", _NODE_NAMESPACE,
