@@ -35,8 +35,8 @@ class PermissionDenied(EngineError):
 
 
 class ToolFailed(EngineError):
-    """A program the engine relies on (podman, Slurm, the Podman service) failed for a reason
-    of its own, not the request's; the message is the program's."""
+    """A program the engine relies on (podman, the Podman service) failed for a reason of
+    its own, not the request's; the message is the program's."""
 
 
 class ConfigError(InvalidInput):

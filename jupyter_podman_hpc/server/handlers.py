@@ -27,7 +27,7 @@ RESOURCE = "podman-hpc"
 
 
 # The one table from the engine's kinds of error to HTTP status (502: the server is a
-# gateway to podman and Slurm, and the tool behind it failed).
+# gateway to podman, and podman failed).
 HTTP_STATUS = ((NotFound, 404), (PermissionDenied, 403), (Conflict, 409), (InvalidInput, 400), (ToolFailed, 502))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
 
 from ..engine import commands
-from ..engine.errors import ToolFailed
+from ..engine.errors import EngineError
 from .spec import elapsed_seconds
 
 STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "UNKNOWN")
@@ -52,8 +52,9 @@ SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Elapsed,Start,End,Reason"
 SINFO_FORMAT = "%P|%a|%D|%l|%F"
 
 
-class SlurmError(ToolFailed):
-    """A Slurm command failed; the message is Slurm's own."""
+class SlurmError(EngineError):
+    """A Slurm command failed; the message is Slurm's own. Mostly Slurm refusing what was
+    asked (a partition, an account, a limit), so the REST API answers 400 as for bad input."""
 
 
 def normalize_state(raw: str) -> tuple[str, str]:

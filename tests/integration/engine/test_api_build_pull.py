@@ -69,9 +69,9 @@ def working_containers(hpc):
 def private_services(hpc):
     """Processes and files (socket, log, TMPDIR) of per-operation services left in the test's run root."""
     marker = f"{hpc.env['PODMANHPC_RUN_ROOT']}/podman-hpc-op-"
-    processes = [pid for pid in processes.parents() if any(marker in arg for arg in processes.cmdline(pid))]
+    pids = [pid for pid in processes.parents() if any(marker in arg for arg in processes.cmdline(pid))]
     files = [str(path) for path in Path(hpc.env["PODMANHPC_RUN_ROOT"]).glob("podman-hpc-op-*")]
-    return processes + files
+    return pids + files
 
 
 def processes_running(*argv):

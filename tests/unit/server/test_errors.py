@@ -17,7 +17,7 @@ from jupyter_podman_hpc.slurm.spec import JobSpecError
     (ImageNotFound("x"), 404), (JobNotFound("x"), 404), (KernelNotFound("x"), 404),
     (PermissionDenied("x"), 403), (Conflict("x"), 409),
     (JobSpecError("x"), 400), (ConfigError("x"), 400), (EngineError("x"), 400),
-    (PodmanError("x"), 502), (SlurmError("x"), 502), (ServiceError("x"), 502),
+    (PodmanError("x"), 502), (ServiceError("x"), 502), (SlurmError("sbatch: Invalid partition name"), 400),
 ])
 def test_each_kind_of_error_has_its_status(error, status):
     assert http_status(error) == status
