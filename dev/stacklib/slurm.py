@@ -230,15 +230,17 @@ exec slurmd -D -N "$node"
 """
 
 
-def _stop_node_processes(node_tmp: Path) -> None:
-    """Kill what the node's previous slurmd left running, as a reboot would: every process
-    whose /tmp is the node's (podman's pause processes, conmon, mount helpers), and what
-    runs below them (the containers).
+def _reboot_node(node_tmp: Path) -> None:
+    """Before a node's slurmd starts: what a reboot does to a compute node.
 
-    Podman joins a user's pause process for its namespaces, or without one the
-    namespaces of a running container's conmon, so either would keep the mounts
-    of the old namespace (an old checkout, a /tmp since replaced) for every later
-    container on the node.
+    Every process whose /tmp is the node's (podman's pause processes, conmon,
+    mount helpers, squashfuse) is killed with what runs below it (the
+    containers), and the node-local /tmp (tmpfs on a real node) is emptied.
+    Podman joins a user's pause process for its namespaces, or without one
+    the namespaces of a running container's conmon, so either would keep the
+    mounts of the old namespace (an old checkout) for every later container;
+    and with them killed but its state kept, podman finds containers it
+    believes running and refuses to start ("invalid internal status").
     """
     children: dict[int, list[int]] = {}
     doomed: list[int] = []
@@ -253,15 +255,22 @@ def _stop_node_processes(node_tmp: Path) -> None:
         children.setdefault(ppid, []).append(int(entry.name))
         if any(f.split()[3:5] == [str(node_tmp), "/tmp"] for f in mounts if len(f.split()) > 4):
             doomed.append(int(entry.name))
+    killed = []
     while doomed:
         pid = doomed.pop()
         doomed += children.get(pid, [])
         try:
             os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
         except OSError:
             pass
-    for pidfile in node_tmp.glob("podman-run-*/libpod/tmp/pause.pid"):
-        pidfile.unlink(missing_ok=True)
+    wait_for(lambda: not any(Path(f"/proc/{pid}/mountinfo").exists() for pid in killed),
+             "the node's old processes to exit", timeout=30)
+    for entry in node_tmp.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def slurmd_up(node: str) -> None:
@@ -276,7 +285,7 @@ def slurmd_up(node: str) -> None:
     tmp = layout.node_tmp(node)
     tmp.mkdir(parents=True, exist_ok=True)
     tmp.chmod(0o1777)
-    _stop_node_processes(tmp)
+    _reboot_node(tmp)
     started_with.write_text(checkout)
     say(f"starting slurmd {node}")
     start_daemon(name, ["unshare", "--mount", "--propagation", "private", "sh", "-c", _NODE_NAMESPACE,
