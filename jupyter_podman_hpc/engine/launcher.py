@@ -42,6 +42,7 @@ from . import commands
 from .errors import EngineError
 from .join import CannotJoin, JoinFailed, join_and_run
 from .podman import Podman, error_message, flag_name, group_options
+from .store import configured_stores, stored_command
 from .. import rank
 
 
@@ -220,11 +221,14 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
     # The node container only keeps the namespaces alive: the image's
     # ENTRYPOINT is for the tasks, which run what `podman run IMAGE ARGS` would.
     keep_alive = ["--entrypoint", json.dumps(config.shared_run_command)]
+    known = None if entrypoint is not None else \
+        stored_command([config.graph_root, *configured_stores(config)], image)
     start = ContainerStart(
         podman.run_command([*run_options, "-d", "--replace", "--name", name, "--pidfile",
                             str(directory / "container.pid"), *keep_alive, image], module_args),
-        None if entrypoint is not None else podman.command(("image", "inspect"), "--format", IMAGE_COMMAND, image),
-        config.shared_run_command)
+        None if entrypoint is not None or known is not None else
+        podman.command(("image", "inspect"), "--format", IMAGE_COMMAND, image),
+        config.shared_run_command, known)
     connection, container = _join_step(podman, directory, name, start, context)
     try:
         command = task_command(entrypoint, container, command)
@@ -354,6 +358,7 @@ class ContainerStart:
     run: list[str]                 # podman run -d ... IMAGE, with the keep-alive as entrypoint
     inspect: list[str] | None      # podman image inspect for the image's ENTRYPOINT and CMD
     keep_alive: list[str]
+    image_command: tuple | None = None  # (ENTRYPOINT, CMD) read from the storages: no inspect
 
 
 @dataclass(frozen=True)
@@ -518,7 +523,7 @@ class StepMonitor:
                 inspect.kill()
                 inspect.wait()
             return {"failed": error_message(result.stderr, self.start.run)}
-        entrypoint = cmd = None
+        entrypoint, cmd = self.start.image_command or (None, None)
         if inspect:
             out, err = inspect.communicate()
             if inspect.returncode != 0:  # podman run may have pulled the image meanwhile

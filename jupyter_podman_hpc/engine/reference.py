@@ -82,6 +82,13 @@ def validate(text: str) -> str:
     return text
 
 
+def is_qualified(text: str) -> bool:
+    """Whether ``text`` names its registry (``REGISTRY/NAME``), so podman resolves no short name."""
+    text = normalize(text)
+    first = text.split("/", 1)[0]
+    return "/" in text and ("." in first or ":" in first or first == "localhost")
+
+
 def candidate_names(text: str) -> list[str]:
     """Names under which a store may hold ``text`` (as podman-hpc resolves them)."""
     text = normalize(text)
@@ -89,8 +96,7 @@ def candidate_names(text: str) -> list[str]:
         text = f"{text}:latest"
     names = [text]
     first = text.split("/", 1)[0]
-    has_domain = "/" in text and ("." in first or ":" in first or first == "localhost")
-    if not has_domain:
+    if not is_qualified(text):
         names += [f"localhost/{text}", f"docker.io/{text}"]
         if "/" not in text:
             names.append(f"docker.io/library/{text}")

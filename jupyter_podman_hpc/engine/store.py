@@ -27,6 +27,7 @@ and why, before podman sees it (``readable_stores``).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import fcntl
@@ -564,4 +565,34 @@ def find_squashed(config, ref: str) -> StoredImage | None:
         found = SquashStore(directory).find(ref)
         if found is not None:
             return found
+    return None
+
+
+def stored_command(storages: list[str], ref: str) -> tuple[list[str] | None, list[str] | None] | None:
+    """The ENTRYPOINT and CMD of the image podman runs for ``ref``, from the storages' own
+    records, searched in podman's order (the node-local graph root, then the squashed
+    stores); None when that takes podman (a short name, an id, no readable record).
+
+    A shared-run step reads them here instead of running ``podman image inspect``
+    beside the node container's start: on a node of few cores that is a second
+    podman process competing with the first.
+    """
+    if reference.is_image_id(ref) or not reference.is_qualified(ref):
+        return None  # podman's short-name resolution and id prefixes stay podman's
+    names = set(reference.candidate_names(ref))
+    for storage in storages:
+        images = Path(storage) / "overlay-images"
+        try:
+            records = json.loads((images / "images.json").read_text() or "[]")
+        except (OSError, ValueError):
+            continue
+        record = next((r for r in records if names & set(r.get("names") or ())), None)
+        if record is None:
+            continue
+        key = base64.b64encode(f"sha256:{record['id']}".encode()).decode()
+        try:
+            config = json.loads((images / record["id"] / f"={key}").read_text()).get("config") or {}
+        except (OSError, ValueError, AttributeError):
+            return None
+        return config.get("Entrypoint"), config.get("Cmd")
     return None

@@ -5,6 +5,7 @@ import pytest
 
 from tests.conftest import run
 from tests.integration.conftest import cleanup_hpc, make_hpc
+from tests.integration.engine.test_launcher import recording_podman
 
 IMAGE = "localhost/tests/entrypoint:1"
 
@@ -37,9 +38,17 @@ def test_each_task_runs_the_entrypoint_with_its_arguments(entrypoint_image, mode
     assert hpc.leftovers() == {}
 
 
-def test_without_arguments_each_task_runs_the_image_cmd(entrypoint_image):
-    result = entrypoint_image.srun("-N1", "-n2", "podman-hpc", "shared-run", IMAGE)
+@pytest.mark.parametrize("name, inspected", [(IMAGE, False), ("tests/entrypoint:1", True)],
+                         ids=["read-from-the-store", "short-name-asks-podman"])
+def test_without_arguments_each_task_runs_the_image_cmd(entrypoint_image, name, inspected):
+    """A fully qualified name's ENTRYPOINT and CMD are read from the squashed store's records
+    (no `podman image inspect` beside the container's start); a short name is podman's to resolve."""
+    hpc = entrypoint_image
+    podman, calls = recording_podman(hpc, f"cmd-{inspected}")
+    result = run(["srun", "-N1", "-n2", "podman-hpc", "shared-run", name],
+                 env={**hpc.env, "PODMANHPC_PODMAN_BIN": podman})
     assert lines(result) == ["default 0", "default 1"]
+    assert any(" image inspect " in f" {line} " for line in calls.read_text().splitlines()) is inspected
 
 
 def test_the_users_entrypoint_replaces_the_images_and_drops_its_cmd(entrypoint_image):

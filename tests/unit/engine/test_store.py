@@ -1,5 +1,7 @@
 """The squashed store's sharing and permission side, on plain directories (no podman)."""
 
+import base64
+import json
 import os
 import stat
 
@@ -7,7 +9,8 @@ import pytest
 
 from jupyter_podman_hpc.engine.config import load_config
 from jupyter_podman_hpc.engine.errors import PermissionDenied
-from jupyter_podman_hpc.engine.store import SquashStore, make_store_dir, readable_stores, store_access
+from jupyter_podman_hpc.engine.store import (SquashStore, make_store_dir, readable_stores, store_access,
+                                             stored_command)
 
 
 def mode(path):
@@ -74,3 +77,32 @@ def test_writes_into_a_store_we_may_not_write_are_refused_in_one_line(tmp_path):
         assert store_access(str(store.root)) == "read-only"
     finally:
         store.root.chmod(0o755)
+
+
+def storage_with(root, image_id, names, config):
+    """A storage's image records as containers/storage writes them (the config is big data)."""
+    images = root / "overlay-images"
+    (images / image_id).mkdir(parents=True)
+    (images / "images.json").write_text(json.dumps([{"id": image_id, "names": names}]))
+    key = base64.b64encode(f"sha256:{image_id}".encode()).decode()
+    if config is not None:
+        (images / image_id / f"={key}").write_text(json.dumps({"config": config}))
+    return str(root)
+
+
+def test_the_image_command_comes_from_the_first_storage_naming_the_image(tmp_path):
+    name = "registry.example:5000/team/app:1"
+    local = storage_with(tmp_path / "local", "a" * 64, [name], {"Entrypoint": ["python3"], "Cmd": None})
+    squashed = storage_with(tmp_path / "squash", "b" * 64, [name, "localhost/x:1"], {"Cmd": ["sh"]})
+    assert stored_command([local, squashed], name) == (["python3"], None)
+    assert stored_command([str(tmp_path / "missing"), squashed], name) == (None, ["sh"])
+    assert stored_command([local, squashed], "localhost/x") is None  # :latest is not x:1
+    assert stored_command([local, squashed], "localhost/x:1") == (None, ["sh"])
+
+
+def test_podman_answers_for_short_names_ids_and_records_without_a_config(tmp_path):
+    squashed = storage_with(tmp_path / "squash", "c" * 64, ["localhost/x:1"], None)
+    assert stored_command([squashed], "x:1") is None  # short-name resolution is podman's
+    assert stored_command([squashed], "c" * 12) is None
+    assert stored_command([squashed], "localhost/x:1") is None  # the config is not there
+    assert stored_command([squashed], "localhost/other:1") is None
