@@ -118,13 +118,14 @@ def stop_daemon(name: str, timeout: float = 15) -> bool:
             return True
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if _start_time(pid) is None or _is_zombie(pid):
+            if exited(pid):
                 return True
             time.sleep(0.1)
     return True
 
 
-def _is_zombie(pid: int) -> bool:
+def exited(pid: int) -> bool:
+    """The process is gone, or a zombie."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:

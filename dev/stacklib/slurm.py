@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 from . import layout
-from .proc import run, running_pid, say, start_daemon, stop_daemon, succeeds, wait_for, write_if_changed
+from .proc import exited, run, running_pid, say, start_daemon, stop_daemon, succeeds, wait_for, write_if_changed
 
 
 def _daemon_env() -> dict[str, str]:
@@ -264,8 +264,7 @@ def _reboot_node(node_tmp: Path) -> None:
             killed.append(pid)
         except OSError:
             pass
-    wait_for(lambda: not any(Path(f"/proc/{pid}/mountinfo").exists() for pid in killed),
-             "the node's old processes to exit", timeout=30)
+    wait_for(lambda: all(exited(pid) for pid in killed), "the node's old processes to exit", timeout=30)
     for entry in node_tmp.iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
