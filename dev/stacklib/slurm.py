@@ -208,6 +208,15 @@ def slurmctld_up() -> None:
                  ready=lambda: succeeds(["scontrol", "ping"], env=_daemon_env()))
 
 
+def _identity(path: str) -> str:
+    """Which directory ``path`` is (device and inode), "" for none."""
+    try:
+        info = os.stat(path) if path else None
+    except OSError:
+        return ""
+    return f"{info.st_dev}:{info.st_ino}" if info else ""
+
+
 def _checkout_for_nodes() -> str:
     """The checkout, if the nodes' private /tmp would hide it ("" otherwise).
 
@@ -276,8 +285,11 @@ def slurmd_up(node: str) -> None:
     name = f"slurmd-{node}"
     checkout = _checkout_for_nodes()
     started_with = layout.NODE_ROOT / node / "checkout"
+    # a checkout removed and cloned again at the same path is another directory: the
+    # node's bind mount still shows the old one
+    seen = f"{checkout} {_identity(checkout)}"
     if running_pid(name):
-        if started_with.exists() and started_with.read_text() == checkout:
+        if started_with.exists() and started_with.read_text() == seen:
             return
         say(f"restarting slurmd {node}: the checkout it must see moved")
         stop_daemon(name)
@@ -285,7 +297,7 @@ def slurmd_up(node: str) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     tmp.chmod(0o1777)
     _reboot_node(tmp)
-    started_with.write_text(checkout)
+    started_with.write_text(seen)
     say(f"starting slurmd {node}")
     start_daemon(name, ["unshare", "--mount", "--propagation", "private", "sh", "-c", _NODE_NAMESPACE,
                         "sh", str(tmp), node, checkout, str(layout.NODE_ROOT / node / "checkout-aside")],
