@@ -140,6 +140,11 @@ def run_plan(plan, connection) -> int:
         except OSError as err:
             os.write(2, f"Error: podman not found: {plan['argv'][0]} ({err.strerror})\n".encode())
         os._exit(127)
+    return wait_forwarding(child)
+
+
+def wait_forwarding(child: int) -> int:
+    """Wait for ``child``, passing it the signals a task gets; its exit code (128 + N for signal N)."""
     for signum in FORWARDED:
         _signal.signal(signum, lambda s, _f: os.kill(child, s))
     while True:
@@ -148,7 +153,7 @@ def run_plan(plan, connection) -> int:
             break
         except InterruptedError:
             continue
-    return os.waitstatus_to_exitcode(status)
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
 def shared_run_task(argv: list[str]) -> int | None:

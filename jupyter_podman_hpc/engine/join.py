@@ -12,13 +12,14 @@ label) are refused, and the caller falls back to ``podman exec``.
 
 from __future__ import annotations
 
-import _signal
 import ctypes
 import os
 import resource
 import struct
 from _collections_abc import Mapping, Sequence  # collections.abc's, loaded with os: this module
 # is on every joining task's path and imports only what is built in or already loaded
+
+from ..rank import wait_forwarding
 
 NAMESPACES = ("user", "cgroup", "ipc", "uts", "net", "pid", "mnt")  # user first, mnt last
 _PR_CAPBSET_DROP = 24
@@ -218,12 +219,4 @@ def join_and_run(pid: int, command: Sequence[str], env_overrides: Mapping[str, s
         err = _exec(list(command), env)
         os.write(2, f"{command[0]}: {err.strerror}\n".encode())
         os._exit(127 if isinstance(err, FileNotFoundError) else 126)
-    for signum in (15, 2, 1, 10, 12):  # SIGTERM SIGINT SIGHUP SIGUSR1 SIGUSR2, as the signal module has them
-        _signal.signal(signum, lambda s, _f: os.kill(child, s))
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
-    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+    return wait_forwarding(child)
