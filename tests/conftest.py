@@ -72,7 +72,7 @@ def run(args, *, check=True, timeout=300, **kwargs) -> subprocess.CompletedProce
 
 
 def pytest_collection_modifyitems(items):
-    """Tests under tests/integration need the stack: mark them so."""
+    """Tests under tests/integration and tests/security need the stack: mark them so."""
     for item in items:
-        if "integration" in item.path.parts:
+        if {"integration", "security"} & set(item.path.parts):
             item.add_marker(pytest.mark.integration)

@@ -22,6 +22,8 @@ from typing import Any, Mapping
 from .errors import ConfigError
 from .readpath import MODES as READ_PATHS, ReadPathSettings
 
+NO_SQUASH_DIR = ("no squashed image store: SCRATCH is not set and no squash_dir, SQUASH_DIR or --squash-dir "
+                 "names one (podman-hpc's fallback /tmp/storage would be shared with every user of the node)")
 DEFAULT_CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"
 SITE_DATA = Path(__file__).resolve().parent / "site"
 
@@ -103,6 +105,26 @@ class SiteConfig:
         env.update(self.read_path.env())  # for the mount program podman runs
         return env
 
+    def state_dirs(self) -> list[str]:
+        """The per-user directories podman and the engine keep state in (engine/private.py)."""
+        dirs = [self.config_home]  # XDG_CONFIG_HOME: podman reads containers.conf there
+        if self.use_default_args:
+            dirs += [self.run_root, self.graph_root]
+            if self.sources.get("hooks_dir", "").startswith("default"):
+                dirs.append(self.hooks_dir)
+        # the unpacked copies, and beside them the squashfuse mounts' references
+        return [*dirs, self.squash_unpack_dir]
+
+    def prepare_state(self) -> None:
+        """Make or verify every per-user state directory; UnsafeDirectory if one is not safe.
+        A hooks directory the site set is only checked: root's or the user's, nobody else's."""
+        from .private import private_dir, trusted_dir
+
+        for directory in self.state_dirs():
+            private_dir(directory)
+        if self.use_default_args and not self.sources.get("hooks_dir", "").startswith("default"):
+            (trusted_dir if os.path.isdir(self.hooks_dir) else private_dir)(self.hooks_dir)
+
     @property
     def read_path(self) -> ReadPathSettings:
         return ReadPathSettings(self.squash_read_path, self.squash_unpack_dir, self.squash_unpack_max_mb)
@@ -128,7 +150,8 @@ def load_config(environ: Mapping[str, str] | None = None, *, squash_dir: str | N
     defaults = config.as_dict()
     defaults["mount_program"] = _script("podman-hpc-mount")
     defaults["hook_tool"] = _script("podman-hpc-hook")
-    defaults["squash_dir"] = f"{env.get('SCRATCH') or '/tmp'}/storage"
+    # podman-hpc 1.2.2 falls back to /tmp/storage, one store every user of the node shares
+    defaults["squash_dir"] = f"{env['SCRATCH']}/storage" if env.get("SCRATCH") else ""
 
     for key in SiteConfig.keys():
         value, source = defaults[key], "default"
@@ -264,5 +287,7 @@ def _validate(config: SiteConfig) -> None:
         raise ConfigError(f"squash_read_path ({config.sources['squash_read_path']}) must be one of "
                           f"{', '.join(READ_PATHS)}, not {config.squash_read_path!r}")
     for key in ("graph_root", "run_root", "squash_dir", "config_home", "hooks_dir", "squash_unpack_dir"):
+        if key == "squash_dir" and not config.squash_dir:
+            continue  # no personal store: commands that need one refuse (NO_SQUASH_DIR)
         if not os.path.isabs(getattr(config, key)):
             raise ConfigError(f"{key} ({config.sources[key]}) must be an absolute path, not {getattr(config, key)!r}")

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from . import commands
+from .private import own_dir
 from .readpath import NoRoom, ReadPathSettings, UnpackedCopy, kernel_options, mount_overlay, note_fallback
 
 
@@ -148,7 +149,6 @@ class SquashMount:
         self.squash = squash
         self.target = Path(os.path.realpath(target))
         key = hashlib.sha256(str(self.target).encode()).hexdigest()[:32]
-        state_dir.mkdir(parents=True, exist_ok=True)
         self.mutex_path = state_dir / f"{key}.mutex"
         self.ref_path = state_dir / f"{key}.ref"
         self.ref_fd: int | None = None
@@ -232,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     options, merged = parse_args(argv)
     merged = os.path.realpath(merged)
     # <graph root>/overlay/<layer>/merged: keep the reference counts beside the graph root.
-    state_dir = Path(merged).parents[2] / "squash-mounts"
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = own_dir(Path(merged).parents[2] / "squash-mounts")
     settings = ReadPathSettings.from_env()
     held: list[SquashMount | UnpackedCopy] = []
     lowers: list[str] = []
@@ -301,7 +300,7 @@ def _mounts_dir(settings: ReadPathSettings, state_dir: Path) -> Path:
     if not settings.unpack_dir:
         return state_dir
     namespace = os.stat("/proc/self/ns/mnt").st_ino
-    return Path(settings.unpack_dir).parent / "squash-mounts" / str(namespace)
+    return own_dir(own_dir(Path(settings.unpack_dir).parent / "squash-mounts") / str(namespace))
 
 
 def _kernel_overlay(options: list[str], lowers: list[str], merged: str, state_dir: Path) -> bool:

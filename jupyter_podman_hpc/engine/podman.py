@@ -39,6 +39,8 @@ class Podman:
     def __init__(self, config: SiteConfig, environ: Mapping[str, str] | None = None):
         self.config = config
         self.env = config.podman_env(environ)
+        # before podman reads a containers.conf or a hook from them, or creates them itself
+        config.prepare_state()
 
     # --- command lines ----------------------------------------------------
 
@@ -59,7 +61,7 @@ class Podman:
             # from the start); a site store that is missing is left out, one we
             # may not read is refused in one line (personal first: it wins names).
             # Commands that do not see the stores (pull, build...) leave the file system alone.
-            if squashed:
+            if squashed and c.squash_dir:
                 make_store_dir(c.squash_dir)
             stores = readable_stores(c) if squashed else []
             if stores:

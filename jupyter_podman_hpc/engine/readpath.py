@@ -38,6 +38,7 @@ from typing import Mapping, Sequence
 
 from . import commands
 from .locks import flocked
+from .private import own_dir
 
 MODES = ("auto", "unpacked", "kernel", "fuse")
 # An unpacked image takes about this many times its squash file (lz4 packs
@@ -114,7 +115,7 @@ class UnpackedCopy:
         if self.estimate > self.max_bytes:
             raise NoRoom(f"{self.squash.name} would take about {self.estimate >> 20} MiB unpacked, "
                          f"more than squash_unpack_max_mb ({self.max_bytes >> 20} MiB)")
-        self.cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+        own_dir(self.cache)  # made, and its parents judged, by the podman-hpc that started podman
         with flocked(self.cache / ".lock", 0o600):
             self.ref_fd = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self.ref_fd, fcntl.LOCK_SH)

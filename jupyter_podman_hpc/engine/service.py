@@ -57,6 +57,7 @@ from .config import SiteConfig
 from .errors import ToolFailed
 from .locks import flocked
 from .podman import Podman
+from .private import private_dir
 from .store import SquashStore
 
 DEFAULT_IDLE = 300        # seconds without a request before the shared service exits
@@ -122,9 +123,7 @@ def _kill_tree(pid: int, grace: float = 10.0) -> None:
 
 
 def _run_root(config: SiteConfig) -> Path:
-    root = Path(config.run_root)
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return root
+    return private_dir(config.run_root)
 
 
 def _check_socket_path(path: Path) -> None:
@@ -207,7 +206,7 @@ class ApiService:
             self.socket.unlink()
 
     def _start(self) -> None:
-        if self.config.use_default_args and not Path(self.config.squash_dir).is_dir():
+        if self.config.use_default_args and self.config.squash_dir and not Path(self.config.squash_dir).is_dir():
             # podman refuses to start with an additional image store that does not exist
             # ("can't stat imageStore dir"): a user's first call, before any migrate.
             SquashStore(self.config.squash_dir).init()

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import reference
-from .errors import EngineError, ImageNotFound, PermissionDenied
+from .errors import ConfigError, EngineError, ImageNotFound, PermissionDenied
 from .files import atomic_write
 
 
@@ -197,6 +197,9 @@ class SquashStore:
     """The squashed image store (``squash_dir``), shared by every node."""
 
     def __init__(self, root: str | Path):
+        if not str(root):
+            from .config import NO_SQUASH_DIR
+            raise ConfigError(NO_SQUASH_DIR)
         self.root = Path(root)
         self.images_json = self.root / "overlay-images" / "images.json"
         self.layers_json = self.root / "overlay-layers" / "layers.json"
@@ -461,7 +464,7 @@ def make_store_dir(path: str) -> None:
 
 def configured_stores(config) -> list[str]:
     """The squashed stores in precedence order: the user's own, then the additional ones."""
-    return list(dict.fromkeys([config.squash_dir, *config.additional_stores]))
+    return list(dict.fromkeys(store for store in [config.squash_dir, *config.additional_stores] if store))
 
 
 def readable_stores(config) -> list[str]:

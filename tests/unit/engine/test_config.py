@@ -89,3 +89,13 @@ def test_podman_env_hides_runtime_dir_and_user_config():
     env = config.podman_env({"XDG_RUNTIME_DIR": "/run/user/1", "HOME": "/h"})
     assert "XDG_RUNTIME_DIR" not in env
     assert env["XDG_CONFIG_HOME"] == config.config_home and env["HOME"] == "/h"
+
+
+def test_without_scratch_there_is_no_shared_fallback_store():
+    config = load_config({})
+    assert config.squash_dir == ""  # podman-hpc 1.2.2 would use /tmp/storage, shared by every user
+    from jupyter_podman_hpc.engine.store import SquashStore, configured_stores
+    assert configured_stores(config) == []
+    with pytest.raises(ConfigError, match="no squashed image store: SCRATCH is not set"):
+        SquashStore(config.squash_dir)
+    assert load_config({"SCRATCH": "/scratch/u"}).squash_dir == "/scratch/u/storage"
