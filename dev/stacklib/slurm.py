@@ -194,6 +194,8 @@ def slurmdbd_up() -> None:
 
 
 def _sinfo_states() -> dict[str, str]:
+    if shutil.which("sinfo") is None:  # a fresh machine: Slurm is not installed yet
+        return {}
     result = run(["sinfo", "-N", "-h", "-o", "%N %t"], check=False, env=_daemon_env())
     if result.returncode != 0:
         return {}
