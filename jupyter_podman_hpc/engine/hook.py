@@ -175,7 +175,7 @@ def run_hook(state: dict, config: dict, hook_env: dict[str, str]) -> list[str]:
     for module in modules:
         if module.env not in env or not module.copy:
             continue
-        for source, target in resolve_binds(module.copy, modules.directory, env):
+        for source, target, _ in resolve_binds(module.copy, modules.directory, env):
             copy_into(root, source, target)
             done.append(f"{module.name}: copied {source} to {target}")
     if done and has_ldconfig(root):

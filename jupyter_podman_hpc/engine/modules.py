@@ -4,8 +4,16 @@ A module selected on the command line (``--<cli_arg>``) contributes its
 ``additional_args``, ``-e <env>=1`` (which the OCI hook uses to find the
 module's ``copy`` entries) and its ``bind`` entries as ``-v`` mounts
 (sources globbed and expanded from the caller's environment; a source that
-does not exist on this node is skipped). Unlike podman-hpc, which only
-warns, a conflicting pair or a missing dependency is an error.
+does not exist on this node is skipped). A bind rule may end in podman's
+``:ro`` (or ``:rw``), our addition to podman-hpc's ``src:dst`` form: a
+module that mounts the user's own files (the ``slurm`` module's uid shim)
+mounts them read-only, so that no image can replace what later containers
+use. ``$PODMANHPC_PRIVATE_SHM`` in a bind rule is the user's own
+directory for shared memory (``/dev/shm/<uid>_hpc/ipc``, made or verified
+0700 when a module uses it): the MPI modules bind it at ``/dev/shm``
+instead of the host's ``/dev/shm``, where the engine keeps its unpacked
+images. Unlike podman-hpc, which only warns, a conflicting pair or a
+missing dependency is an error.
 """
 
 from __future__ import annotations
@@ -17,16 +25,19 @@ import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from .errors import ModuleError
 from .files import atomic_write
+from .private import private_dir
 
 FIELDS = {"name", "cli_arg", "help", "env", "additional_args", "bind", "copy",
           "conflicts", "depends_on", "shared_run", "hidden", "cdi_devices"}
 HOOK_ANNOTATION = "podman_hpc.hook_tool"  # the annotation podman-hpc's hooks.d entry matches
 # Where container runtimes look for Container Device Interface specs.
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+BIND_OPTIONS = ("ro", "rw")  # what a bind rule may end in (podman -v's options)
+PRIVATE_SHM = "PODMANHPC_PRIVATE_SHM"  # bind rules' name for the user's own shared-memory directory
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,12 @@ def load_module(path: Path) -> Module:
     for required in ("name", "env"):
         if not isinstance(data.get(required), str) or not data[required]:
             raise ModuleError(f"module file {path}: '{required}' is required")
+    for rule in _strings(data, "bind", path):
+        split_rule(rule, f"module file {path}: bind rule")
+    for rule in _strings(data, "copy", path):
+        if split_rule(rule, f"module file {path}: copy rule")[2]:
+            raise ModuleError(f"module file {path}: copy rule '{rule}': options such as ':ro' "
+                              f"apply to bind rules only")
     return Module(
         name=data["name"], env=data["env"], cli_arg=str(data.get("cli_arg") or ""),
         help=str(data.get("help") or ""),
@@ -180,15 +197,23 @@ class ModuleSet:
         args: list[str] = []
         if any(module.copy for module in chosen):
             args += ["--annotation", f"{HOOK_ANNOTATION}=true", "--env", f"PODMANHPC_MODULES_DIR={self.directory}"]
+        if any(PRIVATE_SHM in rule for module in chosen for rule in module.bind):
+            env = {**env, PRIVATE_SHM: private_shm(env)}
         for module in chosen:
             args += module.podman_args()
             args += ["-e", f"{module.env}=1"]
             for device in module.cdi_devices:
                 if cdi_kind_available(device.split("=", 1)[0]):
                     args += ["--device", device]
-            for source, target in resolve_binds(module.bind, self.directory, env):
-                args += ["-v", f"{source}:{target}"]
+            for mount in resolve_binds(module.bind, self.directory, env):
+                args += ["-v", ":".join(filter(None, mount))]
         return args
+
+
+def private_shm(environ: Mapping[str, str]) -> str:
+    """The user's own directory for shared-memory segments on this node, made or verified 0700
+    (``/dev/shm`` is everyone's: another user could have made it first, to read the segments)."""
+    return str(private_dir(environ.get(PRIVATE_SHM) or f"/dev/shm/{os.getuid()}_hpc/ipc"))
 
 
 def cdi_kind_available(kind: str, directories: Iterable[str] = CDI_DIRS) -> bool:
@@ -216,16 +241,36 @@ def _expand(path: str, env: Mapping[str, str]) -> str:
     return path
 
 
-def resolve_binds(rules: Iterable[str], modules_dir: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """podman-hpc's ``src:dst`` rules as (host path, container path) pairs.
+class Mount(NamedTuple):
+    """One resolved rule: a host path, the path in the container, podman -v's options."""
+
+    source: str
+    target: str
+    options: str = ""
+
+
+def split_rule(rule: str, what: str = "bind rule") -> tuple[str, str, str]:
+    """``src[:dst[:ro|rw]]`` as (src, dst, options), unexpanded."""
+    src, _, dst = rule.partition(":")
+    options = ""
+    if ":" in dst:
+        dst, _, options = dst.rpartition(":")
+        if options not in BIND_OPTIONS:
+            raise ModuleError(f"{what} '{rule}': unknown option '{options}' (use "
+                              f"{' or '.join(':' + o for o in BIND_OPTIONS)})")
+    return src, dst, options
+
+
+def resolve_binds(rules: Iterable[str], modules_dir: str, env: Mapping[str, str]) -> list[Mount]:
+    """podman-hpc's ``src:dst`` rules (with our optional ``:ro``) as mounts.
 
     ``dst`` empty means the same path; a ``dst`` ending in ``/`` receives the
     source's base name; a ``*`` in ``dst`` takes what the ``*`` of ``src``
     matched. Sources that match nothing are skipped.
     """
-    pairs: list[tuple[str, str]] = []
+    mounts: list[Mount] = []
     for rule in rules:
-        src, _, dst = rule.partition(":")
+        src, dst, options = split_rule(rule)
         src, dst = _expand(src, env), _expand(dst, env)
         if "$" in src or "$" in dst:
             continue  # a variable this environment does not set: nothing to mount
@@ -247,5 +292,5 @@ def resolve_binds(rules: Iterable[str], modules_dir: str, env: Mapping[str, str]
                 target = dst + os.path.basename(match)
             else:
                 target = dst
-            pairs.append((match, os.path.normpath(target)))
-    return pairs
+            mounts.append(Mount(match, os.path.normpath(target), options))
+    return mounts

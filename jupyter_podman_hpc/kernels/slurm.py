@@ -8,6 +8,12 @@ once per user and source from ``engine/site/slurm/uid.c`` with the host's
 C compiler, makes the commands send the user's host uid. Without a
 compiler, the module still mounts the commands: they then work only in
 containers that run as the user (``--userns=keep-id``).
+
+Every later kernel preloads the shim, so nobody else may change it: it is
+kept in ``~/.cache/podman-hpc`` made or verified as the user's private
+directory (``engine/private.py``), written 0500 under a temporary name and
+renamed into place, used only while it is a regular file of the user's
+that nobody else can write (else rebuilt), and mounted read-only.
 """
 
 from __future__ import annotations
@@ -16,16 +22,19 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from typing import Mapping
 
-from ..engine import commands
+from ..engine import EngineError, commands
 from ..engine.locks import flocked
+from ..engine.private import private_dir
 
 MODULE = "slurm"
 SHIM_VARIABLE = "PODMANHPC_SLURM_UID_SHIM"  # what the module's bind rule mounts
 SOURCE = Path(__file__).resolve().parents[1] / "engine" / "site" / "slurm" / "uid.c"
+SHIM_MODE = 0o500
 log = logging.getLogger(__name__)
 
 
@@ -49,28 +58,47 @@ def uid_shim(environ: Mapping[str, str]) -> str | None:
     except OSError as err:
         log.warning("podman-hpc: no Slurm uid shim: cannot read %s: %s", SOURCE, err)
         return None
-    target = cache_dir(environ) / f"slurm-uid-{hashlib.sha256(source).hexdigest()[:12]}.so"
-    if target.is_file():
-        return str(target)
+    directory = cache_dir(environ)
+    target = directory / f"slurm-uid-{hashlib.sha256(source).hexdigest()[:12]}.so"
     compiler = shutil.which("cc", path=environ.get("PATH")) or shutil.which("gcc", path=environ.get("PATH"))
-    if compiler is None:
-        log.warning("podman-hpc: no C compiler to build the Slurm uid shim: Slurm commands in rootless "
-                    "container kernels will be refused (Invalid user id)")
-        return None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with flocked(target.with_suffix(".lock")):
-            if not target.is_file():
-                partial = target.with_name(f".{target.name}.{os.getpid()}")
-                argv = [compiler, "-shared", "-fPIC", "-O2", "-o", str(partial), str(SOURCE)]
-                result = commands.run(argv, capture_output=True, text=True, timeout=120)
-                if result.returncode != 0:
-                    partial.unlink(missing_ok=True)
-                    log.warning("podman-hpc: building the Slurm uid shim failed: %s",
-                                (result.stderr.strip().splitlines() or ["?"])[-1])
-                    return None
-                os.replace(partial, target)
-    except (OSError, subprocess.SubprocessError) as err:
-        log.warning("podman-hpc: cannot build the Slurm uid shim in %s: %s", target.parent, err)
+        private_dir(directory)
+        if is_own_file(target):
+            return str(target)
+        if compiler is None:
+            log.warning("podman-hpc: no C compiler to build the Slurm uid shim: Slurm commands in rootless "
+                        "container kernels will be refused (Invalid user id)")
+            return None
+        with flocked(target.with_suffix(".lock"), 0o600):
+            if not is_own_file(target):
+                return build(compiler, target)
+    except (OSError, subprocess.SubprocessError, EngineError) as err:
+        log.warning("podman-hpc: cannot build the Slurm uid shim in %s: %s", directory, err)
         return None
+    return str(target)
+
+
+def is_own_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file (not a link) of the user's that nobody else can write."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def build(compiler: str, target: Path) -> str | None:
+    """Compile the shim under a temporary name, make it 0500 and rename it over ``target``."""
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        argv = [compiler, "-shared", "-fPIC", "-O2", "-o", str(partial), str(SOURCE)]
+        result = commands.run(argv, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            log.warning("podman-hpc: building the Slurm uid shim failed: %s",
+                        (result.stderr.strip().splitlines() or ["?"])[-1])
+            return None
+        os.chmod(partial, SHIM_MODE)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
     return str(target)

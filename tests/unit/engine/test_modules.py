@@ -4,7 +4,8 @@ import pytest
 
 from jupyter_podman_hpc.engine.config import SITE_DATA
 from jupyter_podman_hpc.engine.errors import ModuleError
-from jupyter_podman_hpc.engine.modules import ModuleSet, cdi_kind_available, resolve_binds
+from jupyter_podman_hpc.engine.modules import PRIVATE_SHM, ModuleSet, Mount, cdi_kind_available, resolve_binds
+from jupyter_podman_hpc.engine.private import UnsafeDirectory
 
 
 def write_module(directory, name, text):
@@ -59,15 +60,47 @@ def test_bind_rules_resolve_like_podman_hpc(tmp_path):
     env = {"HOME": str(tmp_path)}
     pairs = resolve_binds([f"{tmp_path}/libnv*:/usr/lib64/", "$HOME:$HOME", "/does/not/exist:/x",
                            "$UNSET_VARIABLE:/y"], "/modules", env)
-    assert (f"{tmp_path}/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1") in pairs
-    assert (f"{tmp_path}/libnvcuvid.so.1", "/usr/lib64/libnvcuvid.so.1") in pairs
-    assert (str(tmp_path), str(tmp_path)) in pairs
+    assert Mount(f"{tmp_path}/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1") in pairs
+    assert Mount(f"{tmp_path}/libnvcuvid.so.1", "/usr/lib64/libnvcuvid.so.1") in pairs
+    assert Mount(str(tmp_path), str(tmp_path)) in pairs
     assert len(pairs) == 3  # missing sources and unset variables mount nothing
 
 
 def test_relative_sources_are_relative_to_the_modules_directory():
     pairs = resolve_binds(["../01-gpu.conf:/etc/ld.so.conf.d/02-gpu.conf"], str(SITE_DATA / "modules.d"), {})
-    assert pairs == [(str(SITE_DATA / "01-gpu.conf"), "/etc/ld.so.conf.d/02-gpu.conf")]
+    assert pairs == [Mount(str(SITE_DATA / "01-gpu.conf"), "/etc/ld.so.conf.d/02-gpu.conf")]
+
+
+def test_a_bind_rule_may_be_read_only(tmp_path):
+    env = {"HOME": str(tmp_path)}
+    assert resolve_binds(["$HOME:/h:ro", "$HOME::ro", "$HOME:/w:rw"], "/modules", env) == [
+        Mount(str(tmp_path), "/h", "ro"), Mount(str(tmp_path), str(tmp_path), "ro"), Mount(str(tmp_path), "/w", "rw")]
+    with pytest.raises(ModuleError, match="unknown option 'rx'"):
+        resolve_binds(["$HOME:/h:rx"], "/modules", env)
+
+
+def test_read_only_binds_reach_podman_and_bad_options_are_refused_at_load(tmp_path):
+    write_module(tmp_path, "r", f"name: r\ncli_arg: r\nenv: R\nbind: ['{tmp_path}:/data:ro']\n")
+    site = ModuleSet.load(str(tmp_path))
+    assert site.podman_args(site.select(["r"]), {}) == ["-e", "R=1", "-v", f"{tmp_path}:/data:ro"]
+    write_module(tmp_path, "c", f"name: c\nenv: C\ncopy: ['{tmp_path}:/data:ro']\n")
+    with pytest.raises(ModuleError, match="apply to bind rules only"):
+        ModuleSet.load(str(tmp_path))
+    write_module(tmp_path, "c", f"name: c\nenv: C\nbind: ['{tmp_path}:/data:bogus']\n")
+    with pytest.raises(ModuleError, match="unknown option 'bogus'"):
+        ModuleSet.load(str(tmp_path))
+
+
+def test_the_private_shm_directory_is_made_0700_for_modules_that_use_it(tmp_path):
+    write_module(tmp_path, "m", f"name: m\ncli_arg: m\nenv: M\nbind: ['${PRIVATE_SHM}:/dev/shm']\n")
+    site = ModuleSet.load(str(tmp_path))
+    shm = tmp_path / "shm" / "ipc"
+    args = site.podman_args(site.select(["m"]), {PRIVATE_SHM: str(shm)})
+    assert args[-2:] == ["-v", f"{shm}:/dev/shm"]
+    assert shm.is_dir() and oct(shm.stat().st_mode & 0o777) == "0o700"
+    shm.chmod(0o777)  # as if another user had made it first, to read the segments
+    with pytest.raises(UnsafeDirectory, match="others may have written into it"):
+        site.podman_args(site.select(["m"]), {PRIVATE_SHM: str(shm)})
 
 
 def test_cdi_device_only_when_a_spec_declares_it(tmp_path):
@@ -83,7 +116,17 @@ def test_shipped_modules_load_and_the_mpi_ones_conflict(tmp_path):
     with pytest.raises(ModuleError, match="conflicts"):
         modules.select(["openmpi-pmix", "openmpi-pmi2"])
     jupyter = modules.podman_args(modules.select(["jupyter"]), {"HOME": str(tmp_path)})
-    assert "--network=host" in jupyter and f"{tmp_path}:{tmp_path}" in jupyter and "/tmp:/tmp" in jupyter
+    assert "--network=host" in jupyter and f"{tmp_path}:{tmp_path}" in jupyter
+    # the engine's state (/tmp/<uid>_hpc, /dev/shm/<uid>_hpc) is bound by no shipped module
+    for module in modules:
+        for rule in module.bind:
+            assert rule.split(":")[0] not in ("/tmp", "/dev/shm", "/dev", "/"), (module.name, rule)
+    for name in ("mpich", "openmpi-pmi2", "openmpi-pmix"):
+        args = modules.by_name(name).podman_args()
+        assert "--privileged" not in args and "--cap-drop=SYS_PTRACE" in args, name
+        assert f"${PRIVATE_SHM}:/dev/shm" in modules.by_name(name).bind
+    slurm = modules.by_name("slurm")
+    assert slurm.bind and all(rule.endswith(":ro") for rule in slurm.bind)
 
 
 def test_a_cached_module_set_equals_the_parsed_one_and_follows_changes(site, tmp_path):
