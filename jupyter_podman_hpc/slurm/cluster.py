@@ -24,6 +24,9 @@ every ``start`` and by the server's cluster listing) cancels what a dead owner l
 
 A cluster's record is ``cluster.json`` in its job directory, so any process
 of the user (the Jupyter server's Containers panel) lists and stops it.
+The job directory is the user's alone (0700, ``jobs.py``); the record and
+the controller's log are 0600, and ipyparallel keeps its connection files
+(the controller's keys) 0600 in a 0700 ``ipython/security``.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ class ClusterRecord:
             raise ClusterError(f"{directory} holds no readable cluster record: {err}")
 
     def write(self, directory: Path) -> None:
-        atomic_write(directory / RECORD, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n", 0o644)
+        atomic_write(directory / RECORD, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n", 0o600)
 
     def update(self, directory: Path, **changes) -> None:
         """Set some fields here and on disk, keeping what another process (the watchdog) wrote there."""
@@ -482,7 +485,8 @@ def watchdog(owner: str, directory: Path, controller: list[str]) -> int:
         signal.signal(sig, lambda *_: None)
     owner_fd = _pidfd(int(owner.partition(":")[0]))
     record = ClusterRecord.read(directory)
-    with open(directory / CONTROLLER_LOG, "ab") as log:
+    with open(os.open(directory / CONTROLLER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                      | os.O_CLOEXEC, 0o600), "ab") as log:
         process = subprocess.Popen(controller, cwd=directory, stdin=subprocess.DEVNULL, stdout=log,
                                    stderr=subprocess.STDOUT, process_group=0, close_fds=True)
     record.update(directory, watchdog=owner_token(), controller=owner_token(process.pid))

@@ -15,6 +15,13 @@ between sbatch and that rewrite leaves a record without a job id: the job id
 is then recovered from ``slurm-<jobid>.out`` once the job has started.
 Jobs are found again by reading the directories' records and asking Slurm,
 so a restarted Jupyter server sees every job it submitted.
+
+Only the user reads a job: the record and the script hold the job's
+environment (tokens, often), so job directories (and the jobs root when we
+make it) are 0700, and ``job.json`` and ``job.sh`` 0600 and 0700, whatever
+the umask (each written under a new O_EXCL name and renamed into place). A
+directory an older version left 0755 keeps working; its record becomes 0600
+at its next rewrite.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ RESERVED = {RECORD, SCRIPT}
 JOBS_SUBDIR = Path("podman-hpc") / "jobs"
 RECORD_VERSION = 1
 _STALE_STAGING = 24 * 3600  # seconds after which an abandoned temporary job directory is removed
+DIR_MODE, RECORD_MODE, SCRIPT_MODE = 0o700, 0o600, 0o700  # the user's alone: they hold the job's secrets
 
 
 class JobError(EngineError):
@@ -83,8 +91,18 @@ def _new_id() -> str:
     return f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
-def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+def _atomic_write(path: Path, text: str, mode: int = RECORD_MODE) -> None:
     atomic_write(path, text, mode)
+
+
+def make_root(root: Path) -> None:
+    """The jobs root and its missing parents, made 0700 (existing ones are left as they are)."""
+    missing = [parent for parent in (root, *root.parents) if not parent.exists()]
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(DIR_MODE)
+        except FileExistsError:
+            pass  # made meanwhile (another submission)
 
 
 @dataclass
@@ -170,7 +188,7 @@ class Job:
                                 "nodes run it from: squash it first (podman-hpc migrate, or pull)")
         root = Path(root) if root is not None else default_root(client.env)
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            make_root(root)
         except OSError as err:
             raise JobError(f"cannot create the jobs directory {root}: {err.strerror}")
         _remove_stale_staging(root)
@@ -178,12 +196,13 @@ class Job:
         directory = root / name
         staging = root / f".{name}.tmp"
         try:
-            staging.mkdir()
+            staging.mkdir(DIR_MODE)
+            os.chmod(staging, DIR_MODE)  # whatever the umask: the record holds the job's secrets
             target, run = _prepare_inputs(spec, staging, directory)
             for note in run.get("warnings", []):
                 progress(Progress("job", note))
             script = render(spec, directory, target=target, modules=modules, config=config)
-            _atomic_write(staging / SCRIPT, script, 0o755)
+            _atomic_write(staging / SCRIPT, script, SCRIPT_MODE)
             record = JobRecord(id=name, spec=spec.as_dict(), submitted=_now(), run=run)
             _atomic_write(staging / RECORD, record.as_json())
             os.rename(staging, directory)

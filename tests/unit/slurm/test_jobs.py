@@ -3,6 +3,8 @@ jobs again from disk, wait and logs. Slurm is a stand-in here; tests/integration
 real one."""
 
 import json
+import os
+import stat
 
 import nbformat
 import pytest
@@ -82,6 +84,32 @@ def test_submit_writes_a_complete_job_directory(tmp_path):
     assert job.spec == JobSpec(image=IMAGE, command=["echo", "hi"], nodes=2, tasks_per_node=2)
     assert [e.stage for e in events] == ["job", "job"] and events[-1].message == "submitted job 101"
     assert [p.name for p in (tmp_path / "jobs").iterdir()] == [job.directory.name]  # no temporaries
+
+
+@pytest.fixture
+def open_umask():
+    """A umask that would leave everything readable and writable by everyone."""
+    old = os.umask(0)
+    yield
+    os.umask(old)
+
+
+def test_only_the_user_can_read_a_job_whatever_the_umask(tmp_path, open_umask):
+    job = submit(tmp_path, spec=JobSpec(image=IMAGE, command=["true"], environment={"TOKEN": "s3cret"}))
+    assert "s3cret" in (job.directory / "job.json").read_text()
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "jobs", job.directory,
+                                                              job.directory / "job.json", job.directory / "job.sh")}
+    assert modes == {"jobs": 0o700, job.directory.name: 0o700, "job.json": 0o600, "job.sh": 0o700}
+
+
+def test_a_job_directory_an_older_version_left_readable_still_works(tmp_path):
+    job = submit(tmp_path)
+    job.directory.chmod(0o755)
+    (job.directory / "job.json").chmod(0o644)
+    (job.directory / "slurm-101.out").write_text("")
+    found = Job.list(tmp_path / "jobs", client=StandInSlurm(states=("COMPLETED",)))
+    assert [j.id for j in found] == ["101"] and found[0].status().state == "COMPLETED"
+    assert stat.S_IMODE((job.directory / "job.json").stat().st_mode) == 0o600  # rewritten with the status
 
 
 def test_a_refused_submission_leaves_nothing_behind(tmp_path):
