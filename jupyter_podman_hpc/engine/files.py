@@ -3,29 +3,36 @@
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
-from typing import Callable
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int | None = None, *,
-                 prepare: Callable[[Path], None] | None = None) -> None:
+                 dir_fd: int | None = None) -> None:
     """Write ``data`` to a temporary file beside ``path``, flush it to disk and rename it over
-    ``path``. ``mode`` is the new file's mode; ``prepare`` (e.g. a group's ownership) is applied
-    to the temporary file before the rename. A failure leaves ``path`` as it was and no
-    temporary file behind."""
+    ``path``. ``mode`` is the new file's mode (else the umask's); with ``dir_fd``, ``path`` is a
+    name in that directory. A failure leaves ``path`` as it was and no temporary file behind.
+
+    The temporary file is created with O_EXCL and O_NOFOLLOW and its mode set through its
+    descriptor: in a directory others may write, a link planted under the temporary name is
+    never followed, and no path is ever chmod-ed."""
     path = Path(path)
     # unique across the nodes sharing a file system and the threads of one process
-    tmp = path.with_name(f".{path.name}.{os.uname().nodename}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    tmp_name = f".{path.name}.{os.uname().nodename}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+    tmp = tmp_name if dir_fd is not None else str(path.with_name(tmp_name))
+    target = path.name if dir_fd is not None else str(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600 if mode is not None else 0o666, dir_fd=dir_fd)
     try:
-        with open(tmp, "wb") as out:
+        with os.fdopen(fd, "wb") as out:
+            if mode is not None:
+                os.fchmod(out.fileno(), mode)
             out.write(data.encode() if isinstance(data, str) else data)
             out.flush()
             os.fsync(out.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        if prepare is not None:
-            prepare(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        os.replace(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise

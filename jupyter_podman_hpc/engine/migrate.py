@@ -8,6 +8,15 @@ The squash file is written under a temporary name and renamed; the store
 records are written last (see ``store``), under a per-image lock, so an
 interrupted migration leaves nothing visible and concurrent migrations of
 one image from several nodes produce one squash file.
+
+The temporary squash file is created by us (O_EXCL, the store's squash
+mode) before mksquashfs writes into it; its sha256 is read from our own
+descriptor once mksquashfs is done and goes into the image record
+(``squashcheck``), and the node remembers it, so a container started here
+next does not read the file again. A squash file already in the store is
+reused only when it matches a digest recorded for its layer; anything else
+(a file no record vouches for, one squashed by podman-hpc 1.2.2, one that
+was changed) is squashed again and replaced.
 """
 
 from __future__ import annotations
@@ -25,7 +34,10 @@ from pathlib import Path
 from . import reference
 from .errors import EngineError, ImageNotFound, PodmanError
 from .podman import Podman
+from .private import private_dir
 from .progress import Progress, ProgressCallback, ignore
+from .records import is_id
+from .squashcheck import VerifiedFiles, sha256_of, verified_dir
 from .store import GraphRoot, SquashStore, StoredImage
 
 SQUASHFS_MAGIC = b"hsqs"
@@ -59,29 +71,52 @@ def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> Mi
             return MigrateResult(already, squashed=False)
         raise ImageNotFound(f"image {ref} not found in the local storage: pull or build it first")
     image_id = inspected["Id"]
+    if not is_id(image_id):
+        raise EngineError(f"podman gave {image_id!r} as the id of {ref}: not an image id")
     graph = GraphRoot(config.graph_root)
     record = graph.image_record(image_id)
     chain = graph.layer_chain(record["layer"])
-    link = store.link_of(record["layer"]) or graph.link(record["layer"])
+    top = record["layer"]
     names = list(record.get("names") or [])
-    with store.image_lock(image_id):
-        if store.has_complete(image_id):
-            progress(Progress("squash", f"{ref} is already squashed", 1, 1))
-            return MigrateResult(store.add_names(image_id, names), squashed=False)
-        squash = store.squash_path(link)
-        if not squash.is_file():
-            store.remove_stale_temporaries(link)
-            partial = squash.with_name(f".{squash.name}.{os.uname().nodename}.{os.getpid()}")
-            try:
-                _make_squash(podman, image_id, graph, chain, partial, progress)
-                store.sharing.apply(partial)  # a project store's members read it
-                os.replace(partial, squash)
-            finally:
-                partial.unlink(missing_ok=True)
-        store.write_skeleton(graph, image_id, chain)
-        stored = store.publish(record, chain)
+    verified = VerifiedFiles(private_dir(verified_dir(config.squash_unpack_dir, config.graph_root)))
+    try:
+        with store.image_lock(image_id), store.squash_lock(top):
+            if store.has_complete(image_id, verified):
+                progress(Progress("squash", f"{ref} is already squashed", 1, 1))
+                return MigrateResult(store.add_names(image_id, names), squashed=False)
+            link = store.link_of(top) or graph.link(top)
+            recorded = store.squash_digests(top)  # an image sharing the top layer shares its squash file
+            digest = store.squash_digest_now(link, verified) if recorded else ""
+            if digest not in recorded:
+                store.remove_stale_temporaries(link)
+                digest = _squash_into(store, link, podman, image_id, graph, chain, verified, progress)
+            store.write_skeleton(graph, image_id, chain)
+            stored = store.publish(record, chain, digest)
+    except OSError as err:
+        raise EngineError(f"cannot squash {ref} into {store.root}: {_why(err)}") from None
     progress(Progress("squash", f"squashed {ref}", 1, 1))
     return MigrateResult(stored, squashed=True)
+
+
+def _why(err: OSError) -> str:
+    return f"{err.filename}: {err.strerror}" if err.filename else str(err.strerror or err)
+
+
+def _squash_into(store: SquashStore, link: str, podman: Podman, image_id: str, graph: GraphRoot,
+                 chain: list[dict], verified: VerifiedFiles, progress: ProgressCallback) -> str:
+    """Squash the image into the store's squash file of ``link``; its sha256."""
+    fd, partial = store.new_squash(link)
+    try:
+        _make_squash(podman, image_id, graph, chain, partial, progress)
+        if os.pread(fd, 4, 0) != SQUASHFS_MAGIC:
+            raise EngineError(f"mksquashfs did not write a squashfs image to {partial}")
+        digest = sha256_of(fd)
+        store.install_squash(fd, partial, link)
+        verified.remember(os.fstat(fd), digest)  # after the rename, which changed its ctime
+        return digest
+    finally:
+        os.close(fd)
+        store.remove_stale_temporaries(link)  # ours, if it failed before the rename
 
 
 def _make_squash(podman: Podman, image_id: str, graph: GraphRoot, chain: list[dict],
@@ -101,9 +136,6 @@ def _make_squash(podman: Podman, image_id: str, graph: GraphRoot, chain: list[di
         if mounted:
             podman.run(podman.command("unshare", *podman.command(["image", "unmount"], "--force", image_id,
                                                                   squashed=False)), check=False)
-    with open(output, "rb") as squash_file:
-        if squash_file.read(4) != SQUASHFS_MAGIC:
-            raise EngineError(f"mksquashfs did not write a squashfs image to {output}")
 
 
 def _run_mksquashfs(podman: Podman, argv: list[str], progress: ProgressCallback) -> None:
@@ -142,4 +174,7 @@ def _run_mksquashfs(podman: Podman, argv: list[str], progress: ProgressCallback)
 def remove_squashed(podman: Podman, ref: str) -> tuple[StoredImage, bool]:
     store = SquashStore(podman.config.squash_dir)
     store.init()
-    return store.remove(ref)
+    try:
+        return store.remove(ref)
+    except OSError as err:
+        raise EngineError(f"cannot remove {ref} from {store.root}: {_why(err)}") from None

@@ -4,7 +4,10 @@ podman calls ``podman-hpc-mount -o lowerdir=A:B,upperdir=U,workdir=W MERGED``
 (the ``mount_program`` storage option). A lower directory ``X`` with a
 squashed image file ``X.squash`` beside it is replaced, as the read path
 (``engine/readpath.py``) chooses, by an unpacked node-local copy of that
-file or by a ``squashfuse_ll`` mount of it on ``X``. When every lower is
+file or by a ``squashfuse_ll`` mount of it on ``X``, once the squash file
+is checked against the digest its image record holds (``squashcheck``:
+once per file identity on the node; a changed file is refused in one line
+and the container does not start). When every lower is
 squashed the overlay is kernel overlayfs, else (or where the node refuses
 it) fuse-overlayfs with the same arguments. A small watcher forked off stays
 behind until the overlay is unmounted, then releases its lowers; the last
@@ -23,12 +26,17 @@ import hashlib
 import os
 import select
 import shutil
+import stat
 import sys
 from pathlib import Path
 
 from . import commands
+from .errors import EngineError
 from .private import own_dir
 from .readpath import NoRoom, ReadPathSettings, UnpackedCopy, kernel_options, mount_overlay, note_fallback
+from .records import is_id, is_link, layer_of_link_target
+from .squashcheck import VerifiedFiles, check, recorded, verified_dir
+from .storefs import Tree
 
 
 def _log(message: str) -> None:
@@ -78,30 +86,58 @@ def _podman_stores() -> list[str]:
     return []
 
 
-def squash_of(lower: Path) -> tuple[Path, Path] | None:
-    """(squash file, directory to mount it on) for a lower directory, or None.
+def squash_of(lower: Path) -> tuple[Path, Path, set[str]] | None:
+    """(squash file, directory to mount it on, the digests recorded for it) for a lower
+    directory, or None.
 
     The squash file beside ``lower``, else the same layer's in another store:
     podman takes a layer's directory from the first store that has one, and an
     earlier store may hold only an empty skeleton of it (a failed migration
     of podman-hpc 1.2.2, or a parent layer of another image; upstream #172).
+    A squash file counts only where its store has an image record of its
+    layer (a file left without one is no image of anybody's), and only the
+    store's records are read: a link (``<store>/overlay/l/<link>`` ->
+    ``../<layer>/diff``) of any other form is not followed.
     """
+    layer = _layer_of(lower)
+    if not layer:
+        return None
     squash = Path(f"{lower}.squash")
-    if squash.is_file():
-        return squash, lower
-    target = Path(os.path.realpath(lower))  # <store>/overlay/<layer>/diff
-    if target.name != "diff" or lower.parent.name != "l" or _has_entries(target):
-        return None  # not a store's layer, or a real (unpacked) layer
-    layer = target.parent.name
+    if _is_file(squash):
+        vouched, digests = recorded(lower.parent.parent.parent, layer)
+        if vouched:
+            return squash, lower, digests
+    if _has_entries(lower.parent.parent / layer / "diff"):
+        return None  # a real (unpacked) layer
     for store in _podman_stores():
         try:
-            link = (Path(store) / "overlay" / layer / "link").read_text().strip()
-        except OSError:
+            link = (Tree(store).read(("overlay", layer), "link") or b"").decode(errors="replace").strip()
+        except (OSError, EngineError):
             continue
         candidate = Path(store) / "overlay" / "l" / link
-        if link and Path(f"{candidate}.squash").is_file():
-            return Path(f"{candidate}.squash"), candidate
+        if is_link(link) and _is_file(Path(f"{candidate}.squash")):
+            vouched, digests = recorded(store, layer)
+            if vouched:
+                return Path(f"{candidate}.squash"), candidate, digests
     return None
+
+
+def _layer_of(lower: Path) -> str:
+    """The layer a store's short link ``.../overlay/l/<link>`` stands for, or ''."""
+    if lower.parent.name != "l" or not is_link(lower.name):
+        return ""
+    try:
+        layer = layer_of_link_target(os.readlink(lower))
+    except OSError:
+        return ""
+    return layer if is_id(layer) else ""
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _has_entries(directory: Path) -> bool:
@@ -237,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     held: list[SquashMount | UnpackedCopy] = []
     lowers: list[str] = []
     all_squashed = True
+    verified = _Verified(settings, Path(merged).parents[2])
     try:
         for lower in lower_dirs(options):
             path = Path(lower) if os.path.isabs(lower) else Path.cwd() / lower
@@ -245,10 +282,15 @@ def main(argv: list[str] | None = None) -> int:
                 all_squashed = False
                 lowers.append(lower)
             else:
-                lowers.append(_squash_lower(*found, settings, state_dir, held))
+                lowers.append(_squash_lower(*found, settings, state_dir, held, verified))
         mounted = bool(held) and all_squashed and settings.kernel_overlay and \
             _kernel_overlay(options, lowers, merged, state_dir)
         code = 0 if mounted else _fuse_overlay(_with_lowers(argv, lowers))
+    except EngineError as err:  # a squash file that is not its record's: one line, in podman's error
+        _release(held)
+        _log(str(err))
+        sys.stderr.write(f"podman-hpc-mount: {err}")
+        return 1
     except BaseException:
         _release(held)
         raise
@@ -268,24 +310,45 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _squash_lower(squash: Path, target: Path, settings: ReadPathSettings, state_dir: Path,
-                  held: list) -> str:
-    """The directory that stands for a squashed lower: an unpacked copy, else a squashfuse mount."""
-    if settings.unpacks:
-        copy = UnpackedCopy(squash, Path(settings.unpack_dir), int(settings.unpack_max_mb * 2**20))
-        try:
-            root = copy.acquire()
-        except (NoRoom, OSError) as err:
-            _log(f"unpacked copy refused: {err}")
-            note_fallback(state_dir, f"no unpacked copy, squashfuse instead: {err}")
-        else:
-            _log(f"{squash} unpacked at {root}")
-            held.append(copy)
-            return str(root)
-    mount = SquashMount(squash, target, _mounts_dir(settings, state_dir))
-    mount.acquire()
-    held.append(mount)
-    return str(target)
+class _Verified:
+    """The node's record of checked squash files, made on first use (``squashcheck``)."""
+
+    def __init__(self, settings: ReadPathSettings, graph_root: Path):
+        self.directory = verified_dir(settings.unpack_dir, str(graph_root))
+        self.files: VerifiedFiles | None = None
+
+    def __call__(self) -> VerifiedFiles:
+        if self.files is None:
+            self.files = VerifiedFiles(own_dir(self.directory))
+        return self.files
+
+
+def _squash_lower(squash: Path, target: Path, digests: set[str], settings: ReadPathSettings, state_dir: Path,
+                  held: list, verified: _Verified) -> str:
+    """The directory that stands for a squashed lower: an unpacked copy, else a squashfuse mount,
+    of a squash file that matches its record."""
+    # <store>/overlay/l/<link>.squash, opened without following links, checked through this descriptor
+    fd = Tree(squash.parents[2]).open(("overlay", "l"), squash.name)
+    try:
+        if not check(fd, squash, digests, verified()):
+            _log(f"{squash}: no digest recorded (squashed by podman-hpc 1.2.2 or before the check): not checked")
+        if settings.unpacks:
+            copy = UnpackedCopy(squash, Path(settings.unpack_dir), int(settings.unpack_max_mb * 2**20), source_fd=fd)
+            try:
+                root = copy.acquire()
+            except (NoRoom, OSError) as err:
+                _log(f"unpacked copy refused: {err}")
+                note_fallback(state_dir, f"no unpacked copy, squashfuse instead: {err}")
+            else:
+                _log(f"{squash} unpacked at {root}")
+                held.append(copy)
+                return str(root)
+        mount = SquashMount(squash, target, _mounts_dir(settings, state_dir))
+        mount.acquire()
+        held.append(mount)
+        return str(target)
+    finally:
+        os.close(fd)
 
 
 def _mounts_dir(settings: ReadPathSettings, state_dir: Path) -> Path:

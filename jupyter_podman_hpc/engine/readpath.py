@@ -98,11 +98,14 @@ class UnpackedCopy:
     (``<key>.tmp-*``) is removed by the next one.
     """
 
-    def __init__(self, squash: Path, cache_dir: Path, max_bytes: int):
+    def __init__(self, squash: Path, cache_dir: Path, max_bytes: int, source_fd: int | None = None):
         self.squash = squash
         self.cache = cache_dir
         self.max_bytes = max_bytes
-        st = squash.stat()
+        # the file the mount program checked against its record (engine/squashcheck.py), by descriptor:
+        # unsquashfs reads that file even if the name was replaced since
+        self.source_fd = source_fd
+        st = squash.stat() if source_fd is None else os.fstat(source_fd)
         ident = f"{os.path.realpath(squash)}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
         self.key = hashlib.sha256(ident.encode()).hexdigest()[:32]
         self.root = cache_dir / self.key
@@ -139,8 +142,11 @@ class UnpackedCopy:
         self._make_room()
         staging = self.cache / f"{self.key}.tmp-{os.getpid()}"
         unsquashfs = shutil.which("unsquashfs") or "/usr/bin/unsquashfs"
-        result = commands.run([unsquashfs, "-no-progress", "-quiet", "-dest", str(staging), str(self.squash)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        source, fds = str(self.squash), ()
+        if self.source_fd is not None:
+            source, fds = f"/proc/self/fd/{self.source_fd}", (self.source_fd,)
+        result = commands.run([unsquashfs, "-no-progress", "-quiet", "-dest", str(staging), source],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, pass_fds=fds)
         if result.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
             raise NoRoom(f"unsquashfs of {self.squash.name} failed: "

@@ -23,6 +23,16 @@ shares it. Everything written into it gets the group's read permission
 member migrates into it under the same locks), and nothing for others.
 A store that exists but cannot be read is refused with one line naming it
 and why, before podman sees it (``readable_stores``).
+
+Every member of a group-writable store can write its records and its
+directories, so nothing read from it is trusted as a path: records are
+checked as they are read (``records``), every file is reached from a
+directory descriptor without following links (``storefs``), new
+directories are sticky (3770: a member cannot rename, replace or remove
+another's files; the two record directories excepted), squash files are
+0640 (written once, by their maker), and each squash file's sha256 is
+recorded in its image record and checked before a node first uses it
+(``squashcheck``).
 """
 
 from __future__ import annotations
@@ -32,10 +42,10 @@ import contextlib
 import errno
 import fcntl
 import grp
+import hashlib
 import json
 import os
 import pwd
-import shutil
 import stat
 import threading
 from dataclasses import dataclass, field
@@ -43,8 +53,13 @@ from pathlib import Path
 from typing import Iterator
 
 from . import reference
+from .commands import LOGGER
 from .errors import ConfigError, EngineError, ImageNotFound, PermissionDenied
 from .files import atomic_write
+from .private import describe
+from .records import image_ok, is_id, is_link, layer_ok, set_squash_digest, split, squash_digest
+from .squashcheck import VerifiedFiles
+from .storefs import EntryRefused, Tree, make_dirs
 
 
 @dataclass(frozen=True)
@@ -93,62 +108,62 @@ class Sharing:
         """None for a personal store: the user's umask decides, as before."""
         return (0o660 if self.group_write else 0o640) if self.group else None
 
-    def dir_mode(self) -> int | None:
-        return (0o2770 if self.group_write else 0o2750) if self.group else None
+    def squash_mode(self) -> int | None:
+        """Squash files are written once, by the member who squashes: the group only reads them."""
+        return 0o640 if self.group else None
 
-    def apply(self, path: Path | str) -> None:
-        """Give ``path`` (a file or directory we created, never a symlink) the store's mode."""
-        mode = self.dir_mode() if os.path.isdir(path) else self.file_mode()
-        if mode is not None:
-            os.chmod(path, mode)
-
-    def apply_tree(self, top: Path) -> None:
+    def dir_mode(self, records: bool = False) -> int | None:
+        """Sticky (3770) in a group-writable store, so that members cannot rename, replace or
+        remove each other's files; the record directories stay 2770, since every member
+        replaces ``images.json`` and ``layers.json`` (rename over them) when it writes."""
         if not self.group:
-            return
-        self.apply(top)
-        for directory, dirs, files in os.walk(top):
-            for name in dirs + files:
-                self.apply(os.path.join(directory, name))
+            return None
+        if not self.group_write:
+            return 0o2750
+        return 0o2770 if records else 0o3770
 
 
-def _atomic_write(path: Path, data: bytes, sharing: Sharing = Sharing()) -> None:
-    atomic_write(path, data, prepare=sharing.apply)  # the store's files get its group's sharing
-
-
-def _mkdirs(path: Path, sharing: Sharing) -> None:
-    """``mkdir -p`` that gives each directory it creates the store's mode."""
-    if path.is_dir():
-        return
-    _mkdirs(path.parent, sharing)
-    try:
-        path.mkdir()
-    except FileExistsError:
-        return
-    sharing.apply(path)
-
+# The store's directories, as parts below its root.
+IMAGES = ("overlay-images",)
+LAYERS = ("overlay-layers",)
+OVERLAY = ("overlay",)
+LINKS = ("overlay", "l")
+LOCKS = (".locks",)
+RECORD_DIRS = ("overlay-images", "overlay-layers")
 
 _thread_locks: dict[str, threading.Lock] = {}
 _thread_locks_guard = threading.Lock()
+_warned: set[str] = set()
 
 
 @contextlib.contextmanager
-def _locked(path: Path, sharing: Sharing = Sharing()) -> Iterator[int]:
+def _locked(tree: Tree, parts: tuple[str, ...], name: str, mode: int | None) -> Iterator[int]:
     """An exclusive fcntl (POSIX) lock, the kind containers/storage and NFS honour.
 
     POSIX locks belong to the process, so threads of one process (the
-    Jupyter server) also take a per-path thread lock.
+    Jupyter server) also take a per-path thread lock. The lock file is
+    opened without following links (``Tree.lock_file``): a member could
+    otherwise swap it for a link to one of our files, which the token
+    write of ``_touch`` would overwrite.
     """
     with _thread_locks_guard:
-        thread_lock = _thread_locks.setdefault(str(path), threading.Lock())
+        thread_lock = _thread_locks.setdefault(str(tree.path(parts, name)), threading.Lock())
     with thread_lock:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = tree.lock_file(parts, name, mode)  # other members lock it too: its group may write it
         try:
-            if sharing.group and os.fstat(fd).st_uid == os.getuid():
-                os.fchmod(fd, sharing.file_mode())  # other members lock it too
             fcntl.lockf(fd, fcntl.LOCK_EX)
             yield fd
         finally:
             os.close(fd)  # closing releases the lock
+
+
+def _warn(key: str, message: str) -> None:
+    """Say it once per process (a listing reads a store many times)."""
+    if key not in _warned:
+        _warned.add(key)
+        import logging
+
+        logging.getLogger(LOGGER).warning("podman-hpc: %s", message)
 
 
 class GraphRoot:
@@ -165,13 +180,13 @@ class GraphRoot:
 
     def image_record(self, image_id: str) -> dict:
         for record in self._json("overlay-images/images.json"):
-            if record["id"] == image_id:
+            if record.get("id") == image_id and image_ok(record):
                 return record
         raise ImageNotFound(f"image {image_id[:12]} is not in the local storage {self.root}")
 
     def layer_chain(self, top: str) -> list[dict]:
         """The layer records from ``top`` down to the base layer."""
-        layers = {record["id"]: record for record in self._json("overlay-layers/layers.json")}
+        layers = {record["id"]: record for record in self._json("overlay-layers/layers.json") if layer_ok(record)}
         chain, current = [], top
         while current:
             if current not in layers:
@@ -181,7 +196,10 @@ class GraphRoot:
         return chain
 
     def link(self, layer: str) -> str:
-        return (self.root / "overlay" / layer / "link").read_text().strip()
+        link = (self.root / "overlay" / layer / "link").read_text().strip() if is_id(layer) else ""
+        if not is_link(link):
+            raise EngineError(f"layer {layer[:12]} of {self.root} has no valid link: the local storage is damaged")
+        return link
 
     def diff(self, layer: str) -> Path:
         return self.root / "overlay" / layer / "diff"
@@ -194,13 +212,20 @@ class GraphRoot:
 
 
 class SquashStore:
-    """The squashed image store (``squash_dir``), shared by every node."""
+    """The squashed image store (``squash_dir``), shared by every node.
+
+    Its records are checked as they are read (``records``: a record whose id
+    is not an id is skipped with a warning, never acted on), and its files
+    are reached through directory descriptors without following links
+    (``storefs.Tree``).
+    """
 
     def __init__(self, root: str | Path):
         if not str(root):
             from .config import NO_SQUASH_DIR
             raise ConfigError(NO_SQUASH_DIR)
         self.root = Path(root)
+        self.tree = Tree(self.root)
         self.images_json = self.root / "overlay-images" / "images.json"
         self.layers_json = self.root / "overlay-layers" / "layers.json"
         self.links = self.root / "overlay" / "l"
@@ -208,17 +233,27 @@ class SquashStore:
 
     # --- layout -------------------------------------------------------------
 
+    def _dir_mode(self, parts: tuple[str, ...]) -> int | None:
+        return self.sharing.dir_mode(records=parts[0] in RECORD_DIRS)
+
+    def _dir(self, parts: tuple[str, ...]):
+        """The directory ``parts``, made (with the store's modes) if missing."""
+        return self.tree.directory(parts, self._dir_mode(parts), create=True)
+
     def init(self) -> None:
         """Create the store's layout if missing; refuse in one line a store we may not write."""
         self.check_writable()
         try:
-            for directory in (self.links, self.images_json.parent, self.layers_json.parent, self.lock_dir):
-                _mkdirs(directory, self.sharing)
-            for path in (self.images_json, self.layers_json):
-                if not path.exists():
-                    with _locked(self._lock_file(path), self.sharing):
-                        if not path.exists():
-                            _atomic_write(path, b"[]", self.sharing)
+            make_dirs(self.root, self.sharing.dir_mode())
+            for parts in (LINKS, IMAGES, LAYERS, LOCKS):
+                with self._dir(parts):
+                    pass
+            for parts, name in ((IMAGES, "images.json"), (LAYERS, "layers.json")):
+                # the lock is opened (made if missing) even when the records exist: a planted
+                # link is refused before any work is done, not after a squash
+                with self._lock(parts, name.replace(".json", ".lock")):
+                    if self.tree.lstat(parts, name) is None:
+                        self.tree.write(parts, name, b"[]", self.sharing.file_mode())
         except OSError as err:
             raise EngineError(f"cannot create the squashed image store {self.root}: {err.strerror}")
 
@@ -237,43 +272,72 @@ class SquashStore:
     def lock_dir(self) -> Path:
         return self.root / ".locks"
 
-    @staticmethod
-    def _lock_file(json_path: Path) -> Path:
-        return json_path.with_suffix(".lock")
+    def _lock(self, parts: tuple[str, ...], name: str):
+        return _locked(self.tree, parts, name, self.sharing.file_mode())
 
     def squash_path(self, link: str) -> Path:
+        if not is_link(link):
+            raise EngineError(f"{link!r} is not a layer link: the squashed store {self.root} is damaged")
         return self.links / f"{link}.squash"
 
     # --- reading --------------------------------------------------------------
 
-    def _read(self, path: Path) -> list[dict]:
-        try:
-            return json.loads(path.read_text() or "[]")
-        except FileNotFoundError:
+    def _read(self, parts: tuple[str, ...], name: str) -> list:
+        data = self.tree.read(parts, name)
+        if data is None:
             return []
+        try:
+            value = json.loads(data or b"[]")
         except ValueError:
-            raise EngineError(f"{path} is not valid JSON: the squashed store is damaged")
+            value = None
+        if not isinstance(value, list):
+            raise EngineError(f"{self.tree.path(parts, name)} is not valid JSON: the squashed store is damaged")
+        return value
+
+    def _checked(self, parts: tuple[str, ...], name: str, ok) -> tuple[list[dict], list]:
+        """(the valid records of a JSON file, the others), warning once about the others."""
+        good, bad = split(self._read(parts, name), ok)
+        if bad:
+            path = self.tree.path(parts, name)
+            _warn(f"records:{path}", f"ignoring {len(bad)} record(s) of {path} whose id is not a "
+                                     f"64-digit hex id (a member of the store's group may have written them): "
+                                     f"they are never acted on")
+        return good, bad
+
+    def _images(self) -> list[dict]:
+        return self._checked(IMAGES, "images.json", image_ok)[0]
 
     def link_of(self, layer: str) -> str:
-        """The short link of a layer the store has, else ''."""
-        try:
-            return (self.root / "overlay" / layer / "link").read_text().strip()
-        except OSError:
+        """The short link of a layer the store has, else '' (also for a link that is not one)."""
+        if not is_id(layer):
             return ""
+        try:
+            data = self.tree.read(OVERLAY + (layer,), "link")
+        except EntryRefused as refused:
+            _warn(f"link:{layer}", str(refused))
+            return ""
+        link = (data or b"").decode(errors="replace").strip()
+        if data is not None and not is_link(link):
+            _warn(f"link:{layer}", f"ignoring the link of layer {layer[:12]} in {self.root}: {link[:40]!r} "
+                                   f"is not a link name")
+            return ""
+        return link
+
+    def _squash_stat(self, link: str) -> os.stat_result | None:
+        st = self.tree.lstat(LINKS, f"{link}.squash") if link else None
+        return st if st is not None and stat.S_ISREG(st.st_mode) else None
 
     def _stored(self, record: dict) -> StoredImage:
-        squash = self.squash_path(self.link_of(record["layer"])) if record.get("layer") else None
-        try:
-            size = squash.stat().st_size if squash else 0
-        except OSError:
-            size = 0
+        link = self.link_of(record.get("layer", ""))
+        st = self._squash_stat(link)
         return StoredImage(id=record["id"], names=tuple(record.get("names") or ()),
                            top_layer=record.get("layer", ""), digest=record.get("digest", ""),
-                           created=record.get("created", ""), squash_file=str(squash or ""),
-                           size=size, record=record)
+                           created=record.get("created", ""),
+                           squash_file=str(self.squash_path(link)) if link else "",
+                           size=st.st_size if st else 0, record=record)
 
     def images(self) -> list[StoredImage]:
-        return [self._stored(record) for record in self._read(self.images_json)]
+        return [self._stored(record) for record in self._images()]
 
     def find(self, ref: str) -> StoredImage | None:
         """The image named ``ref`` (any of podman's spellings) or with that id prefix."""
@@ -295,76 +359,157 @@ class SquashStore:
                         return image
         return None
 
-    def has_complete(self, image_id: str) -> bool:
-        """The image's record is present and its squash file exists."""
-        for image in self.images():
-            if image.id == image_id:
-                return bool(image.squash_file) and Path(image.squash_file).is_file()
-        return False
+    def squash_digests(self, layer: str, images: list[dict] | None = None) -> set[str]:
+        """The squash digests recorded by the images whose top layer is ``layer`` (they share
+        its squash file); empty for podman-hpc 1.2.2's records."""
+        images = self._images() if images is None else images
+        return {squash_digest(r) for r in images if r.get("layer") == layer} - {""}
+
+    def squash_digest_now(self, link: str, verified: VerifiedFiles) -> str:
+        """The sha256 of the squash file of ``link`` as it is now ('' when there is none), read
+        once per file identity on this node."""
+        try:
+            fd = self.tree.open(LINKS, f"{link}.squash")
+        except FileNotFoundError:
+            return ""
+        try:
+            return verified.digest(fd, self.squash_path(link))
+        finally:
+            os.close(fd)
+
+    def has_complete(self, image_id: str, verified: VerifiedFiles | None = None) -> bool:
+        """The image's record is present and its squash file exists (and, with ``verified``,
+        matches the digest recorded for it, when one is)."""
+        images = self._images()
+        record = next((r for r in images if r["id"] == image_id), None)
+        link = self.link_of(record.get("layer", "")) if record else ""
+        if not link or self._squash_stat(link) is None:
+            return False
+        digests = self.squash_digests(record["layer"], images) if verified is not None else set()
+        return not digests or self.squash_digest_now(link, verified) in digests
 
     # --- writing --------------------------------------------------------------
 
     @contextlib.contextmanager
     def image_lock(self, image_id: str) -> Iterator[None]:
         """Serialises migrations of one image across processes and nodes."""
-        _mkdirs(self.lock_dir, self.sharing)
-        with _locked(self.lock_dir / f"{image_id}.lock", self.sharing):
+        if not is_id(image_id):
+            raise EngineError(f"{image_id!r} is not an image id")
+        with self._dir(LOCKS):
+            pass
+        with self._lock(LOCKS, f"{image_id}.lock"):
+            yield
+
+    @contextlib.contextmanager
+    def squash_lock(self, layer: str) -> Iterator[None]:
+        """Serialises the making of one layer's squash file (images may share a top layer)."""
+        if not is_id(layer):
+            raise EngineError(f"{layer!r} is not a layer id")
+        with self._dir(LOCKS):
+            pass
+        with self._lock(LOCKS, f"layer-{layer}.lock"):
             yield
 
     @contextlib.contextmanager
     def _records(self) -> Iterator[tuple[list[dict], list[dict]]]:
-        """Both record lists, locked as containers/storage locks them; written back on success."""
-        with _locked(self._lock_file(self.layers_json), self.sharing) as layers_fd, \
-                _locked(self._lock_file(self.images_json), self.sharing) as images_fd:
-            images, layers = self._read(self.images_json), self._read(self.layers_json)
+        """Both lists of valid records, locked as containers/storage locks them; written back on
+        success (with the invalid records they skipped, untouched)."""
+        with self._lock(LAYERS, "layers.lock") as layers_fd, self._lock(IMAGES, "images.lock") as images_fd:
+            images, bad_images = self._checked(IMAGES, "images.json", image_ok)
+            layers, bad_layers = self._checked(LAYERS, "layers.json", layer_ok)
             before = (json.dumps(images), json.dumps(layers))
             yield images, layers
             if json.dumps(layers) != before[1]:
-                _atomic_write(self.layers_json, json.dumps(layers).encode(), self.sharing)
+                self.tree.write(LAYERS, "layers.json", json.dumps(layers + bad_layers).encode(),
+                                self.sharing.file_mode())
                 _touch(layers_fd)
             if json.dumps(images) != before[0]:
-                _atomic_write(self.images_json, json.dumps(images).encode(), self.sharing)
+                self.tree.write(IMAGES, "images.json", json.dumps(images + bad_images).encode(),
+                                self.sharing.file_mode())
                 _touch(images_fd)
 
     def write_skeleton(self, source: GraphRoot, image_id: str, chain: list[dict]) -> None:
         """Everything but the records and the squash file: big data, tar-splits, layer dirs, links."""
-        big_data = self.root / "overlay-images" / image_id
-        if not big_data.exists():
-            tmp = big_data.with_name(f".{image_id}.{os.uname().nodename}.{os.getpid()}.tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(source.big_data(image_id), tmp)
-            self.sharing.apply_tree(tmp)  # podman keeps them 0600: other members must read them
-            try:
-                os.rename(tmp, big_data)
-            except OSError as err:
-                shutil.rmtree(tmp, ignore_errors=True)
-                if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise
+        if self.tree.lstat(IMAGES, image_id) is None:
+            self._copy_big_data(source, image_id)
         for layer in chain:
             layer_id = layer["id"]
-            split = source.tar_split(layer_id)
-            target = self.root / "overlay-layers" / f"{layer_id}.tar-split.gz"
-            if split.exists() and not target.exists():
-                _atomic_write(target, split.read_bytes(), self.sharing)
-            layer_dir = self.root / "overlay" / layer_id
-            _mkdirs(layer_dir / "diff", self.sharing)
+            split_file = source.tar_split(layer_id)
+            name = f"{layer_id}.tar-split.gz"
+            if split_file.exists() and self.tree.lstat(LAYERS, name) is None:
+                self.tree.write(LAYERS, name, split_file.read_bytes(), self.sharing.file_mode())
+            with self._dir(OVERLAY + (layer_id, "diff")):
+                pass
             # A layer the store has keeps its link: another image's squash file is named by it
             # (the base image's top layer is a parent of every image built FROM it).
             link = self.link_of(layer_id) or source.link(layer_id)
             if not self.link_of(layer_id):
-                _atomic_write(layer_dir / "link", link.encode(), self.sharing)
-            symlink = self.links / link
-            if not symlink.is_symlink():
-                tmp = self.links / f".{link}.{os.getpid()}.tmp"
-                tmp.unlink(missing_ok=True)
-                tmp.symlink_to(f"../{layer_id}/diff")
-                os.replace(tmp, symlink)
+                self.tree.write(OVERLAY + (layer_id,), "link", link.encode(), self.sharing.file_mode())
+            target = f"../{layer_id}/diff"
+            if self.tree.readlink(LINKS, link) != target:
+                tmp = f".{link}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
+                self.tree.symlink(LINKS, target, tmp)
+                try:
+                    self.tree.rename(LINKS, tmp, link)
+                except OSError:
+                    self.tree.unlink(LINKS, tmp)
+                    raise
 
-    def publish(self, record: dict, chain: list[dict]) -> StoredImage:
+    def _copy_big_data(self, source: GraphRoot, image_id: str) -> None:
+        """The image's manifest, config and signatures (flat files), in a directory of our own
+        renamed into place; podman keeps them 0600: other members must read them."""
+        tmp = f".{image_id}.{os.uname().nodename}.{os.getpid()}.tmp"
+        with contextlib.suppress(OSError, EngineError):
+            self.tree.rmtree(IMAGES, tmp)  # a killed migrate's
+        mode = self.sharing.file_mode()
+        with self.tree.new_directory(IMAGES, tmp, self._dir_mode(IMAGES)) as dirfd:
+            with os.scandir(source.big_data(image_id)) as entries:
+                for entry in entries:
+                    if entry.is_file(follow_symlinks=False):
+                        atomic_write(entry.name, Path(entry.path).read_bytes(), mode, dir_fd=dirfd)
+        try:
+            self.tree.rename(IMAGES, tmp, image_id)
+        except OSError as err:
+            with contextlib.suppress(OSError, EngineError):
+                self.tree.rmtree(IMAGES, tmp)
+            if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+
+    def new_squash(self, link: str) -> tuple[int, Path]:
+        """A new partial squash file for ``link``, made by us (O_EXCL) with the store's squash
+        mode: (its descriptor, its path for mksquashfs, which writes into it)."""
+        name = f".{link}.squash.{os.uname().nodename}.{os.getpid()}"
+        self.squash_path(link)  # a valid link
+        with self._dir(LINKS):
+            pass
+        self.tree.unlink(LINKS, name)  # ours, from a killed run with this pid
+        return self.tree.create(LINKS, name, self.sharing.squash_mode()), self.links / name
+
+    def install_squash(self, fd: int, partial: Path, link: str) -> None:
+        """Rename our partial squash file (``fd``) to the squash file of ``link``; refuse in one
+        line if another user's file there cannot be replaced, or ours was swapped meanwhile."""
+        target = self.squash_path(link)
+        ours = os.fstat(fd).st_ino
+        st = self.tree.lstat(LINKS, partial.name)
+        if st is None or st.st_ino != ours:
+            raise EngineError(f"the partial squash file {partial} was replaced while it was written: squash again")
+        try:
+            self.tree.rename(LINKS, partial.name, target.name)
+        except PermissionError:
+            old = self.tree.lstat(LINKS, target.name)
+            raise PermissionDenied(f"cannot replace the squash file {describe(target, old) if old else target}: "
+                                   f"in this project store only its owner (or the owner of {self.links}) "
+                                   f"may replace it; ask them to remove the image (podman-hpc rmsqi)") from None
+        st = self.tree.lstat(LINKS, target.name)
+        if st is None or st.st_ino != ours:
+            raise EngineError(f"the squash file {target} was replaced as it was installed: squash again")
+
+    def publish(self, record: dict, chain: list[dict], squash_digest_: str = "") -> StoredImage:
         """Make the image visible: add its layer and image records, moving its names to it.
 
         A name the image takes is removed from any other image in the store:
-        the store never gives one name to two images.
+        the store never gives one name to two images. ``squash_digest_`` (the
+        sha256 of the squash file) goes into every record of that top layer.
         """
         names = list(record.get("names") or [])
         with self._records() as (images, layers):
@@ -379,8 +524,12 @@ class SquashStore:
             else:
                 merged = list(existing.get("names") or [])
                 merged += [n for n in names if n not in merged]
-                existing.update({k: v for k, v in record.items() if k != "names"})
+                existing.update({k: v for k, v in record.items() if k not in ("names", "flags")})
                 existing["names"] = merged
+            if squash_digest_:
+                for image in images:
+                    if image.get("layer") == record["layer"]:
+                        set_squash_digest(image, squash_digest_)
             return self._stored(next(image for image in images if image["id"] == record["id"]))
 
     def add_names(self, image_id: str, names: list[str]) -> StoredImage:
@@ -399,7 +548,8 @@ class SquashStore:
         """Remove a name, or the whole image when it was the last name or ``ref`` is an id.
 
         Returns the image and whether its data was deleted. Layers still used
-        by another squashed image are kept.
+        by another squashed image are kept. In a sticky project store, an image
+        whose files another member owns is refused before anything changes.
         """
         image = self.find(ref)
         if image is None:
@@ -414,21 +564,55 @@ class SquashStore:
                     return image, False
             images.remove(record)
             used = self._layers_in_use(images, layers)
-            doomed = [layer for layer in layers if layer["id"] not in used]
+            doomed = [(layer["id"], self.link_of(layer["id"])) for layer in layers if layer["id"] not in used]
+            for layer_id, link in doomed:
+                self._check_removable(image, layer_id, link)
             layers[:] = [layer for layer in layers if layer["id"] in used]
-        # Records are gone: the files are unreachable now, delete them. The layer's
-        # directory goes before its squash file: an empty layer directory left by a
-        # kill would hide the same layer in a later store from podman (upstream #172).
-        shutil.rmtree(self.root / "overlay-images" / image.id, ignore_errors=True)
-        for layer in doomed:
-            link = self.link_of(layer["id"])
-            if link:
-                (self.links / link).unlink(missing_ok=True)
-            shutil.rmtree(self.root / "overlay" / layer["id"], ignore_errors=True)
-            if link:
-                self.squash_path(link).unlink(missing_ok=True)
-            (self.root / "overlay-layers" / f"{layer['id']}.tar-split.gz").unlink(missing_ok=True)
+        self._remove_files(image, doomed)
         return image, True
+
+    def _check_removable(self, image: StoredImage, layer: str, link: str) -> None:
+        """PermissionDenied if a sticky directory keeps us from removing a file of the layer."""
+        entries = [(OVERLAY, layer)] + ([(LINKS, link), (LINKS, f"{link}.squash")] if link else [])
+        me = os.getuid()
+        for parts, name in entries:
+            st = self.tree.lstat(parts, name)
+            if st is None or st.st_uid == me or me == 0:
+                continue
+            with self.tree.directory(parts) as dirfd:
+                parent = os.fstat(dirfd)
+            if parent.st_mode & stat.S_ISVTX and parent.st_uid != me:
+                path = self.tree.path(parts, name)
+                raise PermissionDenied(
+                    f"cannot remove {image.short_id} from the image store {self.root}: {describe(path, st)}, "
+                    f"and in this project store only a file's owner (or the owner of {path.parent}) may "
+                    f"remove it; ask {_name(pwd.getpwuid, st.st_uid)} to run podman-hpc rmsqi")
+
+    def _remove_files(self, image: StoredImage, doomed: list[tuple[str, str]]) -> None:
+        """Records are gone: the files are unreachable now, delete them. The layer's
+        directory goes before its squash file: an empty layer directory left by a
+        kill would hide the same layer in a later store from podman (upstream #172)."""
+        failed: list[str] = []
+
+        def attempt(action, parts, name):
+            try:
+                action(parts, name)
+            except EngineError as err:
+                failed.append(str(err))
+            except OSError as err:
+                failed.append(f"{self.tree.path(parts, name)}: {err.strerror}")
+
+        attempt(self.tree.rmtree, IMAGES, image.id)
+        for layer_id, link in doomed:
+            if link:
+                attempt(self.tree.unlink, LINKS, link)
+            attempt(self.tree.rmtree, OVERLAY, layer_id)
+            if link:
+                attempt(self.tree.unlink, LINKS, f"{link}.squash")
+            attempt(self.tree.unlink, LAYERS, f"{layer_id}.tar-split.gz")
+        if failed:
+            _warn(f"remove:{image.id}", f"removed {image.short_id} from {self.root}; {len(failed)} file(s) "
+                                        f"stay: {failed[0]}")
 
     @staticmethod
     def _layers_in_use(images: list[dict], layers: list[dict]) -> set[str]:
@@ -442,9 +626,12 @@ class SquashStore:
         return used
 
     def remove_stale_temporaries(self, link: str) -> None:
-        """Partial squash files of ``link`` left by killed migrations (call under the image lock)."""
-        for stale in self.links.glob(f".{link}.squash.*"):
-            stale.unlink(missing_ok=True)
+        """Partial squash files of ``link`` left by killed migrations (call under the squash lock);
+        another member's, in a sticky store, stay."""
+        for name in self.tree.names(LINKS):
+            if name.startswith(f".{link}.squash."):
+                with contextlib.suppress(OSError):
+                    self.tree.unlink(LINKS, name)
 
 
 def _touch(fd: int) -> None:
@@ -457,8 +644,8 @@ def make_store_dir(path: str) -> None:
     root = Path(path)
     if not root.is_dir():
         try:
-            _mkdirs(root, Sharing.of(root))
-        except OSError:
+            make_dirs(root, Sharing.of(root).dir_mode())
+        except (OSError, EngineError):
             pass  # podman or the first write says why
 
 
@@ -584,18 +771,23 @@ def stored_command(storages: list[str], ref: str) -> tuple[list[str] | None, lis
         return None  # podman's short-name resolution and id prefixes stay podman's
     names = set(reference.candidate_names(ref))
     for storage in storages:
-        images = Path(storage) / "overlay-images"
+        tree = Tree(storage)
         try:
-            records = json.loads((images / "images.json").read_text() or "[]")
-        except (OSError, ValueError):
+            records = json.loads(tree.read(IMAGES, "images.json") or b"[]")
+        except (OSError, ValueError, EngineError):
             continue
-        record = next((r for r in records if names & set(r.get("names") or ())), None)
+        record = next((r for r in records if image_ok(r) and names & set(r.get("names") or ())), None) \
+            if isinstance(records, list) else None
         if record is None:
             continue
         key = base64.b64encode(f"sha256:{record['id']}".encode()).decode()
         try:
-            config = json.loads((images / record["id"] / f"={key}").read_text()).get("config") or {}
-        except (OSError, ValueError, AttributeError):
+            data = tree.read(IMAGES + (record["id"],), f"={key}")
+            # the image id is the config's digest: a config changed in a shared store is podman's to refuse
+            if data is None or hashlib.sha256(data).hexdigest() != record["id"]:
+                return None
+            config = json.loads(data).get("config") or {}
+        except (OSError, ValueError, AttributeError, EngineError):
             return None
         return config.get("Entrypoint"), config.get("Cmd")
     return None

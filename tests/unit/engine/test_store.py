@@ -1,6 +1,7 @@
 """The squashed store's sharing and permission side, on plain directories (no podman)."""
 
 import base64
+import hashlib
 import json
 import os
 import stat
@@ -9,6 +10,7 @@ import pytest
 
 from jupyter_podman_hpc.engine.config import load_config
 from jupyter_podman_hpc.engine.errors import PermissionDenied
+from jupyter_podman_hpc.engine.records import SQUASH_DIGEST
 from jupyter_podman_hpc.engine.store import (SquashStore, make_store_dir, readable_stores, store_access,
                                              stored_command)
 
@@ -26,10 +28,22 @@ def test_a_setgid_store_is_shared_with_its_group_and_closed_to_others(tmp_path):
     store.init()
     with store.image_lock("a" * 64):
         pass
-    assert mode(store.root) == 0o2770
+    # sticky, so members cannot rename or remove each other's files; the record directories
+    # not, since every member replaces images.json and layers.json
+    assert mode(store.root) == 0o3770
     for path in store.root.rglob("*"):
-        expected = 0o2770 if path.is_dir() else 0o660
+        records = path.relative_to(store.root).parts[0] in ("overlay-images", "overlay-layers")
+        expected = (0o2770 if records else 0o3770) if path.is_dir() else 0o660
         assert mode(path) == expected, path
+
+
+def test_a_read_only_project_store_is_2750_without_sticky_bits(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o2750)
+    store = SquashStore(project / "store")
+    store.init()
+    assert {mode(p) for p in [store.root, *store.root.rglob("*")] if p.is_dir()} == {0o2750}
 
 
 def test_a_personal_store_keeps_the_umask(tmp_path):
@@ -79,21 +93,24 @@ def test_writes_into_a_store_we_may_not_write_are_refused_in_one_line(tmp_path):
         store.root.chmod(0o755)
 
 
-def storage_with(root, image_id, names, config):
-    """A storage's image records as containers/storage writes them (the config is big data)."""
+def storage_with(root, names, config, image_id=None):
+    """A storage's image records as containers/storage writes them (the config is big data,
+    the image id its digest)."""
+    data = json.dumps({"config": config}).encode()
+    image_id = image_id or hashlib.sha256(data).hexdigest()
     images = root / "overlay-images"
     (images / image_id).mkdir(parents=True)
     (images / "images.json").write_text(json.dumps([{"id": image_id, "names": names}]))
     key = base64.b64encode(f"sha256:{image_id}".encode()).decode()
     if config is not None:
-        (images / image_id / f"={key}").write_text(json.dumps({"config": config}))
+        (images / image_id / f"={key}").write_bytes(data)
     return str(root)
 
 
 def test_the_image_command_comes_from_the_first_storage_naming_the_image(tmp_path):
     name = "registry.example:5000/team/app:1"
-    local = storage_with(tmp_path / "local", "a" * 64, [name], {"Entrypoint": ["python3"], "Cmd": None})
-    squashed = storage_with(tmp_path / "squash", "b" * 64, [name, "localhost/x:1"], {"Cmd": ["sh"]})
+    local = storage_with(tmp_path / "local", [name], {"Entrypoint": ["python3"], "Cmd": None})
+    squashed = storage_with(tmp_path / "squash", [name, "localhost/x:1"], {"Cmd": ["sh"]})
     assert stored_command([local, squashed], name) == (["python3"], None)
     assert stored_command([str(tmp_path / "missing"), squashed], name) == (None, ["sh"])
     assert stored_command([local, squashed], "localhost/x") is None  # :latest is not x:1
@@ -101,8 +118,103 @@ def test_the_image_command_comes_from_the_first_storage_naming_the_image(tmp_pat
 
 
 def test_podman_answers_for_short_names_ids_and_records_without_a_config(tmp_path):
-    squashed = storage_with(tmp_path / "squash", "c" * 64, ["localhost/x:1"], None)
+    squashed = storage_with(tmp_path / "squash", ["localhost/x:1"], None, image_id="c" * 64)
     assert stored_command([squashed], "x:1") is None  # short-name resolution is podman's
     assert stored_command([squashed], "c" * 12) is None
     assert stored_command([squashed], "localhost/x:1") is None  # the config is not there
     assert stored_command([squashed], "localhost/other:1") is None
+
+
+def test_a_config_changed_in_a_shared_store_is_left_to_podman(tmp_path):
+    """The image id is the config's digest: a member who rewrites another's config (to change
+    its ENTRYPOINT) gets nothing from shared-run's shortcut, and podman refuses the image."""
+    squashed = storage_with(tmp_path / "squash", ["localhost/x:1"], {"Cmd": ["sh"]})
+    config = next((tmp_path / "squash" / "overlay-images").glob("*/=*"))
+    config.write_text(json.dumps({"config": {"Entrypoint": ["/tmp/evil"]}}))
+    assert stored_command([squashed], "localhost/x:1") is None
+
+
+def test_records_with_ids_that_are_not_ids_are_never_used_as_paths(tmp_path):
+    squashed = storage_with(tmp_path / "squash", ["localhost/x:1"], {"Cmd": ["sh"]})
+    images = tmp_path / "squash" / "overlay-images" / "images.json"
+    images.write_text(json.dumps([{"id": "../../etc", "names": ["localhost/x:1"]}]))
+    assert stored_command([squashed], "localhost/x:1") is None
+
+
+# --- records used as paths, and removal -------------------------------------------------
+
+LINK = "HH27KLVLMHONA4FWTLH3LL54FO"
+
+
+def squashed_image(store, image_id, layer, link, names):
+    """An image as migrate leaves it in the store: big data, layer skeleton, link, squash file, records."""
+    (store.root / "overlay-images" / image_id).mkdir()
+    (store.root / "overlay-images" / image_id / "manifest").write_text("{}")
+    (store.root / "overlay" / layer / "diff").mkdir(parents=True)
+    (store.root / "overlay" / layer / "link").write_text(link)
+    (store.links / link).symlink_to(f"../{layer}/diff")
+    (store.links / f"{link}.squash").write_bytes(b"hsqs" + os.urandom(1000))
+    for path, record in ((store.images_json, {"id": image_id, "layer": layer, "names": names}),
+                         (store.layers_json, {"id": layer})):
+        path.write_text(json.dumps(json.loads(path.read_text()) + [record]))
+
+
+def test_rmsqi_never_acts_on_records_whose_ids_are_paths(tmp_path, caplog):
+    """A member appends layer records whose ids lead out of the store (to the victim's home);
+    the victim's next removal of an unrelated image removes that image only."""
+    home = tmp_path / "home" / "victim"
+    (home / "keep").mkdir(parents=True)
+    (home / "keep" / "thesis.tex").write_text("years of work")
+    store = SquashStore(tmp_path / "store")
+    store.init()
+    squashed_image(store, "a" * 64, "1" * 64, LINK, ["localhost/unrelated:1"])
+    squashed_image(store, "b" * 64, "2" * 64, "Q" * 26, ["localhost/other:1"])
+    depth = len(store.root.joinpath("overlay").parts) - 1
+    planted = [{"id": str(home / "keep")}, {"id": "../" * depth + str(home / "keep")[1:]},
+               {"id": "3" * 64, "parent": "../../home"}]
+    store.layers_json.write_text(json.dumps(json.loads(store.layers_json.read_text()) + planted))
+    (store.root / "overlay" / ("4" * 64)).symlink_to(home / "keep")  # a valid id, its directory a link
+    store.layers_json.write_text(json.dumps(json.loads(store.layers_json.read_text()) + [{"id": "4" * 64}]))
+
+    image, deleted = store.remove("localhost/unrelated:1")
+    assert deleted and image.id == "a" * 64
+    assert (home / "keep" / "thesis.tex").read_text() == "years of work"
+    assert not (store.links / f"{LINK}.squash").exists() and not (store.root / "overlay" / ("1" * 64)).exists()
+    assert (store.links / f"{'Q' * 26}.squash").exists()  # the other image is whole
+    assert [i.names for i in store.images()] == [("localhost/other:1",)]
+    assert "ignoring 3 record(s)" in caplog.text and "never acted on" in caplog.text
+    # the records it skipped stay as they were (nothing acts on them); the valid unused one went
+    left = json.loads(store.layers_json.read_text())
+    assert [r["id"] for r in left] == ["2" * 64] + [r["id"] for r in planted]
+
+
+def test_a_link_that_is_no_link_name_is_not_used_as_a_file_name(tmp_path):
+    store = SquashStore(tmp_path / "store")
+    store.init()
+    squashed_image(store, "a" * 64, "1" * 64, LINK, ["localhost/x:1"])
+    (store.root / "overlay" / ("1" * 64) / "link").write_text("../../../../etc/passwd")
+    assert store.link_of("1" * 64) == "" and store.images()[0].squash_file == ""
+    assert not store.has_complete("a" * 64)
+
+
+def test_a_symlinked_lock_file_refuses_the_write_in_one_line(tmp_path):
+    target = tmp_path / "id_ed25519"
+    target.write_text("key")
+    target.chmod(0o600)
+    store = SquashStore(tmp_path / "store")
+    store.init()
+    (store.root / "overlay-images" / "images.lock").unlink(missing_ok=True)
+    (store.root / "overlay-images" / "images.lock").symlink_to(target)
+    with pytest.raises(PermissionDenied, match="images.lock: it is a symbolic link"):
+        store.add_names("a" * 64, ["localhost/x:1"])
+    assert target.read_text() == "key" and mode(target) == 0o600
+
+
+def test_publish_records_the_squash_digest_for_every_image_of_the_layer(tmp_path):
+    store = SquashStore(tmp_path / "store")
+    store.init()
+    squashed_image(store, "a" * 64, "1" * 64, LINK, ["localhost/x:1"])  # same top layer, squashed before
+    record = {"id": "b" * 64, "layer": "1" * 64, "names": ["localhost/x:2"]}
+    store.publish(record, [{"id": "1" * 64}], "d" * 64)
+    assert store.squash_digests("1" * 64) == {"d" * 64}
+    assert all(r["flags"] == {SQUASH_DIGEST: "sha256:" + "d" * 64} for r in json.loads(store.images_json.read_text()))

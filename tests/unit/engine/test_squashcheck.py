@@ -1,0 +1,100 @@
+"""The squash file's digest: checked against its record once per file identity on a node."""
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from jupyter_podman_hpc.engine import squashcheck
+from jupyter_podman_hpc.engine.records import SQUASH_DIGEST
+from jupyter_podman_hpc.engine.squashcheck import SquashChanged, VerifiedFiles, check, recorded, verified_dir
+
+LAYER = "2108b300847846c93247b62e64e43dee44ad29772604f104a14cdcdd515c3b1c"
+
+
+@pytest.fixture
+def squash(tmp_path):
+    path = tmp_path / "HH27KLVLMHONA4FWTLH3LL54FO.squash"
+    path.write_bytes(b"hsqs" + os.urandom(3 * 2**20))
+    return path
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """How many times a whole file was read to hash it."""
+    count = []
+    real = squashcheck.sha256_of
+
+    def counting(fd):
+        count.append(fd)
+        return real(fd)
+    monkeypatch.setattr(squashcheck, "sha256_of", counting)
+    return count
+
+
+def digest_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_file_is_read_once_per_identity_then_remembered(tmp_path, squash, reads):
+    verified = VerifiedFiles(tmp_path / "verified")
+    (tmp_path / "verified").mkdir(mode=0o700)
+    for _ in range(3):  # three container starts on the node
+        fd = os.open(squash, os.O_RDONLY)
+        try:
+            assert check(fd, squash, {digest_of(squash)}, verified)
+        finally:
+            os.close(fd)
+    assert len(reads) == 1
+    assert len(os.listdir(tmp_path / "verified")) == 1
+
+
+def test_a_file_written_to_after_its_check_is_read_again_and_refused(tmp_path, squash, reads):
+    (tmp_path / "verified").mkdir(mode=0o700)
+    verified = VerifiedFiles(tmp_path / "verified")
+    good = digest_of(squash)
+    fd = os.open(squash, os.O_RDONLY)
+    try:
+        assert check(fd, squash, {good}, verified)
+        time.sleep(0.01)  # later than the squash, as any rewrite is
+        with open(squash, "r+b") as out:  # a member rewrites a block in place, size kept
+            out.seek(2**20)
+            out.write(b"X" * 4096)
+        with pytest.raises(SquashChanged) as refused:
+            check(fd, squash, {good}, verified)
+    finally:
+        os.close(fd)
+    assert str(refused.value) == (f"squash file {squash} does not match its record: it was changed after it "
+                                  "was squashed; squash the image again")
+    assert len(reads) == 2
+
+
+def test_images_without_a_digest_run_unchecked(tmp_path, squash, reads):
+    fd = os.open(squash, os.O_RDONLY)
+    try:
+        assert check(fd, squash, set(), VerifiedFiles(tmp_path)) is False
+    finally:
+        os.close(fd)
+    assert reads == []
+
+
+def test_what_the_store_records_for_a_layer(tmp_path):
+    images = tmp_path / "overlay-images"
+    images.mkdir()
+    (images / "images.json").write_text(json.dumps([
+        {"id": "a" * 64, "layer": LAYER, "flags": {SQUASH_DIGEST: "sha256:" + "d" * 64}},
+        {"id": "b" * 64, "layer": LAYER},  # podman-hpc 1.2.2's
+        {"id": "../x", "layer": "c" * 64, "flags": {SQUASH_DIGEST: "sha256:" + "e" * 64}},
+    ]))
+    assert recorded(tmp_path, LAYER) == (True, {"d" * 64})
+    assert recorded(tmp_path, "c" * 64) == (False, set())  # an invalid record vouches for nothing
+    assert recorded(tmp_path / "missing", LAYER) == (False, set())
+
+
+def test_the_node_remembers_beside_its_unpacked_copies():
+    assert verified_dir("/dev/shm/1001_hpc/unpacked", "/tmp/1001_hpc/storage") == \
+        Path("/dev/shm/1001_hpc/squash-verified")
+    assert verified_dir("", "/tmp/1001_hpc/storage") == Path("/tmp/1001_hpc/storage/squash-verified")
