@@ -11,6 +11,7 @@ the image again it runs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -72,6 +73,12 @@ def stores(member):
         run(["rm", "-rf", str(path)], check=False)
 
 
+def in_store(hpc, store: Path):
+    """``hpc`` with ``store`` as its squashed store; the fixture's own keeps its private one, so
+    its clean-up never re-creates a project store removed before it."""
+    return dataclasses.replace(hpc, env={**hpc.env, "SQUASH_DIR": str(store)})
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -85,7 +92,7 @@ def the_squash_file(store: Path) -> Path:
 @pytest.mark.parametrize("how", ["in-place", "replace"])
 def test_a_squash_file_a_member_changed_is_refused_before_it_is_mounted(victim, member, stores, stack, how):
     store = stores(0o2770)
-    victim.env["SQUASH_DIR"] = str(store)
+    victim = in_store(victim, store)
     victim("pull", stack.tiny_image)
     record = json.loads((store / "overlay-images" / "images.json").read_text())[0]
     squash = the_squash_file(store)
@@ -123,7 +130,7 @@ def test_a_squash_file_a_member_changed_is_refused_before_it_is_mounted(victim, 
 def test_in_a_sticky_project_store_a_member_can_neither_rewrite_nor_replace_a_squash_file(victim, member, stores,
                                                                                         stack):
     store = stores(0o3770)
-    victim.env["SQUASH_DIR"] = str(store)
+    victim = in_store(victim, store)
     victim("pull", stack.tiny_image)
     squash = the_squash_file(store)
     assert stat.S_IMODE(squash.stat().st_mode) == 0o640  # written once, by its maker
@@ -133,7 +140,7 @@ def test_in_a_sticky_project_store_a_member_can_neither_rewrite_nor_replace_a_sq
     tried = member.sh("python3", "-c", TRY_EVERYTHING, squash).stdout.split("\n")
     assert tried[:3] == ["write PermissionError", "replace PermissionError", "remove PermissionError"], tried
     # nor may the member remove the victim's image (its records would go, its files stay)
-    member.env["SQUASH_DIR"] = str(store)
+    member = in_store(member, store)
     refused = member("rmsqi", stack.tiny_image, check=False)
     assert refused.returncode == 125 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     short_id = json.loads((store / "overlay-images" / "images.json").read_text())[0]["id"][:12]

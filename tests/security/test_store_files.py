@@ -9,6 +9,7 @@ and content, and migrate works once the link is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -48,6 +49,12 @@ def intact(key: Path) -> bool:
     return key.read_text() == KEY and stat.S_IMODE(key.stat().st_mode) == 0o600
 
 
+def in_store(hpc, store: Path):
+    """``hpc`` with ``store`` as its squashed store; the fixture's own keeps its private one, so
+    its clean-up never re-creates a project store removed before it."""
+    return dataclasses.replace(hpc, env={**hpc.env, "SQUASH_DIR": str(store)})
+
+
 def build(hpc, tag: str, containerfile: str) -> str:
     context = hpc.work / f"ctx-{uuid.uuid4().hex[:6]}"
     context.mkdir(parents=True)
@@ -67,7 +74,7 @@ def squashed_names(store: Path) -> list[str]:
 @pytest.mark.parametrize("lock", ["records", "image"])
 def test_a_lock_file_swapped_for_a_link_to_the_victims_key_is_refused(victim, member, project_store, ssh_key,
                                                                      stack, lock):
-    victim.env["SQUASH_DIR"] = str(project_store)
+    victim = in_store(victim, project_store)
     victim("pull", stack.tiny_image)  # the store exists, with the victim's lock files
     tag = build(victim, f"localhost/tests/locks:{uuid.uuid4().hex[:6]}",
                 f"FROM {stack.tiny_image}\nRUN echo {uuid.uuid4().hex} > /id\n")

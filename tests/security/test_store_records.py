@@ -10,6 +10,7 @@ other image stays usable.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -51,6 +52,12 @@ def precious():
     run(["rm", "-rf", str(path)], check=False)
 
 
+def in_store(hpc, store: Path):
+    """``hpc`` with ``store`` as its squashed store; the fixture's own keeps its private one, so
+    its clean-up never re-creates a project store removed before it."""
+    return dataclasses.replace(hpc, env={**hpc.env, "SQUASH_DIR": str(store)})
+
+
 def build(hpc, tag: str, containerfile: str) -> str:
     context = hpc.work / f"ctx-{uuid.uuid4().hex[:6]}"
     context.mkdir(parents=True)
@@ -64,7 +71,7 @@ def squash_files(store: Path) -> list[Path]:
 
 
 def test_layer_records_that_lead_out_of_the_store_are_never_removed(victim, member, project_store, precious, stack):
-    victim.env["SQUASH_DIR"] = str(project_store)
+    victim = in_store(victim, project_store)
     victim("pull", stack.tiny_image)
     unrelated = build(victim, f"localhost/tests/unrelated:{uuid.uuid4().hex[:6]}",
                       f"FROM {stack.tiny_image}\nRUN echo mine > /mine\n")
@@ -102,7 +109,7 @@ def test_layer_records_that_lead_out_of_the_store_are_never_removed(victim, memb
 
 def test_an_image_record_whose_id_is_a_path_is_neither_listed_nor_removed(victim, member, project_store,
                                                                         precious, stack):
-    victim.env["SQUASH_DIR"] = str(project_store)
+    victim = in_store(victim, project_store)
     victim("pull", stack.tiny_image)
     images = project_store / "overlay-images" / "images.json"
     member.sh("python3", "-c", r"""
