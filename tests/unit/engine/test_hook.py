@@ -1,6 +1,5 @@
 """The OCI hook's copies stay inside the container's root; the image's ldconfig never runs."""
 
-import json
 import os
 import shutil
 import subprocess
