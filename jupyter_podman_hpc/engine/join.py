@@ -8,6 +8,15 @@ from that process, read from the kernel: user and groups, capabilities,
 umask, environment, working directory, root, resource limits and cgroups.
 Containers this cannot reproduce faithfully (a seccomp filter, an LSM
 label) are refused, and the caller falls back to ``podman exec``.
+
+The process comes as a pidfd (the step monitor's, passed over its socket),
+never as a pid number that could meanwhile name another process: its
+``/proc`` directory is opened once and checked to be that process while the
+pidfd shows it alive, every read goes through that directory, and one
+``setns(pidfd, ...)`` enters all its namespaces at once (Linux >= 5.8; older
+kernels join them one by one through the same directory). A process that
+shares this task's mount namespace is no container: joining it would run the
+command on the host, so it is refused.
 """
 
 from __future__ import annotations
@@ -18,10 +27,14 @@ import resource
 import struct
 from _collections_abc import Mapping, Sequence  # collections.abc's, loaded with os: this module
 # is on every joining task's path and imports only what is built in or already loaded
+from _signal import pidfd_send_signal
 
 from ..rank import wait_forwarding
 
-NAMESPACES = ("user", "cgroup", "ipc", "uts", "net", "pid", "mnt")  # user first, mnt last
+# user first, mnt last (when joined one by one); the clone flags setns(pidfd) takes
+NAMESPACES = {"user": 0x10000000, "cgroup": 0x02000000, "ipc": 0x08000000, "uts": 0x04000000,
+              "net": 0x40000000, "pid": 0x20000000, "mnt": 0x00020000}
+_EINVAL = 22
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _CAP_VERSION_3 = 0x20080522
@@ -60,18 +73,24 @@ def _check(result: int, what: str) -> None:
         raise JoinFailed(f"{what}: {os.strerror(errno)}")
 
 
-def _status(pid: int) -> dict[str, str]:
+def _text(proc: int, name: str, errors: str = "strict") -> str:
+    """A file of the process's /proc directory (``proc``, a directory descriptor)."""
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    with open(fd, "rb") as file:
+        return file.read().decode(errors=errors)
+
+
+def _status(proc: int) -> dict[str, str]:
     fields = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
+    for line in _text(proc, "status").splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
     return fields
 
 
-def _credentials(pid: int) -> Credentials:
+def _credentials(proc: int) -> Credentials:
     """The container process's credentials, as the reader's user namespace sees them."""
-    status = _status(pid)
+    status = _status(proc)
     return Credentials(
         uid=int(status["Uid"].split()[0]), gid=int(status["Gid"].split()[0]),
         groups=tuple(int(g) for g in status.get("Groups", "").split()),
@@ -80,36 +99,57 @@ def _credentials(pid: int) -> Credentials:
     )
 
 
-def _environ(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/environ", "rb") as environ:
-        items = environ.read().split(b"\0")
+def _environ(proc: int) -> dict[str, str]:
     env = {}
-    for item in items:
-        key, sep, value = item.decode(errors="surrogateescape").partition("=")
+    for item in _text(proc, "environ", "surrogateescape").split("\0"):
+        key, sep, value = item.partition("=")
         if sep:
             env[key] = value
     env.pop("HOSTNAME", None)  # podman gives it to the first process only, not to exec'd ones
     return env
 
 
-def _limits(pid: int) -> dict[int, tuple[int, int]]:
+def _limits(proc: int) -> dict[int, tuple[int, int]]:
     limits = {}
-    with open(f"/proc/{pid}/limits") as text:
-        for line in text.readlines()[1:]:
-            for label, which in _RLIMITS.items():
-                if line.startswith(label):
-                    soft, hard = line[len(label):].split()[:2]
-                    limits[which] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v)
-                                          for v in (soft, hard))
+    for line in _text(proc, "limits").splitlines()[1:]:
+        for label, which in _RLIMITS.items():
+            if line.startswith(label):
+                soft, hard = line[len(label):].split()[:2]
+                limits[which] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v)
+                                      for v in (soft, hard))
     return limits
 
 
-def _lsm_label(pid: int) -> str:
+def _lsm_label(proc: int) -> str:
     try:
-        with open(f"/proc/{pid}/attr/current") as label:
-            return label.read().strip("\0\n ")
+        return _text(proc, "attr/current").strip("\0\n ")
     except OSError:
         return ""
+
+
+def open_process(pidfd: int) -> int:
+    """The /proc directory of the pidfd's process, opened once: checked to be that process
+    (its pid could name another one by now), and in a container, not beside this task."""
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}") as info:
+            pid = next(int(line.split()[1]) for line in info if line.startswith("Pid:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        raise JoinFailed("the step monitor sent no process to join")
+    if pid <= 0:
+        raise CannotJoin("the container's first process has exited")
+    proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        pidfd_send_signal(pidfd, 0)  # alive after the open: /proc/<pid> was this process
+    except ProcessLookupError:
+        os.close(proc)
+        raise CannotJoin("the container's first process has exited")
+    return proc
+
+
+def _namespaces(proc: int) -> list[str]:
+    """The namespaces of the process that differ from this task's."""
+    return [kind for kind in NAMESPACES
+            if os.stat(f"ns/{kind}", dir_fd=proc).st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino]
 
 
 def _drop_bounding_set(bounding: int) -> None:
@@ -129,20 +169,20 @@ def _set_caps(caps: dict[str, int]) -> None:
     _check(_libc.capset(ctypes.c_char_p(header), ctypes.c_char_p(data)), "setting capabilities")
 
 
-def _join_cgroups(pid: int) -> None:
+def _join_cgroups(proc: int) -> None:
     """Best effort, as podman exec: join the container's cgroups where we may."""
-    with open(f"/proc/{pid}/cgroup") as theirs, open("/proc/self/cgroup") as ours:
+    with open("/proc/self/cgroup") as ours:
         mine = {line.split(":", 2)[1]: line.split(":", 2)[2].strip() for line in ours}
-        for line in theirs:
-            _, controllers, path = line.strip().split(":", 2)
-            if mine.get(controllers) == path:
-                continue
-            base = f"/sys/fs/cgroup/{controllers.replace('name=', '')}" if controllers else "/sys/fs/cgroup"
-            try:
-                with open(f"{base}{path}/cgroup.procs", "w") as procs:
-                    procs.write(str(os.getpid()))
-            except OSError:
-                pass
+    for line in _text(proc, "cgroup").splitlines():
+        _, controllers, path = line.strip().split(":", 2)
+        if mine.get(controllers) == path:
+            continue
+        base = f"/sys/fs/cgroup/{controllers.replace('name=', '')}" if controllers else "/sys/fs/cgroup"
+        try:
+            with open(f"{base}{path}/cgroup.procs", "w") as procs:
+                procs.write(str(os.getpid()))
+        except OSError:
+            pass
 
 
 def _exec(command: list[str], env: Mapping[str, str]) -> OSError:
@@ -164,38 +204,51 @@ def _exec(command: list[str], env: Mapping[str, str]) -> OSError:
     return error
 
 
-def join_and_run(pid: int, command: Sequence[str], env_overrides: Mapping[str, str] = {},
-                 workdir: str | None = None) -> int:
-    """Run ``command`` in the container whose first process is ``pid``; its exit code.
-
-    Raises CannotJoin before anything irreversible when the container cannot
-    be reproduced faithfully (the caller then uses podman exec), JoinFailed
-    if the kernel refuses a step after that.
-    """
-    if _lsm_label(pid) not in ("", "unconfined"):
-        raise CannotJoin("the container has a security label")
-    if _status(pid).get("Seccomp", "0") != "0":
-        raise CannotJoin("the container has a seccomp filter")
-    env = {**_environ(pid), **env_overrides}
-    cwd = workdir or os.readlink(f"/proc/{pid}/cwd")
-    limits = _limits(pid)
-    files = {}
-    for kind in NAMESPACES:
-        if os.stat(f"/proc/{pid}/ns/{kind}").st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino:
-            files[kind] = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY)
-    _join_cgroups(pid)
-    if "user" in files:
-        _check(_libc.setns(files.pop("user"), 0), "joining the user namespace")
-    try:
-        # only now: a rootless container's root is a FUSE mount, which
-        # refuses processes outside the user namespace that mounted it
-        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as err:
-        raise JoinFailed(f"opening the container's root: {err.strerror}")
-    credentials = _credentials(pid)  # now seen from inside the container's user namespace
+def _enter(pidfd: int, proc: int, kinds: list[str]) -> None:
+    """Enter the namespaces ``kinds`` of the process: one setns(pidfd) (Linux >= 5.8), else
+    one by one through its /proc directory, the user namespace first."""
+    flags = 0
+    for kind in kinds:
+        flags |= NAMESPACES[kind]
+    if _libc.setns(pidfd, flags) == 0:
+        return
+    if ctypes.get_errno() != _EINVAL:
+        _check(-1, "joining the container's namespaces")
+    files = {kind: os.open(f"ns/{kind}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc) for kind in kinds}
     for kind, fd in files.items():
         _check(_libc.setns(fd, 0), f"joining the {kind} namespace")
         os.close(fd)
+
+
+def join_and_run(pidfd: int, command: Sequence[str], env_overrides: Mapping[str, str] | None = None,
+                 workdir: str | None = None) -> int:
+    """Run ``command`` in the container whose first process ``pidfd`` is; its exit code.
+
+    Raises CannotJoin before anything irreversible when the container cannot
+    be reproduced faithfully (the caller then uses podman exec), JoinFailed
+    if the process is not in a container or the kernel refuses a step after that.
+    """
+    proc = open_process(pidfd)
+    if _lsm_label(proc) not in ("", "unconfined"):
+        raise CannotJoin("the container has a security label")
+    if _status(proc).get("Seccomp", "0") != "0":
+        raise CannotJoin("the container has a seccomp filter")
+    kinds = _namespaces(proc)
+    if "mnt" not in kinds:
+        raise JoinFailed("the step monitor's process shares this task's mount namespace: it is no container")
+    env = {**_environ(proc), **(env_overrides or {})}
+    cwd = workdir or os.readlink("cwd", dir_fd=proc)
+    limits = _limits(proc)
+    _join_cgroups(proc)
+    _enter(pidfd, proc, kinds)
+    try:
+        # only now: a rootless container's root is a FUSE mount, which
+        # refuses processes outside the user namespace that mounted it
+        root = os.open("root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+    except OSError as err:
+        raise JoinFailed(f"opening the container's root: {err.strerror}")
+    credentials = _credentials(proc)  # now seen from inside the container's user namespace
+    os.close(proc)
     os.fchdir(root)
     os.chroot(".")
     os.close(root)

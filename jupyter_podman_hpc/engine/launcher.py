@@ -2,15 +2,18 @@
 
 ``podman-hpc shared-run [options] IMAGE ARGS...`` runs as every task of a
 job step. On each node, the task that binds the step's rendezvous (an
-abstract unix socket named after the user, job, step and node; see
-``jupyter_podman_hpc.rank``) starts a *step monitor*: a small detached
+abstract unix socket named by a hash of the step key, job, step and node,
+keyed with a secret of the user's; ``jupyter_podman_hpc.rank`` says why, and
+how both ends check that the other is the user's own process on the host)
+starts a *step monitor*: a small detached
 process that starts one container (``shared_run_command`` as its
 entrypoint, so the image's ENTRYPOINT cannot stop it) and serves the
 socket. Every task connects and waits for the monitor's answer (no polling
 of podman): the first task gets the container's first process and the
 image's ENTRYPOINT/CMD, every other task sends only its arguments and
 environment and gets its whole plan (join the container, or the ``podman
-exec`` line), so it never loads the CLI. Each task runs what ``podman run
+exec`` line; a join comes with a pidfd of the container's first process),
+so it never loads the CLI. Each task runs what ``podman run
 IMAGE ARGS`` would run, with its own Slurm/PMI environment, and keeps its
 connection open until it exits. A connection closes when its task ends,
 however it ends (normal exit, failure, scancel's signals, a crash): when all
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from . import commands
-from .errors import EngineError
+from .errors import EngineError, PermissionDenied
 from .join import CannotJoin, JoinFailed, join_and_run
 from .podman import Podman, error_message, flag_name, group_options
 from .store import configured_stores, stored_command
@@ -59,11 +62,10 @@ class StepContext:
 
     @property
     def key(self) -> str:
-        return f"{self.job_id}.{self.step_id}.{self.node}"
+        return rank.step_key(self.job_id, self.step_id, self.node)
 
     def container_name(self, uid: int) -> str:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.key)
-        return f"podman-hpc-{uid}-{safe}"
+        return rank.container_name(uid, self.key)
 
 
 def tasks_per_node(value: str) -> list[int]:
@@ -81,9 +83,9 @@ def step_context(config, environ: Mapping[str, str]) -> StepContext:
     """The task's place in its step, from the Slurm environment (a lone task outside Slurm)."""
     job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     if not job:
-        return StepContext(f"pid{os.getpid()}", "0", socket.gethostname(), 0, 1)
+        return StepContext(f"pid{os.getpid()}", "0", rank.node_name(environ), 0, 1)
     step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or "0"
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    node = rank.node_name(environ)
     local_id = int(environ.get(config.localid_var) or 0)
     raw = environ.get(config.tasks_per_node_var, "1")
     try:
@@ -229,11 +231,11 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
         None if entrypoint is not None or known is not None else
         podman.command(("image", "inspect"), "--format", IMAGE_COMMAND, image),
         config.shared_run_command, known)
-    connection, container = _join_step(podman, directory, name, start, context)
+    connection, container, pidfd = _join_step(podman, directory, name, start, context)
     try:
         command = task_command(entrypoint, container, command)
         if join:
-            code = _run_joined(container.pid, [*config.shared_run_exec_args, *exec_options], command, environ)
+            code = _run_joined(pidfd, [*config.shared_run_exec_args, *exec_options], command, environ)
             if code is not None:
                 return code
         passthrough = pmi_fd_passthrough(environ)
@@ -245,6 +247,7 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
         return process.wait()
     finally:
         connection.close()
+        os.close(pidfd)
 
 
 def exec_env(exec_options: Sequence[str], environ: Mapping[str, str]) -> dict[str, str] | None:
@@ -286,14 +289,15 @@ def _workdir(exec_options: Sequence[str]) -> str | None:
     return None
 
 
-def _run_joined(pid: int, exec_options: Sequence[str], command: Sequence[str],
+def _run_joined(pidfd: int, exec_options: Sequence[str], command: Sequence[str],
                 environ: Mapping[str, str]) -> int | None:
-    """Run the task by joining the container; None when podman exec must do it instead."""
+    """Run the task by joining the container (its first process's pidfd); None when podman
+    exec must do it instead."""
     env = exec_env(exec_options, environ)
     if env is None:
         return None
     try:
-        return join_and_run(pid, command, env, _workdir(exec_options))
+        return join_and_run(pidfd, command, env, _workdir(exec_options))
     except (CannotJoin, OSError):
         return None
     except JoinFailed as err:
@@ -387,35 +391,42 @@ def task_command(entrypoint: list[str] | None, container: RunningContainer, args
 
 
 def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart,
-               context: StepContext) -> tuple[socket.socket, RunningContainer]:
-    """Connect to the node's step monitor (starting it if we are first) and wait until ready."""
+               context: StepContext) -> tuple[socket.socket, RunningContainer, int]:
+    """Connect to the node's step monitor (starting it if we are first) and wait until ready;
+    the connection, the container and a pidfd of its first process."""
     config = podman.config
-    address = rank.address_of(context.key)
-    listener = rank.take_listener()  # the console script may have won the election already
-    if listener is None:
-        kind, sock = rank.rendezvous(address)
-        listener, connection = (sock, None) if kind == "listener" else (None, sock)
-    if listener is not None:
-        _start_monitor(podman, directory, listener, name, start, context.tasks_on_node)
-        kind, connection = rank.rendezvous(address)
-        if kind == "listener":  # nobody holds the address: the monitor is gone already
-            connection.close()
-            raise EngineError(f"shared-run: the step monitor for {name} did not start (see {MONITOR_LOG} "
-                              f"in {config.run_root})")
+    try:
+        address = rank.address_of(context.key)
+        listener = rank.take_listener()  # the console script may have won the election already
+        if listener is None:
+            kind, sock = rank.rendezvous(address)
+            listener, connection = (sock, None) if kind == "listener" else (None, sock)
+        if listener is not None:
+            _start_monitor(podman, directory, listener, name, start, context.tasks_on_node)
+            kind, connection = rank.rendezvous(address)
+            if kind == "listener":  # nobody holds the address: the monitor is gone already
+                connection.close()
+                raise EngineError(f"shared-run: the step monitor for {name} did not start (see {MONITOR_LOG} "
+                                  f"in {config.run_root})")
+    except rank.Refused as err:
+        raise PermissionDenied(f"shared-run: {err}")
     rank.send(connection, {"kind": "task"})
     timeout = _scaled(config.wait_timeout, context.tasks_on_node) + 60
     connection.settimeout(timeout)
+    pidfds: list[int] = []
     try:
-        reply = rank.receive(connection)
+        reply = rank.receive(connection, pidfds)
     except TimeoutError:
         connection.close()
         raise EngineError(f"shared-run: container {name} did not start within {timeout:.0f} s")
     connection.settimeout(None)
-    if not reply or "ready" not in reply:
+    if not reply or "ready" not in reply or len(pidfds) != 1:
         connection.close()
+        for fd in pidfds:
+            os.close(fd)
         raise EngineError(f"shared-run: cannot start container {name}: "
                           f"{(reply or {}).get('failed') or 'the step monitor exited'}")
-    return connection, RunningContainer(**reply["ready"])
+    return connection, RunningContainer(**reply["ready"]), pidfds[0]
 
 
 def _scaled(value: float, tasks: int) -> float:
@@ -490,10 +501,14 @@ class StepMonitor:
         self.container: RunningContainer | None = None
         self.engines: dict[tuple, tuple[Podman, object]] = {}
         self.buffers: dict[socket.socket, bytes] = {}
+        self.counted: set[socket.socket] = set()  # connections that spoke: tasks (a check's retry is not)
         self.keep_alive: int | None = None  # a pidfd of the container's first process (no pid reuse)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+        # listen() again: a connecting task's SO_PEERCRED names the process that listened
+        # last, which must be this one, alive until the step ends (not the first task)
+        self.listener.listen(4096)
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ)
         try:
@@ -579,8 +594,10 @@ class StepMonitor:
                 elif not self._read(key.fileobj):  # the task ended
                     self.selector.unregister(key.fileobj)
                     del self.buffers[key.fileobj]
+                    if key.fileobj in self.counted:
+                        self.counted.discard(key.fileobj)
+                        self.finished += 1
                     key.fileobj.close()
-                    self.finished += 1
                     last_change = time.monotonic()
             if "ready" not in self.state and not self.buffers:
                 return
@@ -590,8 +607,11 @@ class StepMonitor:
             connection, _ = self.listener.accept()
         except BlockingIOError:
             return
-        if rank.peer_uid(connection) != os.getuid():
-            connection.close()  # the rendezvous is an abstract socket: only this user's tasks count
+        problem = rank.peer_problem(connection)
+        if problem is not None:  # the rendezvous is an abstract socket: only this user's tasks count
+            if problem != rank.GONE:
+                self._log(f"refused a connection from {problem}")
+            connection.close()
             return
         self.selector.register(connection, selectors.EVENT_READ)
         self.buffers[connection] = b""
@@ -608,9 +628,12 @@ class StepMonitor:
         while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:4], "big"):
             size = int.from_bytes(buffer[:4], "big")
             message, buffer = marshal.loads(buffer[4:4 + size]), buffer[4 + size:]
+            self.counted.add(connection)
             reply = self._plan(message) if message.get("kind") == "plan" else self.state
+            # a task joins from the container's pidfd, never from a pid that may be reused
+            joins = "ready" in reply or reply.get("plan", {}).get("join")
             try:
-                rank.send(connection, reply)
+                rank.send(connection, reply, [self.keep_alive] if joins else ())
             except OSError:
                 pass
         self.buffers[connection] = buffer
@@ -635,13 +658,19 @@ class StepMonitor:
             return {"error": str(err), "code": err.exit_code}
         exec_args = [*podman.config.shared_run_exec_args, *exec_options]
         overrides = exec_env(exec_args, env) if join else None
-        pmi_fd = int(env["PMI_FD"]) if "PMI_FD" in env else None
-        task_env = {**env, "PMI_FD": "3"} if pmi_fd is not None else env
-        argv = podman.exec_command(self.name, command, [*(["--preserve-fds", "1"] if pmi_fd is not None else []),
+        argv = podman.exec_command(self.name, command, [*(["--preserve-fds", "1"] if "PMI_FD" in env else []),
                                                         *exec_args])
-        return {"plan": {"join": overrides is not None, "pid": self.container.pid, "command": command,
-                         "env": overrides, "workdir": _workdir(exec_args),
-                         "argv": argv, "podman_env": podman.config.podman_env(task_env), "pmi_fd": pmi_fd}}
+        # the task runs argv[0] only if it is the podman it finds itself: send the one found for it
+        found = shutil.which(argv[0], path=env.get("PATH"))
+        if found is not None:
+            argv[0] = os.path.join(request.get("cwd") or "/", found)
+        # what podman's environment changes from the task's (rank.PODMAN_ENV_SET/UNSET); the task
+        # applies it to its own environment, and moves its PMI_FD to 3 itself
+        podman_env = podman.config.podman_env(env)
+        changes = {"set": {k: v for k, v in podman_env.items() if env.get(k) != v},
+                   "unset": [k for k in env if k not in podman_env]}
+        return {"plan": {"join": overrides is not None, "command": command, "env": overrides,
+                         "workdir": _workdir(exec_args), "argv": argv, "podman_env": changes}}
 
     def _engine(self, env: Mapping[str, str]):
         """podman and the modules for a task's configuration, loaded once per configuration

@@ -1,6 +1,9 @@
 """Joining a container: the capability call goes through libc, so it is right on every machine."""
 
 import multiprocessing
+import os
+
+import pytest
 
 from jupyter_podman_hpc.engine import join
 
@@ -11,16 +14,20 @@ def _in_child(target):
         return pool.apply(target)
 
 
+def _own():
+    return os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY)
+
+
 def _set_own_caps():
-    caps = join._credentials("self").caps
+    caps = join._credentials(_own()).caps
     join._set_caps(caps)  # setting the capabilities one has is always allowed
-    return join._credentials("self").caps == caps
+    return join._credentials(_own()).caps == caps
 
 
 def _drop_then_raise():
-    caps = join._credentials("self").caps
+    caps = join._credentials(_own()).caps
     join._set_caps({**caps, "CapEff": 0, "CapPrm": 0, "CapInh": 0})
-    dropped = join._credentials("self").caps
+    dropped = join._credentials(_own()).caps
     try:  # a permitted set can only shrink, for root too
         join._set_caps({**caps, "CapEff": caps["CapBnd"], "CapPrm": caps["CapBnd"]})
     except join.JoinFailed as err:
@@ -34,3 +41,33 @@ def test_capset_sets_the_capabilities_one_has():
 
 def test_capset_drops_capabilities_and_refuses_to_raise_them_with_a_message():
     assert _in_child(_drop_then_raise) == (0, "setting capabilities: Operation not permitted")
+
+
+def _join_self():
+    """Join "the container" whose first process is this very process (not in a container)."""
+    pidfd = os.pidfd_open(os.getpid())
+    before = [os.stat(f"/proc/self/ns/{kind}").st_ino for kind in join.NAMESPACES]
+    cgroups = open("/proc/self/cgroup").read()
+    try:
+        join.join_and_run(pidfd, ["true"])
+    except join.JoinFailed as err:
+        after = [os.stat(f"/proc/self/ns/{kind}").st_ino for kind in join.NAMESPACES]
+        return str(err), before == after and cgroups == open("/proc/self/cgroup").read()
+    return "joined", None
+
+
+def test_a_process_beside_the_task_is_no_container_and_nothing_is_entered():
+    message, unchanged = _in_child(_join_self)
+    assert "it is no container" in message and unchanged
+
+
+def test_only_a_pidfd_names_the_process_to_join():
+    with open(os.devnull) as not_a_pidfd:
+        with pytest.raises(join.JoinFailed, match="no process to join"):
+            join.open_process(not_a_pidfd.fileno())
+    pidfd = os.pidfd_open(os.getpid())
+    proc = join.open_process(pidfd)
+    assert os.readlink("exe", dir_fd=proc) == os.readlink("/proc/self/exe")  # that process, not a pid's
+    assert join._namespaces(proc) == []
+    os.close(proc)
+    os.close(pidfd)
