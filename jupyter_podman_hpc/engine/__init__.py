@@ -5,14 +5,26 @@
 - ``podman``: the one place podman command lines are built and run
 - ``reference``: image reference parsing and validation
 - ``store``: the squashed image store (migrate, remove, list)
+- ``records``: the store's records checked as they are read (ids, links)
+- ``storefs``: files of a shared store reached through directory descriptors, no link followed
+- ``squashcheck``: each squash file's sha256, checked once per file identity on a node
+- ``migrate``: squashing ("migrating") a local image into the squashed store, and removing it
 - ``mount``: the mount program podman calls for squashed images
+- ``readpath``: how a squashed image's files reach its containers on a node (unpacked, kernel, fuse)
 - ``hook``: the OCI hook for modules' ``copy`` entries and ldconfig
+- ``inroot``: paths resolved inside a container's root (openat2 RESOLVE_IN_ROOT)
 - ``images``: local and squashed images, pull
 - ``launcher``: shared-run (podman-exec) and per-process launch under Slurm
+- ``join``: running a task inside the node's container by joining its namespaces
+- ``service``: the per-user Podman REST service and clients of it
+- ``api``: pull and build through that service, with structured progress and cancellation
+- ``progress``: progress events of long operations (pull, build, squash, job wait)
 - ``runplan``: how a container run is planned, once for the CLI, the magics and kernels
 - ``commands``: the runner of every external command, which logs each at debug level
 - ``errors``: the kinds of error (invalid input, not found, conflict, ...) fronts map
 - ``files``: the one atomic write-temp-then-rename
+- ``locks``: an exclusive file lock across processes and threads
+- ``private``: per-user state directories, made 0700 and verified before each use
 - ``processes``: what the engine asks about a process (psutil)
 """
 
