@@ -7,7 +7,11 @@ squashed image file ``X.squash`` beside it is replaced, as the read path
 file or by a ``squashfuse_ll`` mount of it on ``X``, once the squash file
 is checked against the digest its image record holds (``squashcheck``:
 once per file identity on the node; a changed file is refused in one line
-and the container does not start). When every lower is
+and the container does not start). Lowers that are exactly a local
+image's layer chain are replaced by that image's squash file when the
+user's own store has one (``squash_of_local_image``): once an image is
+squashed, its squashed copy is what containers read, whichever storage
+podman took it from. When every lower is
 squashed the overlay is kernel overlayfs, else (or where the node refuses
 it) fuse-overlayfs with the same arguments. A small watcher forked off stays
 behind until the overlay is unmounted, then releases its lowers; the last
@@ -110,16 +114,91 @@ def squash_of(lower: Path) -> tuple[Path, Path, set[str]] | None:
     if _has_entries(lower.parent.parent / layer / "diff"):
         return None  # a real (unpacked) layer
     for store in _podman_stores():
-        try:
-            link = (Tree(store).read(("overlay", layer), "link") or b"").decode(errors="replace").strip()
-        except (OSError, EngineError):
-            continue
-        candidate = Path(store) / "overlay" / "l" / link
-        if is_link(link) and _is_file(Path(f"{candidate}.squash")):
-            vouched, digests = recorded(store, layer)
-            if vouched:
-                return Path(f"{candidate}.squash"), candidate, digests
+        found = _squash_in(store, layer)
+        if found:
+            return found
     return None
+
+
+def _squash_in(store: str, layer: str) -> tuple[Path, Path, set[str]] | None:
+    """(squash file, its mount point, its recorded digests) of ``layer`` in ``store``, or None."""
+    try:
+        link = (Tree(store).read(("overlay", layer), "link") or b"").decode(errors="replace").strip()
+    except (OSError, EngineError):
+        return None
+    candidate = Path(store) / "overlay" / "l" / link
+    if is_link(link) and _is_file(Path(f"{candidate}.squash")):
+        vouched, digests = recorded(store, layer)
+        if vouched:
+            return Path(f"{candidate}.squash"), candidate, digests
+    return None
+
+
+def squash_of_local_image(lowers: list[Path], graph_root: Path, stores: list[str]) -> tuple[Path, Path, set[str]] | None:
+    """The squash file that stands for a whole local image, or None.
+
+    Once an image is squashed, its squashed copy is what containers read,
+    whichever storage podman took it from: ``podman-hpc pull`` leaves the
+    image in the node-local storage too, and podman prefers that copy, whose
+    layers only fuse-overlayfs can stack (2.8x slower imports). The local
+    lowers are replaced when they are exactly one layer's chain in this
+    graph root (the top layer, then the parents its ``lower`` file lists;
+    nothing more, nothing less: a container of an image built on top of a
+    squashed one keeps its own layers), and a store that only this user can
+    write holds an image record of that top layer with its squash file. Layer
+    ids are chain ids (of the content, or random for built layers, copied
+    from the graph root that squashed them), so that file is the same tree
+    flattened. A store others may write (a project store) is not used for
+    this: its members could record any squash file under a layer id that
+    anyone can compute for a public image.
+    """
+    if not lowers or lowers[0].parent.name != "l":
+        return None
+    overlay = lowers[0].parent.parent  # as podman spells it: the chain is compared in its spelling
+    if os.path.realpath(overlay) != os.path.realpath(graph_root / "overlay"):
+        return None  # the image's layers are in a store, not in this graph root
+    layer = _layer_of(lowers[0])
+    if not layer or lowers != _chain(overlay, layer, lowers[0]):
+        return None
+    for store in stores:
+        if os.path.realpath(store) == os.path.realpath(graph_root):
+            continue
+        found = _squash_in(store, layer)
+        if found and _only_ours(Path(store), layer, found[0]):
+            return found
+    return None
+
+
+def _chain(overlay: Path, layer: str, top: Path) -> list[Path]:
+    """The lower directories of ``layer``'s whole chain, top first, as containers/storage lists
+    them (``<layer>/lower``: ``l/<link>:l/<link>...``, parents top first); [] if it is not readable."""
+    try:
+        text = (overlay / layer / "lower").read_text().strip()
+    except FileNotFoundError:
+        text = ""  # a base layer
+    except OSError:
+        return []
+    parents = [entry for entry in text.split(":") if entry]
+    if any(not (entry.startswith("l/") and is_link(entry[2:])) for entry in parents):
+        return []
+    return [top, *(overlay / entry for entry in parents)]
+
+
+def _only_ours(store: Path, layer: str, squash: Path) -> bool:
+    """Whether nobody but this user could have written the store's records and squash file of
+    ``layer``: every directory on the way ours and not group- or other-writable, the files ours."""
+    me = os.geteuid()  # in podman's user namespace the user's own files are root's
+    directories = [store, store / "overlay-images", store / "overlay", store / "overlay" / "l", store / "overlay" / layer]
+    files = [store / "overlay-images" / "images.json", store / "overlay" / layer / "link", squash]
+    for path in directories + files:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        kind = stat.S_ISDIR if path in directories else stat.S_ISREG
+        if not kind(st.st_mode) or st.st_uid != me or st.st_mode & 0o022:
+            return False
+    return True
 
 
 def _layer_of(lower: Path) -> str:
@@ -275,14 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     all_squashed = True
     verified = _Verified(settings, Path(merged).parents[2])
     try:
-        for lower in lower_dirs(options):
-            path = Path(lower) if os.path.isabs(lower) else Path.cwd() / lower
-            found = squash_of(path)
-            if found is None:
-                all_squashed = False
-                lowers.append(lower)
-            else:
-                lowers.append(_squash_lower(*found, settings, state_dir, held, verified))
+        paths = [Path(lower) if os.path.isabs(lower) else Path.cwd() / lower for lower in lower_dirs(options)]
+        whole = squash_of_local_image(paths, Path(merged).parents[2], _podman_stores())
+        if whole is not None:
+            _log(f"local image {paths[0]} read from its squashed copy {whole[0]}")
+            lowers.append(_squash_lower(*whole, settings, state_dir, held, verified))
+        else:
+            for lower, path in zip(lower_dirs(options), paths):
+                found = squash_of(path)
+                if found is None:
+                    all_squashed = False
+                    lowers.append(lower)
+                else:
+                    lowers.append(_squash_lower(*found, settings, state_dir, held, verified))
         mounted = bool(held) and all_squashed and settings.kernel_overlay and \
             _kernel_overlay(options, lowers, merged, state_dir)
         code = 0 if mounted else _fuse_overlay(_with_lowers(argv, lowers))

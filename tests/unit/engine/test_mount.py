@@ -4,6 +4,7 @@
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,126 @@ def test_a_changed_squash_file_is_refused_in_one_line_before_anything_is_mounted
     assert err == (f"podman-hpc-mount: squash file {squash} does not match its record: it was changed after "
                    "it was squashed; squash the image again")  # no newline: podman puts it in one line
     assert os.listdir(tmp_path / "shm" / "unpacked") == []
+
+
+# --- a local image read from its squashed copy ----------------------------------------
+
+TOP = "86242563a452aa4151b152b99c09761d8c97f2ca120e5788d6693b93d8601b28"
+TOP_LINK = "4CLOISB6ZDNDIHCCBRPWNQSFVG"
+BUILT = "f" * 64
+BUILT_LINK = "ZZ27KLVLMHONA4FWTLH3LL54FO"
+
+
+def local_layer(graph, layer, link, parents=()):
+    """A layer of a node-local graph root (with a file), its short link and ``lower`` file."""
+    overlay = graph / "overlay"
+    (overlay / layer / "diff").mkdir(parents=True)
+    (overlay / layer / "diff" / "file").write_text(layer)
+    (overlay / layer / "link").write_text(link)
+    if parents:
+        (overlay / layer / "lower").write_text(":".join(f"l/{p}" for p in parents))
+    (overlay / "l").mkdir(exist_ok=True)
+    (overlay / "l" / link).symlink_to(f"../{layer}/diff")
+    return overlay / "l" / link
+
+
+def squashed_store(root, layer=TOP, link=TOP_LINK):
+    """The user's own store with the image of ``layer`` squashed (as ``podman-hpc pull`` leaves it)."""
+    (root / "overlay" / layer / "diff").mkdir(parents=True)
+    (root / "overlay" / layer / "link").write_text(link)
+    (root / "overlay" / "l").mkdir()
+    (root / "overlay" / "l" / link).symlink_to(f"../{layer}/diff")
+    squash = root / "overlay" / "l" / f"{link}.squash"
+    squash.write_bytes(b"hsqs")
+    (root / "overlay-images").mkdir()
+    image = {"id": "a" * 64, "layer": layer, "names": ["localhost/x:1"], "flags": {SQUASH_DIGEST: "sha256:" + "d" * 64}}
+    (root / "overlay-images" / "images.json").write_text(json.dumps([image]))
+    return squash
+
+
+@pytest.fixture
+def pulled(tmp_path):
+    """(graph root, lower of the pulled image, store): the image local and squashed."""
+    graph = tmp_path / "graph"
+    lower = local_layer(graph, TOP, TOP_LINK)
+    store = tmp_path / "store"
+    squashed_store(store)
+    return graph, lower, store
+
+
+def test_a_pulled_image_is_read_from_its_squash_file(pulled):
+    graph, lower, store = pulled
+    squash = store / "overlay" / "l" / f"{TOP_LINK}.squash"
+    assert mount.squash_of_local_image([lower], graph, [str(store)]) == \
+        (squash, store / "overlay" / "l" / TOP_LINK, {"d" * 64})
+
+
+def test_relative_lowers_as_podman_gives_them_when_long_are_the_same_chain(pulled, monkeypatch):
+    graph, _, store = pulled
+    monkeypatch.chdir(graph / "overlay")
+    assert mount.squash_of_local_image([Path.cwd() / "l" / TOP_LINK], graph, [str(store)]) is not None
+
+
+def test_an_image_built_on_the_squashed_one_keeps_its_own_layers(pulled):
+    graph, base, store = pulled
+    built = local_layer(graph, BUILT, BUILT_LINK, parents=[TOP_LINK])
+    assert mount.squash_of_local_image([built, base], graph, [str(store)]) is None
+    # ... until it is squashed itself: then its whole chain is its squash file
+    other = squashed_store(store.parent / "store2", BUILT, BUILT_LINK)
+    found = mount.squash_of_local_image([built, base], graph, [str(store), str(store.parent / "store2")])
+    assert found is not None and found[0] == other
+
+
+@pytest.mark.parametrize("lowers", [
+    lambda graph, top, extra: [top, extra],             # more than the image's chain
+    lambda graph, top, extra: [extra, top],             # the squashed layer below another
+    lambda graph, top, extra: [],                       # nothing
+])
+def test_lowers_that_are_not_exactly_the_squashed_image_chain_keep_their_layers(pulled, lowers):
+    graph, top, store = pulled
+    extra = local_layer(graph, "e" * 64, "EE27KLVLMHONA4FWTLH3LL54FO")
+    assert mount.squash_of_local_image(lowers(graph, top, extra), graph, [str(store)]) is None
+
+
+def test_a_chain_missing_a_parent_its_lower_file_lists_is_not_replaced(pulled):
+    graph, base, store = pulled
+    squashed_store(store.parent / "store2", BUILT, BUILT_LINK)
+    built = local_layer(graph, BUILT, BUILT_LINK, parents=[TOP_LINK])
+    assert mount.squash_of_local_image([built], graph, [str(store.parent / "store2")]) is None
+
+
+def test_lowers_in_a_store_are_not_a_local_image(pulled):
+    graph, _, store = pulled
+    assert mount.squash_of_local_image([store / "overlay" / "l" / TOP_LINK], graph, [str(store)]) is None
+
+
+def test_a_store_others_may_write_is_not_used_for_a_local_image(pulled):
+    """A project store's members could record any squash file under a public image's layer id."""
+    graph, lower, store = pulled
+    for directory in (store / "overlay-images", store / "overlay" / TOP):
+        directory.chmod(0o2770)
+        assert mount.squash_of_local_image([lower], graph, [str(store)]) is None
+        directory.chmod(0o755)
+    assert mount.squash_of_local_image([lower], graph, [str(store)]) is not None
+
+
+def test_a_squash_file_without_a_record_does_not_replace_a_local_image(pulled):
+    graph, lower, store = pulled
+    (store / "overlay-images" / "images.json").write_text("[]")
+    assert mount.squash_of_local_image([lower], graph, [str(store)]) is None
+
+
+def test_a_changed_squash_file_of_a_pulled_image_is_refused(pulled, tmp_path, monkeypatch, capsys):
+    graph, lower, store = pulled
+    squash = store / "overlay" / "l" / f"{TOP_LINK}.squash"
+    layer = graph / "overlay" / ("c" * 64)
+    for name in ("diff", "work", "merged"):
+        (layer / name).mkdir(parents=True)
+    (tmp_path / "shm" / "unpacked").mkdir(parents=True, mode=0o700)
+    monkeypatch.setenv("PODMANHPC_SQUASH_UNPACK_DIR", str(tmp_path / "shm" / "unpacked"))
+    monkeypatch.setattr(mount, "_podman_stores", lambda: [str(store)])
+    ran = []
+    monkeypatch.setattr(mount.commands, "run", lambda argv, **kw: ran.append(argv))
+    code = mount.main(["-o", f"lowerdir={lower},upperdir={layer}/diff,workdir={layer}/work", str(layer / "merged")])
+    assert code == 1 and ran == []  # the digest recorded is not the file's: nothing mounted, not even fuse-overlayfs
+    assert capsys.readouterr().err.startswith(f"podman-hpc-mount: squash file {squash} does not match its record")
