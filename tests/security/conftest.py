@@ -3,9 +3,15 @@ tries to turn the engine against the test's user, on the real stack. Each test p
 attack, shows it refused in one line with nothing run, deleted or changed, and shows the normal
 flow still works."""
 
+import dataclasses
+import os
+import uuid
+from pathlib import Path
+
 import pytest
 
-from tests.integration.conftest import Hpc, cleanup_hpc, make_hpc, squashed_tiny  # noqa: F401 (fixtures)
+from tests.conftest import run
+from tests.integration.conftest import Hpc, cleanup_hpc, make_hpc, squashed_base, squashed_tiny  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
@@ -30,3 +36,29 @@ def member(stack) -> Hpc:
     instance = make_hpc(stack, "member", user="hpcuser2")
     yield instance
     cleanup_hpc(instance)
+
+
+@pytest.fixture
+def project_store(member):
+    """A project store as the README says to make one now: in the project directory, 3770."""
+    path = Path(os.environ["STACK_PROJECT_DIR"]) / f"sec-store-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    path.chmod(0o3770)
+    yield path
+    member.sh("rm", "-rf", path, check=False)  # sticky: what the member made, the member removes
+    run(["rm", "-rf", str(path)], check=False)
+
+
+def in_store(hpc: Hpc, store: Path) -> Hpc:
+    """``hpc`` with ``store`` as its squashed store; the fixture's own keeps its private one, so
+    its clean-up never re-creates a project store removed before it."""
+    return dataclasses.replace(hpc, env={**hpc.env, "SQUASH_DIR": str(store)})
+
+
+def build(hpc: Hpc, tag: str, containerfile: str) -> str:
+    """``tag`` built by ``hpc`` from ``containerfile`` (in local storage)."""
+    context = hpc.work / f"ctx-{uuid.uuid4().hex[:6]}"
+    context.mkdir(parents=True)
+    (context / "Containerfile").write_text(containerfile)
+    hpc("build", "-t", tag, context)
+    return tag

@@ -22,7 +22,6 @@ import uuid
 import pytest
 
 from tests.conftest import run
-from tests.integration.conftest import squashed_base  # noqa: F401 (a fixture: the victim's base image)
 
 NODE = "n1"
 STEPS = range(0, 12)  # the job's next steps: every one is squatted

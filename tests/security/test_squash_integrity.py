@@ -11,7 +11,6 @@ the image again it runs.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run
+from tests.security.conftest import in_store
 
 REWRITE = r"""
 import os, sys
@@ -71,12 +71,6 @@ def stores(member):
     for path in made:
         member.sh("rm", "-rf", path, check=False)
         run(["rm", "-rf", str(path)], check=False)
-
-
-def in_store(hpc, store: Path):
-    """``hpc`` with ``store`` as its squashed store; the fixture's own keeps its private one, so
-    its clean-up never re-creates a project store removed before it."""
-    return dataclasses.replace(hpc, env={**hpc.env, "SQUASH_DIR": str(store)})
 
 
 def sha256(path: Path) -> str:

@@ -9,7 +9,6 @@ and content, and migrate works once the link is gone.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import stat
@@ -19,18 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run
+from tests.security.conftest import build, in_store
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
-
-
-@pytest.fixture
-def project_store(member):
-    path = Path(os.environ["STACK_PROJECT_DIR"]) / f"sec-files-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    path.chmod(0o3770)
-    yield path
-    member.sh("rm", "-rf", path, check=False)
-    run(["rm", "-rf", str(path)], check=False)
 
 
 @pytest.fixture
@@ -47,20 +37,6 @@ def ssh_key():
 
 def intact(key: Path) -> bool:
     return key.read_text() == KEY and stat.S_IMODE(key.stat().st_mode) == 0o600
-
-
-def in_store(hpc, store: Path):
-    """``hpc`` with ``store`` as its squashed store; the fixture's own keeps its private one, so
-    its clean-up never re-creates a project store removed before it."""
-    return dataclasses.replace(hpc, env={**hpc.env, "SQUASH_DIR": str(store)})
-
-
-def build(hpc, tag: str, containerfile: str) -> str:
-    context = hpc.work / f"ctx-{uuid.uuid4().hex[:6]}"
-    context.mkdir(parents=True)
-    (context / "Containerfile").write_text(containerfile)
-    hpc("build", "-t", tag, context)
-    return tag
 
 
 def image_id(hpc, tag: str) -> str:

@@ -10,15 +10,14 @@ other image stays usable.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run
+from tests.security.conftest import build, in_store
 
 APPEND_RECORDS = r"""
 import json, sys
@@ -32,17 +31,6 @@ with open(path, "w") as out:  # in place, as podman-hpc 1.2.2 writes its records
 
 
 @pytest.fixture
-def project_store(member):
-    """A project store as the README says to make one now: in the project directory, 3770."""
-    path = Path(os.environ["STACK_PROJECT_DIR"]) / f"sec-records-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    path.chmod(0o3770)
-    yield path
-    member.sh("rm", "-rf", path, check=False)  # sticky: what the member made, the member removes
-    run(["rm", "-rf", str(path)], check=False)
-
-
-@pytest.fixture
 def precious():
     """A directory of the victim's, outside every store: what the attack aims at."""
     path = Path.home() / f".jph-sec-{uuid.uuid4().hex[:8]}"
@@ -50,20 +38,6 @@ def precious():
     (path / "thesis" / "chapter1.tex").write_text("years of work\n")
     yield path / "thesis"
     run(["rm", "-rf", str(path)], check=False)
-
-
-def in_store(hpc, store: Path):
-    """``hpc`` with ``store`` as its squashed store; the fixture's own keeps its private one, so
-    its clean-up never re-creates a project store removed before it."""
-    return dataclasses.replace(hpc, env={**hpc.env, "SQUASH_DIR": str(store)})
-
-
-def build(hpc, tag: str, containerfile: str) -> str:
-    context = hpc.work / f"ctx-{uuid.uuid4().hex[:6]}"
-    context.mkdir(parents=True)
-    (context / "Containerfile").write_text(containerfile)
-    hpc("build", "-t", tag, context)
-    return tag
 
 
 def squash_files(store: Path) -> list[Path]:
