@@ -1,6 +1,8 @@
 """The read path of squashed images on the real stack: each mode on a node that never
 pulled the image, copy-up into the container's root, fallbacks, and no leaks after
-killed containers or many containers of several images."""
+killed containers or many containers of several images; in the login-node flow (pulled
+on the host, so local and squashed), the squashed copy is what containers read, and an
+image built on top of it keeps its own layers."""
 
 import dataclasses
 import os
@@ -135,3 +137,61 @@ def test_fifty_containers_of_three_images_leave_nothing(hpc, stack):
     cache = Path(hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"])
     entries = cache_entries(cache)
     assert len(entries) == 3 and not any(in_use(cache, key) for key, _, _ in entries)
+
+
+# --- the login-node flow: an image pulled (local AND squashed) or built on the host -------
+
+ROOT_AND_FILES = ("grep ' / ' /proc/mounts; head -1 /etc/os-release; test -e /bin/true && echo has-true; "
+                  "cat /added 2>/dev/null; true")
+
+
+def from_squashed_copy(hpc, line: str) -> bool:
+    """Whether a container root's mount line is kernel overlayfs over the image's squash file (its
+    unpacked copy, or its squashfuse mount in the store: on a login node ``auto`` does not unpack)."""
+    lowers = [option for option in line.split()[3].split(",") if option.startswith("lowerdir=")]
+    return line.split()[2] == "overlay" and any(
+        str(where) in lowers[0] for where in (hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"], hpc.squash_dir))
+
+
+@pytest.mark.parametrize("mode", ["auto", "unpacked"])
+def test_a_pulled_image_is_read_from_its_squashed_copy_and_one_built_on_it_keeps_its_layers(hpc, stack, mode):
+    hpc = with_read_path(hpc, mode)
+    hpc("pull", stack.tiny_image)  # podman-hpc pull: into the local storage, then squashed
+    assert "local + squashed" in hpc("images").stdout
+    out = hpc("run", "--rm", stack.tiny_image, "sh", "-c", ROOT_AND_FILES).stdout.splitlines()
+    # kernel overlayfs over the squash file, not fuse-overlayfs over the local layers
+    assert from_squashed_copy(hpc, out[0]) and hpc.env["PODMANHPC_GRAPH_ROOT"] not in out[0].split("upperdir")[0], out[0]
+    assert out[1:] == ['NAME="jph tiny"', "has-true"]  # the image's files
+    if mode == "unpacked":
+        assert hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"] in out[0], out[0]
+
+    # an image built FROM the squashed one (on top of its layer) keeps its own layers: a deleted file
+    # stays deleted, an added one is there
+    context = hpc.work / "ctx-built"
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "Containerfile").write_text(f"FROM {stack.tiny_image}\nRUN rm /bin/true && echo added > /added\n")
+    hpc("build", "-t", "localhost/tests/built-on-squashed:1", context)
+    out = hpc("run", "--rm", "localhost/tests/built-on-squashed:1", "sh", "-c", ROOT_AND_FILES).stdout.splitlines()
+    assert out[0].split()[2] == "fuse.fuse-overlayfs", out[0]
+    assert out[1:] == ['NAME="jph tiny"', "added"]
+    # and once squashed itself, it is read from its own squash file, with the same files
+    hpc("migrate", "localhost/tests/built-on-squashed:1")
+    out = hpc("run", "--rm", "localhost/tests/built-on-squashed:1", "sh", "-c", ROOT_AND_FILES).stdout.splitlines()
+    assert from_squashed_copy(hpc, out[0]), out[0]
+    assert out[1:] == ['NAME="jph tiny"', "added"]
+    assert hpc.mounts() == []
+
+
+def test_a_changed_squash_file_is_refused_even_for_the_locally_pulled_image(hpc, stack):
+    hpc("pull", stack.tiny_image)
+    hpc("run", "--rm", stack.tiny_image, "true")  # checked and unpacked once
+    squash = next((hpc.squash_dir / "overlay" / "l").glob("*.squash"))
+    with open(squash, "r+b") as out:  # rewritten after it was squashed
+        out.seek(100)
+        byte = out.read(1)
+        out.seek(100)
+        out.write(bytes([byte[0] ^ 0xFF]))
+    result = hpc("run", "--rm", stack.tiny_image, "echo", "ran", check=False)
+    assert result.returncode != 0 and "ran" not in result.stdout
+    assert f"squash file {squash} does not match its record" in result.stderr, result.stderr
+    assert hpc.mounts() == []
