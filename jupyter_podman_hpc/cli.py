@@ -143,21 +143,28 @@ class Cli:
         return 0
 
     def _read_path(self) -> None:
-        """The read path this node gives squashed images, and why it fell back where it did."""
+        """The read path this node gives squashed images, its unpack policy and the user's
+        unpacked copies here (swept first), and why it fell back where it did."""
         import shutil
         from pathlib import Path
 
-        from .engine.readpath import cache_entries, fallbacks
+        from .engine.readpath import fallbacks
 
         c = self.config
+        settings = c.read_path
         print(f"read path of squashed images: {c.squash_read_path}")
         cache = Path(c.squash_unpack_dir)
-        if c.read_path.unpacks:
-            entries = cache_entries(cache) if cache.is_dir() else []
+        where = f"in Slurm job {c.slurm_job_id}" if c.slurm_job_id else "a login node (no SLURM_JOB_ID)"
+        if settings.unpacks:
             free = shutil.disk_usage(cache if cache.is_dir() else cache.anchor).free
-            print(f" unpacked copies: {cache} ({len(entries)} images, {sum(e[1] for e in entries) >> 20} MiB "
-                  f"of {c.squash_unpack_max_mb:g} MiB; {free >> 20} MiB free)")
-        if c.read_path.kernel_overlay:
+            print(f" unpacks into {cache} ({where}): budget {settings.unpack_max_mb:g} MiB "
+                  f"(squash_unpack_max_mb {c.squash_unpack_max_mb}), {free >> 20} MiB free; unused copies "
+                  f"removed after {c.squash_unpack_idle_minutes:g} min or when their job has ended")
+        elif c.squash_read_path == "auto" and settings.login_node:
+            print(f" no unpacking on {where}: kernel overlayfs over squashfuse "
+                  f"(squash_read_path: unpacked to unpack here)")
+        self._unpacked_copies(cache)
+        if settings.kernel_overlay:
             probe = self.podman.run(self.podman.command("unshare", sys.executable, "-m",
                                                         "jupyter_podman_hpc.engine.readpath", c.run_root),
                                     check=False)
@@ -165,6 +172,34 @@ class Cli:
             print(f" kernel overlayfs in podman's user namespace: {verdict}")
         for line in fallbacks(Path(c.graph_root) / "squash-mounts"):
             print(f" fell back: {line}")
+
+    def _unpacked_copies(self, cache) -> None:
+        """Sweep the cache (in podman's user namespace, where the trees' files can be removed
+        and the overlays seen), then list what remains: size, last use, in use, job."""
+        import json
+        import time
+
+        if not cache.is_dir() or not any(cache.glob("*.ref")):
+            print(f" unpacked copies: none in {cache}")
+            return
+        result = self.podman.run(self.podman.command("unshare", sys.executable, "-m",
+                                                     "jupyter_podman_hpc.engine.readpath", "sweep"), check=False)
+        try:
+            report = json.loads(result.stdout)
+        except ValueError:
+            print(f" unpacked copies: cannot sweep {cache}: {(result.stderr or result.stdout).strip()}")
+            return
+        for key, why in report["removed"]:
+            print(f" removed unpacked copy {key}: {why}")
+        held = report["copies"]
+        print(f" unpacked copies: {len(held)} in {cache}, {sum(c['bytes'] for c in held) >> 20} MiB of RAM")
+        now = time.time()
+        for copy in held:
+            state = "in use" if copy["in_use"] else "unused"
+            job = f", job {copy['job']}" if copy["job"] else ""
+            node = f" on {copy['node']}" if copy["node"] else ""
+            print(f"  - {copy['key']} {copy['bytes'] >> 20} MiB, {state}, last used "
+                  f"{(now - copy['last_use']) / 60:.0f} min ago{job}{node}: {copy['squash'] or '?'}")
 
     def images(self, args: list[str]) -> int:
         from .engine.images import list_images

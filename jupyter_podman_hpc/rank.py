@@ -58,7 +58,8 @@ NAME_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234
 CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"  # engine.config's DEFAULT_CONFIG_FILE
 # what the monitor may change in the environment podman exec runs with (SiteConfig.podman_env)
 PODMAN_ENV_SET = frozenset(("XDG_CONFIG_HOME", "PODMANHPC_SQUASH_READ_PATH", "PODMANHPC_SQUASH_UNPACK_DIR",
-                            "PODMANHPC_SQUASH_UNPACK_MAX_MB"))
+                            "PODMANHPC_SQUASH_UNPACK_MAX_MB", "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES",
+                            "PODMANHPC_SQUASH_JOB"))
 PODMAN_ENV_UNSET = frozenset(("XDG_RUNTIME_DIR",))
 PLAN_KEYS = frozenset(("join", "command", "env", "workdir", "argv", "podman_env"))
 

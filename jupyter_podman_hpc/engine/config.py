@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
-from .readpath import MODES as READ_PATHS, ReadPathSettings
+from .readpath import DEFAULT_BUDGET, DEFAULT_IDLE_MINUTES, MODES as READ_PATHS, ReadPathSettings, budget_mb
 
 NO_SQUASH_DIR = ("no squashed image store: SCRATCH is not set and no squash_dir, SQUASH_DIR or --squash-dir "
                  "names one (podman-hpc's fallback /tmp/storage would be shared with every user of the node)")
@@ -72,7 +72,8 @@ class SiteConfig:
     # the read path of squashed images (engine/readpath.py)
     squash_read_path: str = "auto"
     squash_unpack_dir: str = "/dev/shm/{{ uid }}_hpc/unpacked"
-    squash_unpack_max_mb: float = 4096.0
+    squash_unpack_max_mb: str = DEFAULT_BUDGET  # MiB, or "N%" of the node's (the job's) memory
+    squash_unpack_idle_minutes: float = DEFAULT_IDLE_MINUTES  # an unused copy is removed after this
     runtime: str = ""
     cgroup_manager: str = "cgroupfs"
     network: str = ""
@@ -83,6 +84,8 @@ class SiteConfig:
     user: str = field(default="", metadata={"derived": True})
     uid: int = field(default=-1, metadata={"derived": True})
     config_file: str = field(default="", metadata={"derived": True})
+    # the Slurm job we run in, "" outside one (a login node): the unpack policy differs
+    slurm_job_id: str = field(default="", metadata={"derived": True})
     sources: dict[str, str] = field(default_factory=dict, metadata={"derived": True})
 
     @classmethod
@@ -127,11 +130,12 @@ class SiteConfig:
 
     @property
     def read_path(self) -> ReadPathSettings:
-        return ReadPathSettings(self.squash_read_path, self.squash_unpack_dir, self.squash_unpack_max_mb)
+        return ReadPathSettings(self.squash_read_path, self.squash_unpack_dir, budget_mb(self.squash_unpack_max_mb),
+                                self.squash_unpack_idle_minutes, self.slurm_job_id)
 
 
 _LIST_KEYS = {f.name for f in fields(SiteConfig) if f.type in ("list[str]",)}
-_FLOAT_KEYS = {"wait_timeout", "wait_poll_interval", "squash_unpack_max_mb"}
+_FLOAT_KEYS = {"wait_timeout", "wait_poll_interval", "squash_unpack_idle_minutes"}
 _BOOL_KEYS = {"use_default_args"}
 _PLACEHOLDER = re.compile(r"{{\s*([^}]*?)\s*}}")
 
@@ -145,7 +149,8 @@ def load_config(environ: Mapping[str, str] | None = None, *, squash_dir: str | N
     path = config_file or env.get("PODMANHPC_CONFIG_FILE") or DEFAULT_CONFIG_FILE
     from_file = _read_file(path, explicit=bool(config_file or env.get("PODMANHPC_CONFIG_FILE")))
 
-    config = SiteConfig(user=user, uid=uid, config_file=path if from_file is not None else "")
+    config = SiteConfig(user=user, uid=uid, config_file=path if from_file is not None else "",
+                        slurm_job_id=env.get("SLURM_JOB_ID", ""))
     from_file = from_file or {}
     defaults = config.as_dict()
     defaults["mount_program"] = _script("podman-hpc-mount")
@@ -286,6 +291,11 @@ def _validate(config: SiteConfig) -> None:
     if config.squash_read_path not in READ_PATHS:
         raise ConfigError(f"squash_read_path ({config.sources['squash_read_path']}) must be one of "
                           f"{', '.join(READ_PATHS)}, not {config.squash_read_path!r}")
+    try:
+        budget_mb(config.squash_unpack_max_mb)
+    except ValueError:
+        raise ConfigError(f"squash_unpack_max_mb ({config.sources['squash_unpack_max_mb']}) must be a positive "
+                          f"number of MiB or a share of memory such as 10%, not {config.squash_unpack_max_mb!r}")
     for key in ("graph_root", "run_root", "squash_dir", "config_home", "hooks_dir", "squash_unpack_dir"):
         if key == "squash_dir" and not config.squash_dir:
             continue  # no personal store: commands that need one refuse (NO_SQUASH_DIR)

@@ -37,7 +37,8 @@ from pathlib import Path
 from . import commands
 from .errors import EngineError
 from .private import own_dir
-from .readpath import NoRoom, ReadPathSettings, UnpackedCopy, kernel_options, mount_overlay, note_fallback
+from .readpath import (NoRoom, ReadPathSettings, UnpackedCopy, kernel_options, mount_overlay, note_fallback,
+                       sweep_unused)
 from .records import is_id, is_link, layer_of_link_target
 from .squashcheck import VerifiedFiles, check, recorded, verified_dir
 from .storefs import Tree
@@ -349,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     # <graph root>/overlay/<layer>/merged: keep the reference counts beside the graph root.
     state_dir = own_dir(Path(merged).parents[2] / "squash-mounts")
     settings = ReadPathSettings.from_env()
+    sweep_unused(settings)  # idle or ended jobs' copies go (an unpack sweeps in UnpackedCopy.acquire)
     held: list[SquashMount | UnpackedCopy] = []
     lowers: list[str] = []
     all_squashed = True

@@ -20,6 +20,18 @@ and reads the choice from the ``PODMANHPC_SQUASH_*`` variables that
 cache, as podman's own graph root is: kept after their last container so
 that the next step starts at once, bounded by ``squash_unpack_max_mb`` (the
 least recently used unused copy goes first).
+
+A copy is RAM (tmpfs, charged to the memory cgroup of the job that wrote it,
+and kept after that job), so the cache has a policy (``sweep``):
+``squash_unpack_max_mb`` may be a share of the node's memory (``"10%"``, the
+default: of MemTotal, or of this process's memory cgroup limit where that is
+lower, as in a Slurm job on a shared node); an unused copy whose last use is
+older than ``squash_unpack_idle_minutes`` (30) is removed, and so is an
+unused one made by a Slurm job that has ended, at the next mount-program call
+or ``infohpc`` of its user on the node (no daemon: nothing runs between
+them). On a login node (no ``SLURM_JOB_ID``) ``auto`` does not unpack: there
+hundreds of users share the RAM, charged to no job, while squashfuse's pages
+are page cache the kernel can reclaim.
 """
 
 from __future__ import annotations
@@ -28,11 +40,13 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import json
 import os
+import socket
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -41,6 +55,10 @@ from .locks import flocked
 from .private import own_dir
 
 MODES = ("auto", "unpacked", "kernel", "fuse")
+# A tenth of the node's (or the job's) memory: room for the large ML images (15-20 GB
+# unpacked) on a 256 GB GPU node, and 90% left to the job whose cgroup pays for it.
+DEFAULT_BUDGET = "10%"
+DEFAULT_IDLE_MINUTES = 30.0
 # An unpacked image takes about this many times its squash file (lz4 packs
 # a Debian root about 2x); a copy is only started with this much room.
 UNPACK_ESTIMATE = 3
@@ -55,33 +73,110 @@ class ReadPathSettings:
 
     mode: str = "auto"
     unpack_dir: str = ""
-    unpack_max_mb: float = 4096.0
+    unpack_max_mb: float = 4096.0  # resolved: MiB on this node
+    idle_minutes: float = DEFAULT_IDLE_MINUTES
+    # the Slurm job podman runs in; "" on a login node, None when not told (an older
+    # podman-hpc, a direct call): then auto unpacks as before
+    job: str | None = None
 
     VARIABLES = {"mode": "PODMANHPC_SQUASH_READ_PATH", "unpack_dir": "PODMANHPC_SQUASH_UNPACK_DIR",
-                 "unpack_max_mb": "PODMANHPC_SQUASH_UNPACK_MAX_MB"}
+                 "unpack_max_mb": "PODMANHPC_SQUASH_UNPACK_MAX_MB",
+                 "idle_minutes": "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES", "job": "PODMANHPC_SQUASH_JOB"}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ReadPathSettings":
         env = os.environ if env is None else env
         mode = env.get(cls.VARIABLES["mode"], "auto")
         try:
-            budget = float(env.get(cls.VARIABLES["unpack_max_mb"], cls.unpack_max_mb))
+            budget = budget_mb(env.get(cls.VARIABLES["unpack_max_mb"], str(cls.unpack_max_mb)))
         except ValueError:
             budget = cls.unpack_max_mb
+        try:
+            idle = float(env.get(cls.VARIABLES["idle_minutes"], DEFAULT_IDLE_MINUTES))
+        except ValueError:
+            idle = DEFAULT_IDLE_MINUTES
         return cls(mode=mode if mode in MODES else "auto",
-                   unpack_dir=env.get(cls.VARIABLES["unpack_dir"], ""), unpack_max_mb=budget)
+                   unpack_dir=env.get(cls.VARIABLES["unpack_dir"], ""), unpack_max_mb=budget,
+                   idle_minutes=idle, job=env.get(cls.VARIABLES["job"]))
 
     def env(self) -> dict[str, str]:
-        return {self.VARIABLES["mode"]: self.mode, self.VARIABLES["unpack_dir"]: self.unpack_dir,
-                self.VARIABLES["unpack_max_mb"]: f"{self.unpack_max_mb:g}"}
+        env = {self.VARIABLES["mode"]: self.mode, self.VARIABLES["unpack_dir"]: self.unpack_dir,
+               self.VARIABLES["unpack_max_mb"]: f"{self.unpack_max_mb:g}",
+               self.VARIABLES["idle_minutes"]: f"{self.idle_minutes:g}"}
+        if self.job is not None:
+            env[self.VARIABLES["job"]] = self.job
+        return env
+
+    @property
+    def login_node(self) -> bool:
+        return self.job == ""
 
     @property
     def unpacks(self) -> bool:
-        return self.mode in ("auto", "unpacked") and bool(self.unpack_dir)
+        wanted = self.mode == "unpacked" or (self.mode == "auto" and not self.login_node)
+        return wanted and bool(self.unpack_dir)
 
     @property
     def kernel_overlay(self) -> bool:
         return self.mode != "fuse"
+
+
+def budget_mb(value: str | float, memory: int | None = None) -> float:
+    """``squash_unpack_max_mb`` in MiB: a number of MiB, or ``"N%"`` of ``memory``
+    (default: this node's, ``memory_bytes``). ValueError if it is neither, or not positive."""
+    text = str(value).strip()
+    if text.endswith("%"):
+        share = float(text[:-1])
+        if not 0 < share <= 100:
+            raise ValueError(f"{text} is not a share of memory between 0 and 100%")
+        return round((memory_bytes() if memory is None else memory) * share / 100 / 2**20, 1)
+    number = float(text)
+    if number <= 0:
+        raise ValueError(f"{text} is not a positive number of MiB")
+    return number
+
+
+def memory_bytes() -> int:
+    """The memory a copy made by this process is charged against: the node's MemTotal, or
+    the limit of our memory cgroup (or an ancestor's) where lower, e.g. a Slurm job's."""
+    total = 0
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    limits = [limit for limit in cgroup_limits() if limit > 0]
+    return min([total, *limits]) if total else min(limits, default=0)
+
+
+def cgroup_limits(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> list[int]:
+    """Memory limits of our cgroup and its ancestors (v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return []
+    limits = []
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and controllers == "":
+            base, name = Path(root), "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = Path(root) / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        here = base / path.lstrip("/")
+        while True:
+            try:
+                limits.append(int((here / name).read_text().strip()))
+            except (OSError, ValueError):  # "max", unreadable, or above our cgroup namespace
+                pass
+            if here == base or base not in here.parents:
+                break
+            here = here.parent
+    return limits
 
 
 class NoRoom(Exception):
@@ -98,10 +193,14 @@ class UnpackedCopy:
     (``<key>.tmp-*``) is removed by the next one.
     """
 
-    def __init__(self, squash: Path, cache_dir: Path, max_bytes: int, source_fd: int | None = None):
+    def __init__(self, squash: Path, cache_dir: Path, max_bytes: int, source_fd: int | None = None,
+                 settings: ReadPathSettings | None = None):
         self.squash = squash
         self.cache = cache_dir
         self.max_bytes = max_bytes
+        # idle time and job for the cache's policy (``sweep``): podman's environment's by default
+        settings = ReadPathSettings.from_env() if settings is None else settings
+        self.settings = replace(settings, unpack_max_mb=max_bytes / 2**20)  # one budget
         # the file the mount program checked against its record (engine/squashcheck.py), by descriptor:
         # unsquashfs reads that file even if the name was replaced since
         self.source_fd = source_fd
@@ -123,8 +222,11 @@ class UnpackedCopy:
             self.ref_fd = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self.ref_fd, fcntl.LOCK_SH)
             try:
+                sweep(self.cache, self.settings, keep={self.key})
                 if not self.root.is_dir():
                     self._make()
+                elif read_meta(self.ref_path).get("job") != (self.settings.job or ""):
+                    self._write_ref(size_of(self.ref_path))  # now this job's: its end releases it
                 os.utime(self.ref_path)  # last use, for eviction
             except BaseException:
                 self.release()
@@ -133,6 +235,10 @@ class UnpackedCopy:
 
     def release(self) -> None:
         if self.ref_fd is not None:
+            try:
+                os.utime(self.ref_path)  # the idle time counts from the last container's end
+            except OSError:
+                pass
             os.close(self.ref_fd)
             self.ref_fd = None
 
@@ -153,7 +259,14 @@ class UnpackedCopy:
                          f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
         os.chmod(staging, 0o755)
         os.rename(staging, self.root)
-        os.pwrite(self.ref_fd, str(tree_bytes(self.root)).encode(), 0)
+        self._write_ref(tree_bytes(self.root))
+
+    def _write_ref(self, size: int) -> None:
+        """The ref file: the tree's size on its first line (``cache_entries``), then who made it."""
+        meta = {"squash": str(self.squash), "job": self.settings.job or "",
+                "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()}
+        os.ftruncate(self.ref_fd, 0)
+        os.pwrite(self.ref_fd, f"{size}\n{json.dumps(meta)}\n".encode(), 0)
 
     def _make_room(self) -> None:
         free = shutil.disk_usage(self.cache).free
@@ -176,11 +289,113 @@ def cache_entries(cache: Path) -> list[tuple[str, int, float]]:
     entries = []
     for ref in cache.glob("*.ref"):
         try:
-            size = int(ref.read_text() or 0)
-            entries.append((ref.stem, size, ref.stat().st_mtime))
+            entries.append((ref.stem, size_of(ref), ref.stat().st_mtime))
         except (OSError, ValueError):
             continue
     return entries
+
+
+def size_of(ref: Path) -> int:
+    return int(ref.read_text().partition("\n")[0] or 0)
+
+
+def read_meta(ref: Path) -> dict:
+    """What the ref file says of its copy (squash file, job, node); {} for a copy made before."""
+    try:
+        meta = json.loads(ref.read_text().partition("\n")[2] or "{}")
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+@dataclass(frozen=True)
+class CachedCopy:
+    """One unpacked copy, as ``infohpc`` shows it."""
+
+    key: str
+    bytes: int
+    last_use: float
+    in_use: bool
+    squash: str = ""
+    job: str = ""
+    node: str = ""
+
+
+def copies(cache: Path) -> list[CachedCopy]:
+    """Every copy in the cache, least recently used first."""
+    found = [CachedCopy(key, size, last, in_use(cache, key), **{k: str(v) for k, v in read_meta(
+        cache / f"{key}.ref").items() if k in ("squash", "job", "node")})
+        for key, size, last in cache_entries(cache)]
+    return sorted(found, key=lambda c: c.last_use)
+
+
+def sweep(cache: Path, settings: ReadPathSettings, keep: set[str] = frozenset(), now: float | None = None,
+          ended=None) -> list[tuple[str, str]]:
+    """Remove the unused copies idle past ``settings.idle_minutes`` or made by a Slurm job that
+    has ended (``ended(job)``, default: asks Slurm), then the least recently used unused ones
+    while the copies take more than the budget; (key, why) of each. Call under the cache lock.
+    A copy in use, or in ``keep``, stays."""
+    now = time.time() if now is None else now
+    ended = job_ended if ended is None else ended
+    answers: dict[str, bool] = {}
+    removed = []
+    found = copies(cache)
+    over = sum(copy.bytes for copy in found) - settings.unpack_max_mb * 2**20
+    for copy in found:
+        if copy.key in keep or copy.in_use:
+            continue
+        why = ""
+        if now - copy.last_use > settings.idle_minutes * 60:
+            why = f"unused for {(now - copy.last_use) / 60:.0f} min (squash_unpack_idle_minutes)"
+        elif copy.job and copy.job != settings.job:
+            if copy.job not in answers:
+                answers[copy.job] = ended(copy.job)
+            if answers[copy.job]:
+                why = f"made by job {copy.job}, which has ended"
+        if not why and over > 0:  # oldest first: ``copies`` is in order of last use
+            why = f"over squash_unpack_max_mb ({settings.unpack_max_mb:g} MiB)"
+        if why:
+            evict(cache, copy.key)
+            removed.append((copy.key, why))
+            over -= copy.bytes
+    return removed
+
+
+def sweep_cache(settings: ReadPathSettings) -> list[tuple[str, str]]:
+    """``sweep`` the user's cache on this node under its lock (from the mount program or
+    ``infohpc``, inside podman's user namespace, where the trees' files can be removed)."""
+    cache = Path(settings.unpack_dir) if settings.unpack_dir else None
+    if cache is None or not any(cache.glob("*.ref")):
+        return []
+    own_dir(cache)
+    with flocked(cache / ".lock", 0o600):
+        return sweep(cache, settings)
+
+
+def sweep_unused(settings: ReadPathSettings) -> None:
+    """The mount program's sweep where it will not unpack (an unpack sweeps under its own
+    lock): a login node's or a ``kernel``/``fuse`` node's old copies go too. Never fails a mount."""
+    if settings.unpacks:
+        return
+    try:
+        sweep_cache(settings)
+    except Exception:  # noqa: BLE001 - an unsafe or unreadable cache: infohpc says so, the mount goes on
+        pass
+
+
+def job_ended(job: str) -> bool:
+    """True once Slurm no longer lists ``job`` as pending, running or completing; False while it
+    does, and whenever Slurm cannot say (then the idle time applies)."""
+    squeue = shutil.which("squeue")
+    if not squeue or not job.isdigit():
+        return False
+    try:
+        result = commands.run([squeue, "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if result.returncode != 0:
+        return "Invalid job id" in result.stderr
+    return result.stdout.strip() == ""  # squeue lists a job until it has completed
 
 
 def in_use(cache: Path, key: str) -> bool:
@@ -270,10 +485,21 @@ def probe_kernel_overlay(scratch: Path) -> str:
     return ""
 
 
+def sweep_report(settings: ReadPathSettings) -> dict:
+    """``sweep_cache``, then the copies that remain (``infohpc``'s JSON)."""
+    removed = sweep_cache(settings)
+    cache = Path(settings.unpack_dir)
+    remaining = copies(cache) if settings.unpack_dir and cache.is_dir() else []
+    return {"removed": removed, "copies": [copy.__dict__ for copy in remaining]}
+
+
 if __name__ == "__main__":  # podman-hpc infohpc runs this inside podman's user namespace
     import sys
     import tempfile
 
+    if sys.argv[1:] == ["sweep"]:
+        print(json.dumps(sweep_report(ReadPathSettings.from_env())))
+        sys.exit(0)
     with tempfile.TemporaryDirectory(prefix="overlay-probe-", dir=sys.argv[1]) as scratch:
         reason = probe_kernel_overlay(Path(scratch))
     print(reason)
