@@ -346,7 +346,8 @@ def sweep(cache: Path, settings: ReadPathSettings, keep: set[str] = frozenset(),
             continue
         why = ""
         if now - copy.last_use > settings.idle_minutes * 60:
-            why = f"unused for {(now - copy.last_use) / 60:.0f} min (squash_unpack_idle_minutes)"
+            why = (f"unused for {(now - copy.last_use) / 60:.1f} min, more than squash_unpack_idle_minutes "
+                   f"({settings.idle_minutes:g})")
         elif copy.job and copy.job != settings.job:
             if copy.job not in answers:
                 answers[copy.job] = ended(copy.job)
