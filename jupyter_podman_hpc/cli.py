@@ -157,8 +157,9 @@ class Cli:
         where = f"in Slurm job {c.slurm_job_id}" if c.slurm_job_id else "a login node (no SLURM_JOB_ID)"
         if settings.unpacks:
             free = shutil.disk_usage(cache if cache.is_dir() else cache.anchor).free
+            key, value = c.budget_key
             print(f" unpacks into {cache} ({where}): budget {settings.unpack_max_mb:g} MiB "
-                  f"(squash_unpack_max_mb {c.squash_unpack_max_mb}), {free >> 20} MiB free; unused copies "
+                  f"({key} {value}), {free >> 20} MiB free; unused copies "
                   f"removed after {c.squash_unpack_idle_minutes:g} min or when their job has ended")
         elif c.squash_read_path == "auto" and settings.login_node:
             print(f" no unpacking on {where}: kernel overlayfs over squashfuse "

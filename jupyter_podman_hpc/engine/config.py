@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
-from .readpath import DEFAULT_BUDGET, DEFAULT_IDLE_MINUTES, MODES as READ_PATHS, ReadPathSettings, budget_mb
+from .readpath import (DEFAULT_BUDGET, DEFAULT_IDLE_MINUTES, DEFAULT_LOGIN_BUDGET, MODES as READ_PATHS,
+                       ReadPathSettings, budget_mb)
 
 NO_SQUASH_DIR = ("no squashed image store: SCRATCH is not set and no squash_dir, SQUASH_DIR or --squash-dir "
                  "names one (podman-hpc's fallback /tmp/storage would be shared with every user of the node)")
@@ -74,6 +75,8 @@ class SiteConfig:
     squash_unpack_dir: str = "/dev/shm/{{ uid }}_hpc/unpacked"
     squash_unpack_max_mb: str = DEFAULT_BUDGET  # MiB, or "N%" of the node's (the job's) memory
     squash_unpack_idle_minutes: float = DEFAULT_IDLE_MINUTES  # an unused copy is removed after this
+    # the budget instead on a login node (no SLURM_JOB_ID), where only squash_read_path: unpacked unpacks
+    squash_unpack_login_max_mb: str = DEFAULT_LOGIN_BUDGET
     runtime: str = ""
     cgroup_manager: str = "cgroupfs"
     network: str = ""
@@ -130,8 +133,14 @@ class SiteConfig:
 
     @property
     def read_path(self) -> ReadPathSettings:
-        return ReadPathSettings(self.squash_read_path, self.squash_unpack_dir, budget_mb(self.squash_unpack_max_mb),
+        return ReadPathSettings(self.squash_read_path, self.squash_unpack_dir, budget_mb(self.budget_key[1]),
                                 self.squash_unpack_idle_minutes, self.slurm_job_id)
+
+    @property
+    def budget_key(self) -> tuple[str, str]:
+        """(the budget key that applies on this node, its value)."""
+        key = "squash_unpack_max_mb" if self.slurm_job_id else "squash_unpack_login_max_mb"
+        return key, getattr(self, key)
 
 
 _LIST_KEYS = {f.name for f in fields(SiteConfig) if f.type in ("list[str]",)}
@@ -291,11 +300,12 @@ def _validate(config: SiteConfig) -> None:
     if config.squash_read_path not in READ_PATHS:
         raise ConfigError(f"squash_read_path ({config.sources['squash_read_path']}) must be one of "
                           f"{', '.join(READ_PATHS)}, not {config.squash_read_path!r}")
-    try:
-        budget_mb(config.squash_unpack_max_mb)
-    except ValueError:
-        raise ConfigError(f"squash_unpack_max_mb ({config.sources['squash_unpack_max_mb']}) must be a positive "
-                          f"number of MiB or a share of memory such as 10%, not {config.squash_unpack_max_mb!r}")
+    for key in ("squash_unpack_max_mb", "squash_unpack_login_max_mb"):
+        try:
+            budget_mb(getattr(config, key))
+        except ValueError:
+            raise ConfigError(f"{key} ({config.sources[key]}) must be a positive number of MiB or a share of "
+                              f"memory such as 10%, not {getattr(config, key)!r}")
     for key in ("graph_root", "run_root", "squash_dir", "config_home", "hooks_dir", "squash_unpack_dir"):
         if key == "squash_dir" and not config.squash_dir:
             continue  # no personal store: commands that need one refuse (NO_SQUASH_DIR)

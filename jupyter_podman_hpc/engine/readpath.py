@@ -25,7 +25,8 @@ A copy is RAM (tmpfs, charged to the memory cgroup of the job that wrote it,
 and kept after that job), so the cache has a policy (``sweep``):
 ``squash_unpack_max_mb`` may be a share of the node's memory (``"10%"``, the
 default: of MemTotal, or of this process's memory cgroup limit where that is
-lower, as in a Slurm job on a shared node); an unused copy whose last use is
+lower, as in a Slurm job on a shared node; ``squash_unpack_login_max_mb``,
+2048 MiB, on a login node); an unused copy whose last use is
 older than ``squash_unpack_idle_minutes`` (30) is removed, and so is an
 unused one made by a Slurm job that has ended, at the next mount-program call
 or ``infohpc`` of its user on the node (no daemon: nothing runs between
@@ -59,6 +60,9 @@ MODES = ("auto", "unpacked", "kernel", "fuse")
 # unpacked) on a 256 GB GPU node, and 90% left to the job whose cgroup pays for it.
 DEFAULT_BUDGET = "10%"
 DEFAULT_IDLE_MINUTES = 30.0
+# On a login node (hundreds of users, RAM charged to no job) unpacking is asked for
+# (``squash_read_path: unpacked``) and then bounded per user: a Python/Jupyter image or two.
+DEFAULT_LOGIN_BUDGET = "2048"
 # An unpacked image takes about this many times its squash file (lz4 packs
 # a Debian root about 2x); a copy is only started with this much room.
 UNPACK_ESTIMATE = 3
@@ -134,6 +138,11 @@ def budget_mb(value: str | float, memory: int | None = None) -> float:
     if number <= 0:
         raise ValueError(f"{text} is not a positive number of MiB")
     return number
+
+
+def budget_key(settings: ReadPathSettings) -> str:
+    """The configuration key the budget came from, for messages."""
+    return "squash_unpack_login_max_mb" if settings.login_node else "squash_unpack_max_mb"
 
 
 def memory_bytes() -> int:
@@ -216,7 +225,7 @@ class UnpackedCopy:
         """The unpacked tree, made if needed; NoRoom if the node cannot hold it."""
         if self.estimate > self.max_bytes:
             raise NoRoom(f"{self.squash.name} would take about {self.estimate >> 20} MiB unpacked, "
-                         f"more than squash_unpack_max_mb ({self.max_bytes >> 20} MiB)")
+                         f"more than {budget_key(self.settings)} ({self.max_bytes >> 20} MiB)")
         own_dir(self.cache)  # made, and its parents judged, by the podman-hpc that started podman
         with flocked(self.cache / ".lock", 0o600):
             self.ref_fd = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -354,7 +363,7 @@ def sweep(cache: Path, settings: ReadPathSettings, keep: set[str] = frozenset(),
             if answers[copy.job]:
                 why = f"made by job {copy.job}, which has ended"
         if not why and over > 0:  # oldest first: ``copies`` is in order of last use
-            why = f"over squash_unpack_max_mb ({settings.unpack_max_mb:g} MiB)"
+            why = f"over {budget_key(settings)} ({settings.unpack_max_mb:g} MiB)"
         if why:
             evict(cache, copy.key)
             removed.append((copy.key, why))

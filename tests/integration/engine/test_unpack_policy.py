@@ -1,6 +1,7 @@
 """The unpack cache's policy on the real stack (issue 21): a copy idle past
 ``squash_unpack_idle_minutes`` is removed at the next use and one in use never; a login
-node (no SLURM_JOB_ID) does not unpack by default, a job does and records itself, and the
+node (no SLURM_JOB_ID) does not unpack by default (and has a budget of its own when asked
+to), a job does and records itself, and the
 next use on the node after that job has ended releases its copy; infohpc lists the copies.
 
 The stack's nodes share the host's /dev/shm, so every test has an unpack cache of its own."""
@@ -95,6 +96,7 @@ def test_an_idle_copy_goes_at_the_next_use_and_one_in_use_never(policy, stack):
         assert held in keys and in_use(cache, held)  # in use: kept
 
         info = hpc("infohpc").stdout
+        assert "(a login node (no SLURM_JOB_ID)): budget 2048 MiB (squash_unpack_login_max_mb 2048)" in info, info
         [line] = [line for line in info.splitlines() if held in line]
         assert " MiB, in use, last used " in line and f": {hpc.squash_dir}/overlay/l/" in line, line
     finally:

@@ -31,10 +31,10 @@ def test_an_option_only_fuse_overlayfs_has_keeps_fuse_overlayfs():
 def test_settings_travel_to_the_mount_program_through_podmans_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("PODMANHPC_CONFIG_FILE", str(tmp_path / "none.yaml"))
     (tmp_path / "none.yaml").write_text("squash_read_path: kernel\nsquash_unpack_max_mb: 512\n")
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")  # a compute node's budget
     config = load_config()
     settings = ReadPathSettings.from_env(config.podman_env({}))
-    assert settings == ReadPathSettings("kernel", f"/dev/shm/{os.getuid()}_hpc/unpacked", 512.0, 30.0,
-                                        os.environ.get("SLURM_JOB_ID", ""))
+    assert settings == ReadPathSettings("kernel", f"/dev/shm/{os.getuid()}_hpc/unpacked", 512.0, 30.0, "1234")
     assert settings.kernel_overlay and not settings.unpacks
     assert ReadPathSettings.from_env({}).mode == "auto"
 
@@ -129,6 +129,7 @@ def test_the_budget_is_mib_or_a_share_of_memory():
 def test_the_default_budget_is_a_tenth_of_this_nodes_memory(monkeypatch, tmp_path):
     monkeypatch.setenv("PODMANHPC_CONFIG_FILE", str(tmp_path / "none.yaml"))
     (tmp_path / "none.yaml").write_text("")
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
     config = load_config()
     assert config.squash_unpack_max_mb == "10%" and config.sources["squash_unpack_max_mb"] == "default"
     assert config.read_path.unpack_max_mb == round(memory_bytes() / 10 / 2**20, 1)
@@ -275,6 +276,27 @@ def test_the_sweep_holds_the_copies_to_the_budget_oldest_unused_first(tmp_path):
     removed = sweep(cache, budget)
     # a is the oldest but in use; b and c go, d (the newest) fits with a
     assert [key for key, _ in removed] == [made[1].key, made[2].key]
-    assert all("over squash_unpack_max_mb" in why for _, why in removed)
+    assert all("over squash_unpack_login_max_mb" in why for _, why in removed)  # job "": a login node
     assert {key for key, _, _ in cache_entries(cache)} == {made[0].key, made[3].key}
     made[0].release()
+
+
+@pytest.mark.parametrize("job, budget", [("", 2048.0), ("99", None)])
+def test_a_login_node_has_a_budget_of_its_own_when_asked_to_unpack(monkeypatch, tmp_path, job, budget):
+    monkeypatch.setenv("PODMANHPC_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    (tmp_path / "none.yaml").write_text("squash_read_path: unpacked\n")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    if job:
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+    config = load_config()
+    assert config.budget_key == (("squash_unpack_max_mb", "10%") if job else ("squash_unpack_login_max_mb", "2048"))
+    expected = budget if budget is not None else round(memory_bytes() / 10 / 2**20, 1)
+    assert ReadPathSettings.from_env(config.podman_env({})).unpack_max_mb == expected
+
+
+@needs_squashfs
+def test_over_the_login_budget_the_message_names_the_login_key(tmp_path):
+    squash = _squash(tmp_path, "big", 300_000)
+    login = ReadPathSettings("unpacked", str(tmp_path / "cache"), 0.001, 30.0, "")
+    with pytest.raises(NoRoom, match=r"more than squash_unpack_login_max_mb \(0 MiB\)"):
+        UnpackedCopy(squash, tmp_path / "cache", 1000, settings=login).acquire()
