@@ -26,7 +26,8 @@ usage: podman-hpc [--squash-dir DIR] [--additional-stores DIR[,DIR...]] [--log-l
                   COMMAND [ARGS...]
 
 podman-hpc commands:
-  infohpc            the effective configuration, where each value comes from, the modules
+  infohpc            the effective configuration, where each value comes from, the modules,
+                     the unpacked copies on this node (--release-job: at a job's end, remove its own)
   images             local and squashed images (podman images options pass through)
   pull IMAGE         pull an image into the node's storage, then squash it
   migrate IMAGE      squash a local image into the squashed store (also: squash)
@@ -116,6 +117,8 @@ class Cli:
     # --- our commands -------------------------------------------------------
 
     def infohpc(self, args: list[str]) -> int:
+        if args == ["--release-job"]:
+            return self._release_job()
         c = self.config
         print(f"podman-hpc version: {__version__} (jupyter-podman-hpc)")
         print(f"config file: {c.config_file or 'none'}")
@@ -174,7 +177,18 @@ class Cli:
         for line in fallbacks(Path(c.graph_root) / "squash-mounts"):
             print(f" fell back: {line}")
 
-    def _unpacked_copies(self, cache) -> None:
+    def _release_job(self) -> int:
+        """The end of a job on this node (its last step: ``srun --ntasks-per-node=1 podman-hpc
+        infohpc --release-job``): the unpacked copies this job made or used, if no container
+        holds them any more, are removed now rather than at the node's next use."""
+        from pathlib import Path
+
+        if not self.config.slurm_job_id:
+            raise UsageError("infohpc --release-job is for the last step of a Slurm job (no SLURM_JOB_ID here)")
+        self._unpacked_copies(Path(self.config.squash_unpack_dir), release_job=True)
+        return 0
+
+    def _unpacked_copies(self, cache, release_job: bool = False) -> None:
         """Sweep the cache (in podman's user namespace, where the trees' files can be removed
         and the overlays seen), then list what remains: size, last use, in use, job."""
         import json
@@ -183,8 +197,9 @@ class Cli:
         if not cache.is_dir() or not any(cache.glob("*.ref")):
             print(f" unpacked copies: none in {cache}")
             return
-        result = self.podman.run(self.podman.command("unshare", sys.executable, "-m",
-                                                     "jupyter_podman_hpc.engine.readpath", "sweep"), check=False)
+        result = self.podman.run(self.podman.command("unshare", sys.executable, "-m", "jupyter_podman_hpc.engine.readpath",
+                                                     "sweep", *(["--release-job"] if release_job else [])),
+                                 check=False)
         try:
             report = json.loads(result.stdout)
         except ValueError:

@@ -339,11 +339,12 @@ def copies(cache: Path) -> list[CachedCopy]:
 
 
 def sweep(cache: Path, settings: ReadPathSettings, keep: set[str] = frozenset(), now: float | None = None,
-          ended=None) -> list[tuple[str, str]]:
+          ended=None, release_job: bool = False) -> list[tuple[str, str]]:
     """Remove the unused copies idle past ``settings.idle_minutes`` or made by a Slurm job that
     has ended (``ended(job)``, default: asks Slurm), then the least recently used unused ones
     while the copies take more than the budget; (key, why) of each. Call under the cache lock.
-    A copy in use, or in ``keep``, stays."""
+    A copy in use, or in ``keep``, stays. ``release_job``: this job is ending (its last step),
+    its own unused copies go too."""
     now = time.time() if now is None else now
     ended = job_ended if ended is None else ended
     answers: dict[str, bool] = {}
@@ -357,6 +358,8 @@ def sweep(cache: Path, settings: ReadPathSettings, keep: set[str] = frozenset(),
         if now - copy.last_use > settings.idle_minutes * 60:
             why = (f"unused for {(now - copy.last_use) / 60:.1f} min, more than squash_unpack_idle_minutes "
                    f"({settings.idle_minutes:g})")
+        elif release_job and copy.job and copy.job == settings.job:
+            why = f"released at the end of job {copy.job}"
         elif copy.job and copy.job != settings.job:
             if copy.job not in answers:
                 answers[copy.job] = ended(copy.job)
@@ -371,7 +374,7 @@ def sweep(cache: Path, settings: ReadPathSettings, keep: set[str] = frozenset(),
     return removed
 
 
-def sweep_cache(settings: ReadPathSettings) -> list[tuple[str, str]]:
+def sweep_cache(settings: ReadPathSettings, release_job: bool = False) -> list[tuple[str, str]]:
     """``sweep`` the user's cache on this node under its lock (from the mount program or
     ``infohpc``, inside podman's user namespace, where the trees' files can be removed)."""
     cache = Path(settings.unpack_dir) if settings.unpack_dir else None
@@ -379,7 +382,7 @@ def sweep_cache(settings: ReadPathSettings) -> list[tuple[str, str]]:
         return []
     own_dir(cache)
     with flocked(cache / ".lock", 0o600):
-        return sweep(cache, settings)
+        return sweep(cache, settings, release_job=release_job)
 
 
 def sweep_unused(settings: ReadPathSettings) -> None:
@@ -495,9 +498,9 @@ def probe_kernel_overlay(scratch: Path) -> str:
     return ""
 
 
-def sweep_report(settings: ReadPathSettings) -> dict:
+def sweep_report(settings: ReadPathSettings, release_job: bool = False) -> dict:
     """``sweep_cache``, then the copies that remain (``infohpc``'s JSON)."""
-    removed = sweep_cache(settings)
+    removed = sweep_cache(settings, release_job)
     cache = Path(settings.unpack_dir)
     remaining = copies(cache) if settings.unpack_dir and cache.is_dir() else []
     return {"removed": removed, "copies": [copy.__dict__ for copy in remaining]}
@@ -507,8 +510,8 @@ if __name__ == "__main__":  # podman-hpc infohpc runs this inside podman's user 
     import sys
     import tempfile
 
-    if sys.argv[1:] == ["sweep"]:
-        print(json.dumps(sweep_report(ReadPathSettings.from_env())))
+    if sys.argv[1:2] == ["sweep"]:
+        print(json.dumps(sweep_report(ReadPathSettings.from_env(), release_job=sys.argv[2:] == ["--release-job"])))
         sys.exit(0)
     with tempfile.TemporaryDirectory(prefix="overlay-probe-", dir=sys.argv[1]) as scratch:
         reason = probe_kernel_overlay(Path(scratch))

@@ -147,4 +147,15 @@ def test_a_login_node_does_not_unpack_a_job_does_and_its_end_releases_the_copy(p
     assert out.split()[-1] == "one" and later != job
     [kept] = copies(cache)
     assert kept.key != made.key and kept.job == later and not (cache / made.key).exists()
+
+    # or a job's last step releases its own copies at once (rootless: no epilog needed)
+    out = hpc.srun("-w", node, "sh", "-c", 'echo "job=$SLURM_JOB_ID"; podman-hpc run --rm "$1" cat /two && '
+                   'podman-hpc infohpc --release-job', "sh", image("two")).stdout
+    last = job_of(out)
+    released = [line for line in out.splitlines() if line.endswith(f": released at the end of job {last}")]
+    assert len(released) == 1 and "two" in out.split(), out
+    assert [copy for copy in copies(cache) if copy.job == last] == []
+    outside = hpc("infohpc", "--release-job", check=False)
+    assert outside.returncode == 125 and outside.stderr.strip() == (
+        "Error: infohpc --release-job is for the last step of a Slurm job (no SLURM_JOB_ID here)")
     assert our_mounts(hpc) == [] and our_mounts(hpc, node) == []

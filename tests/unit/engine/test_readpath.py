@@ -300,3 +300,18 @@ def test_over_the_login_budget_the_message_names_the_login_key(tmp_path):
     login = ReadPathSettings("unpacked", str(tmp_path / "cache"), 0.001, 30.0, "")
     with pytest.raises(NoRoom, match=r"more than squash_unpack_login_max_mb \(0 MiB\)"):
         UnpackedCopy(squash, tmp_path / "cache", 1000, settings=login).acquire()
+
+
+@needs_squashfs
+def test_a_jobs_last_step_releases_its_own_unused_copies_only(tmp_path):
+    cache = tmp_path / "cache"
+    own, held, other = _made(tmp_path, "own", job="30"), _made(tmp_path, "held", job="30"), \
+        _made(tmp_path, "other", job="31")
+    own.release()
+    other.release()
+    settings = ReadPathSettings("auto", str(cache), 1024, 30.0, "30")
+    assert sweep(cache, settings, ended=lambda job: False) == []  # not without being asked
+    removed = sweep(cache, settings, ended=lambda job: False, release_job=True)
+    assert removed == [(own.key, "released at the end of job 30")]
+    assert {key for key, _, _ in cache_entries(cache)} == {held.key, other.key}
+    held.release()
