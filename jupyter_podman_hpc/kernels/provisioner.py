@@ -19,11 +19,13 @@ named in ``modules``, and for a kernel:
 - the user's uid: rootless podman maps the container's root to the user, so
   what the kernel writes to ``$HOME`` belongs to the user on the host.
   ``--userns=keep-id`` (the user's uid inside the container too) is used
-  when the image is in node-local storage (``keep_id: "auto"``); from the
-  squashed store it cannot work on hosts like ours: fuse-overlayfs with uid
-  mapping over a squashfuse lower layer fails every copy-up with EOPNOTSUPP
-  ("creating /etc/mtab symlink: operation not supported", podman-hpc's
-  issue #83);
+  when the image runs from its node-local layers (``keep_id: "auto"``): in
+  node-local storage and not squashed in the user's own store (the mount
+  program reads such an image from its squash file). From a squash file it
+  cannot work on hosts like ours: fuse-overlayfs with uid mapping over a
+  squashfuse lower layer fails every copy-up with EOPNOTSUPP ("creating
+  /etc/mtab symlink: operation not supported", podman-hpc's issue #83).
+  Slurm inside works either way (the uid shim, ``slurm.py``);
 - ``--init`` (catatonit as PID 1: signals forwarded, zombies reaped),
   ``--pull never``, ``--rm``, the name ``podman-hpc-kernel-<kernel id>``
   and labels naming the kernel, its owner process and the host.
@@ -76,6 +78,7 @@ from ..engine import EngineError, reference
 from ..engine.modules import ModuleSet
 from ..engine.runplan import Site
 from ..engine.podman import Podman, error_message
+from ..engine.store import SquashStore
 from . import orphans, pool as pools, slurm
 from .boot import READY_LINE
 
@@ -97,7 +100,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
     modules = List(Unicode(), help="Site modules (modules.d) to enable, by name or flag.").tag(config=True)
     podman_args = List(Unicode(), help="Extra `podman run` options, before the image.").tag(config=True)
     keep_id = Union([Bool(), Unicode()], default_value="auto",
-                    help="--userns=keep-id: 'auto' (when the image is in node-local storage), "
+                    help="--userns=keep-id: 'auto' (when the image runs from node-local layers), "
                          "true or false.").tag(config=True)
     watchdog = Bool(True, help="Start a watchdog that removes the container if this process dies.").tag(config=True)
     init = Bool(True, help="Run catatonit as the container's PID 1 (podman run --init).").tag(config=True)
@@ -217,21 +220,36 @@ class PodmanHPCProvisioner(LocalProvisioner):
             return False
         if value != "auto":
             raise KernelStartError(f"keep_id must be 'auto', 'true' or 'false', not {self.keep_id!r}")
-        return self._image_in_local_storage()
+        return self._runs_from_local_layers()
 
-    def _image_in_local_storage(self) -> bool:
-        """Whether the node-local graph root holds the image (podman then uses that copy)."""
+    def _runs_from_local_layers(self) -> bool:
+        """Whether the container's root will be the image's node-local layers: the graph root holds
+        the image (podman then uses that copy) and the user's own store has no squashed copy of it
+        (which the mount program reads instead, ``engine/mount.py``)."""
+        local = self._local_image_id()
+        if not local:
+            return False
+        try:
+            squashed = SquashStore(self._podman.config.squash_dir).images()
+        except EngineError:  # no squashed store (no SCRATCH): the local layers
+            return True
+        return not any(image.id == local for image in squashed)
+
+    def _local_image_id(self) -> str:
+        """The id of the image in the node-local graph root, or ''."""
         assert self._podman is not None
         path = Path(self._podman.config.graph_root) / "overlay-images" / "images.json"
         try:
             records = json.loads(path.read_text() or "[]")
         except (OSError, ValueError):
-            return False
+            return ""
         if reference.is_image_id(self.image):
             prefix = self.image.removeprefix("sha256:")
-            return any(str(r.get("id", "")).startswith(prefix) for r in records)
-        names = set(reference.candidate_names(self.image))
-        return any(names & set(r.get("names") or ()) for r in records)
+            found = [r for r in records if str(r.get("id", "")).startswith(prefix)]
+        else:
+            names = set(reference.candidate_names(self.image))
+            found = [r for r in records if names & set(r.get("names") or ())]
+        return str(found[0].get("id", "")) if found else ""
 
     def _mounts(self, cwd: str | None) -> list[str]:
         """Host paths the kernel needs, each mounted at the same path."""

@@ -273,15 +273,20 @@ def test_next_start_sweeps_orphans_the_watchdog_missed(kernel_site, stack):
 
 @pytest.mark.slow
 def test_keep_id_when_the_image_is_in_node_local_storage(hpc, stack, tmp_path, monkeypatch):
-    """From node-local storage the kernel runs as the user's uid (keep_id "auto");
-    from the squashed store it runs as the container's root, which is the user on the host."""
+    """From node-local layers the kernel runs as the user's uid (keep_id "auto"); from a squash file
+    (the squashed store, or a pulled image, which is squashed too) it runs as the container's root,
+    which is the user on the host."""
     from .conftest import KernelSite, remove_kernel_containers, site_env, use_env
 
-    hpc("pull", stack.base_image)  # squashed, and still in the node's storage
+    hpc("pull", stack.base_image)  # squashed, and still in the node's storage: read from the squash file
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Containerfile").write_text(f"FROM {stack.base_image}\nRUN echo built > /built\n")
+    hpc("build", "-t", "localhost/tests/keep-id:1", context)  # only in the node's storage
     env = site_env(hpc, tmp_path)
     use_env(monkeypatch, env)
     site = KernelSite(hpc, tmp_path, env)
-    site.install(stack.base_image, "local")
+    site.install("localhost/tests/keep-id:1", "local")
     km, kc, _ = start("local", cwd=str(tmp_path))
     try:
         uid = evaluate(kc, "__import__('os').getuid()")

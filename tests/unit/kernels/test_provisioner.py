@@ -147,6 +147,22 @@ def test_keep_id_auto_follows_the_image_location(site):
         make(keep_id="sometimes").build_command(CMD, {}, None)
 
 
+def test_keep_id_auto_is_off_when_the_local_image_is_also_squashed(site):
+    """The mount program reads a pulled image (local and squashed) from its squash file, where keep-id
+    cannot work here; an image only in local storage (built on the login node) keeps it."""
+    local, other = "f" * 64, "e" * 64
+    images = site / "graph" / "overlay-images"
+    images.mkdir(parents=True)
+    (images / "images.json").write_text(json.dumps([{"id": local, "names": [IMAGE]}]))
+    squashed = site / "squash" / "overlay-images"
+    squashed.mkdir(parents=True)
+    (squashed / "images.json").write_text(json.dumps([{"id": other, "names": ["x/other:1"]}]))
+    assert pairs(options_of(make().build_command(CMD, {}, None)[0]), "--userns") == ["keep-id"]
+    (squashed / "images.json").write_text(json.dumps([{"id": local, "names": [IMAGE]}]))
+    assert "--userns" not in make().build_command(CMD, {}, None)[0]
+    assert "--userns" in make(keep_id="true").build_command(CMD, {}, None)[0]  # asked for: kept
+
+
 def test_config_errors_are_messages(site):
     with pytest.raises(KernelStartError, match="unknown key 'imgae'"):
         PodmanHPCProvisioner(kernel_id="k", imgae=IMAGE)
