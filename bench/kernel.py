@@ -11,7 +11,13 @@ Configurations, each a kernelspec in a throwaway ``JUPYTER_PATH``:
   compute node;
 - ``pooled container kernel``: the same with ``pool: 1`` (a warm pool): a
   start adopts a started container. The time the pool takes to refill between
-  two starts is not counted (each pooled start waits for a ready pool first).
+  two starts is not counted (each pooled start waits for a ready pool first);
+- ``container kernel, login node after a pull``: the same kernelspec, started
+  by a second server whose node-local storage has pulled the image
+  (``podman-hpc pull``: the image is local AND squashed, as on a login node
+  after a pull), so that the mount program reads the squashed copy instead of
+  the local layers (``engine/mount.py``). Its server runs after the first
+  one, in the same benchmark run.
 
 Two paths (the table's rows):
 
@@ -48,13 +54,14 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from common import Failure, PrivateStorage, Sample, alternating, ensure_pulled, pulled_store, store_env
+from common import Failure, PrivateStorage, Sample, alternating, ensure_pulled, pulled_store, store_env, timed
 
 BENCHMARK = "kernel"
 CONFIGS = ["local ipykernel", "container kernel", "pooled container kernel"]
-KERNEL_NAMES = {"local ipykernel": "bench-local", "container kernel": "bench-container",
-                "pooled container kernel": "bench-pooled"}
 POOLED = "pooled container kernel"
+LOGIN = "container kernel, login node after a pull"
+KERNEL_NAMES = {"local ipykernel": "bench-local", "container kernel": "bench-container",
+                POOLED: "bench-pooled", LOGIN: "bench-container"}
 POOL_SETTLE = 4.0  # seconds a server's pool container gets to become ready (not visible from outside)
 READY_TIMEOUT = 180.0
 
@@ -77,36 +84,53 @@ def measure(image: str, work: Path, repetitions: int, failures: list[Failure],
             str(root / "prefix"), "--repetitions", str(repetitions)]
     samples: list[Sample] = []
     try:
-        process = subprocess.Popen(argv, env=env, cwd=str(root.parent), stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-        assert process.stdout is not None
-        for line in process.stdout:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            where = f"kernel {record['size']:<13} {record['config']:<23} rep {record['repetition']}"
-            if "error" in record:
-                failures.append(Failure(BENCHMARK, record["config"], record["size"], record["repetition"],
-                                        record["error"]))
-                log(f"{where}: FAILED {record['error']}")
-                continue
-            if record["metric"] == "containers_left":  # a check, not a time: 0 or a failure
-                log(f"kernel containers left after the server stopped: {record['value']:.0f}")
-                if record["value"]:
-                    failures.append(Failure(BENCHMARK, record["config"], record["size"], 0,
-                                            f"{record['value']:.0f} kernel containers left after the server stopped"))
-                continue
-            samples.append(Sample(BENCHMARK, record["config"], record["size"], record["repetition"],
-                                  record["metric"], record["value"]))
-            log(f"{where}: {record['metric']} {record['value']:.2f}")
-        stderr = process.stderr.read() if process.stderr else ""
-        if process.wait() != 0:
-            tail = " | ".join(stderr.strip().splitlines()[-3:])
-            failures.append(Failure(BENCHMARK, "-", "start", -1, f"the measuring process exited "
-                                                                  f"{process.returncode}: {tail}"))
+        samples += _run_child(argv, env, root, failures, log)
     finally:
         storage.remove(nodes=False)
+    # the login node after a pull: the image in this storage too (podman-hpc pull: local and squashed)
+    storage = PrivateStorage(f"kernel-pulled-{uuid.uuid4().hex[:8]}")
+    try:
+        timed(["podman-hpc", "pull", image], storage.env(store_env(pulled_store())), timeout=1800)
+        samples += _run_child([*argv, "--configs", "local ipykernel", LOGIN],
+                              {**env, **storage.env(store_env(pulled_store()))},
+                              root, failures, log)
+    finally:
+        storage.remove(nodes=False)
+    return samples
+
+
+def _run_child(argv: list[str], env: dict[str, str], root: Path, failures: list[Failure],
+               log: Callable[[str], None]) -> list[Sample]:
+    """The samples of one measuring process (``kernel.py --child``); its failures into ``failures``."""
+    samples: list[Sample] = []
+    process = subprocess.Popen(argv, env=env, cwd=str(root.parent), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    for line in process.stdout:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        where = f"kernel {record['size']:<13} {record['config']:<41} rep {record['repetition']}"
+        if "error" in record:
+            failures.append(Failure(BENCHMARK, record["config"], record["size"], record["repetition"],
+                                    record["error"]))
+            log(f"{where}: FAILED {record['error']}")
+            continue
+        if record["metric"] == "containers_left":  # a check, not a time: 0 or a failure
+            log(f"kernel containers left after the server stopped: {record['value']:.0f}")
+            if record["value"]:
+                failures.append(Failure(BENCHMARK, record["config"], record["size"], 0,
+                                        f"{record['value']:.0f} kernel containers left after the server stopped"))
+            continue
+        samples.append(Sample(BENCHMARK, record["config"], record["size"], record["repetition"],
+                              record["metric"], record["value"]))
+        log(f"{where}: {record['metric']} {record['value']:.2f}")
+    stderr = process.stderr.read() if process.stderr else ""
+    if process.wait() != 0:
+        tail = " | ".join(stderr.strip().splitlines()[-3:])
+        failures.append(Failure(BENCHMARK, "-", "start", -1, f"the measuring process exited "
+                                                              f"{process.returncode}: {tail}"))
     return samples
 
 
@@ -167,7 +191,7 @@ def _emit(config: str, size: str, repetition: int, metric: str, measure: Callabl
     print(json.dumps(record), flush=True)
 
 
-def _manager_path(repetitions: int) -> None:
+def _manager_path(repetitions: int, configs: list[str]) -> None:
     from jupyter_podman_hpc.kernels import pool
 
     def start(config: str) -> float:
@@ -175,13 +199,13 @@ def _manager_path(repetitions: int) -> None:
             pool.wait_all_ready(120)
         return _start(KERNEL_NAMES[config])
 
-    for config in CONFIGS:  # warm-up, not recorded; the pooled one makes its pool
+    for config in configs:  # warm-up, not recorded; the pooled one makes its pool
         try:
             start(config)
         except Exception as err:  # the timed runs report it
             print(f"warm-up of {config} failed: {err}", file=sys.stderr)
     for repetition in range(repetitions):
-        for config in alternating(CONFIGS, repetition):
+        for config in alternating(configs, repetition):
             _emit(config, "KernelManager", repetition, "ready_seconds", lambda: start(config))
     pool.close_all()
 
@@ -260,7 +284,7 @@ def _pool_started(timeout: float) -> None:
     time.sleep(POOL_SETTLE)
 
 
-def _server_path(repetitions: int, root: Path) -> None:
+def _server_path(repetitions: int, root: Path, configs: list[str]) -> None:
     port, token = _free_port(), secrets.token_hex(16)
     root.mkdir(parents=True, exist_ok=True)
     log = open(root.parent / "server.log", "wb")
@@ -292,13 +316,13 @@ def _server_path(repetitions: int, root: Path) -> None:
             finally:
                 _request("DELETE", f"{base}/api/kernels/{kernel['id']}", token)
 
-        for config in CONFIGS:  # warm-up, not recorded
+        for config in configs:  # warm-up, not recorded
             try:
                 start(config)
             except Exception as err:
                 print(f"server warm-up of {config} failed: {err}", file=sys.stderr)
         for repetition in range(repetitions):
-            for config in alternating(CONFIGS, repetition):
+            for config in alternating(configs, repetition):
                 _emit(config, "server", repetition, "ready_seconds", lambda: start(config))
     finally:
         server.terminate()
@@ -308,7 +332,7 @@ def _server_path(repetitions: int, root: Path) -> None:
             server.kill()
             server.wait()
         log.close()
-    _emit(POOLED, "server stop", 0, "containers_left", lambda: float(_kernel_containers()))
+    _emit(configs[-1], "server stop", 0, "containers_left", lambda: float(_kernel_containers()))
 
 
 def child(argv: list[str]) -> int:
@@ -317,10 +341,13 @@ def child(argv: list[str]) -> int:
     parser.add_argument("--image", required=True)
     parser.add_argument("--prefix", type=Path, required=True)
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=[*CONFIGS, LOGIN],
+                        help="configurations to start")
     args = parser.parse_args(argv)
+    configs = args.configs
     _install(args.image, args.prefix)
-    _manager_path(args.repetitions)
-    _server_path(args.repetitions, args.prefix.parent / "notebooks")
+    _manager_path(args.repetitions, configs)
+    _server_path(args.repetitions, args.prefix.parent / "notebooks", configs)
     return 0
 
 

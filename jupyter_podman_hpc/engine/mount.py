@@ -357,7 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     verified = _Verified(settings, Path(merged).parents[2])
     try:
         paths = [Path(lower) if os.path.isabs(lower) else Path.cwd() / lower for lower in lower_dirs(options)]
-        whole = squash_of_local_image(paths, Path(merged).parents[2], _podman_stores())
+        # Only where the squash file can go below kernel overlayfs: with options only fuse-overlayfs
+        # takes (--userns keep-id's uidmapping=), the local layers work, squashfuse below fuse-overlayfs
+        # does not (podman-hpc's issue #83: "creating /etc/mtab symlink: operation not supported").
+        kernel = settings.kernel_overlay and kernel_options(options, ["-"]) is not None
+        whole = squash_of_local_image(paths, Path(merged).parents[2], _podman_stores()) if kernel else None
         if whole is not None:
             _log(f"local image {paths[0]} read from its squashed copy {whole[0]}")
             lowers.append(_squash_lower(*whole, settings, state_dir, held, verified))

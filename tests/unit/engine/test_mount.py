@@ -193,3 +193,18 @@ def test_a_changed_squash_file_of_a_pulled_image_is_refused(pulled, tmp_path, mo
     code = mount.main(["-o", f"lowerdir={lower},upperdir={layer}/diff,workdir={layer}/work", str(layer / "merged")])
     assert code == 1 and ran == []  # the digest recorded is not the file's: nothing mounted, not even fuse-overlayfs
     assert capsys.readouterr().err.startswith(f"podman-hpc-mount: squash file {squash} does not match its record")
+
+
+def test_with_id_mappings_a_pulled_image_keeps_its_local_layers(pulled, tmp_path, monkeypatch):
+    """--userns keep-id: podman asks for uidmapping=, which only fuse-overlayfs does; squashfuse below
+    fuse-overlayfs fails there, the local layers work."""
+    graph, lower, store = pulled
+    layer = graph / "overlay" / ("c" * 64)
+    for name in ("diff", "work", "merged"):
+        (layer / name).mkdir(parents=True)
+    monkeypatch.setattr(mount, "_podman_stores", lambda: [str(store)])
+    ran = []
+    monkeypatch.setattr(mount, "_fuse_overlay", lambda argv: ran.append(argv) or 0)
+    options = f"lowerdir={lower},upperdir={layer}/diff,workdir={layer}/work,uidmapping=0:1:1"
+    assert mount.main(["-o", options, str(layer / "merged")]) == 0
+    assert ran == [["-o", options, str(layer / "merged")]]  # as podman gave it: the local layers
