@@ -153,7 +153,6 @@ def from_squashed_copy(hpc, line: str) -> bool:
         str(where) in lowers[0] for where in (hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"], hpc.squash_dir))
 
 
-@pytest.mark.parametrize("mode", ["auto", "unpacked"])
 def mounts_within(hpc, seconds: float = 15) -> list[str]:
     """The storage's mounts left once conmon's clean-up of the last containers has had time to run."""
     deadline = time.monotonic() + seconds
@@ -162,6 +161,7 @@ def mounts_within(hpc, seconds: float = 15) -> list[str]:
     return hpc.mounts()
 
 
+@pytest.mark.parametrize("mode", ["auto", "unpacked"])
 def test_a_pulled_image_is_read_from_its_squashed_copy_and_one_built_on_it_keeps_its_layers(hpc, stack, mode):
     hpc = with_read_path(hpc, mode)
     hpc("pull", stack.tiny_image)  # podman-hpc pull: into the local storage, then squashed
