@@ -9,9 +9,9 @@ is checked against the digest its image record holds (``squashcheck``:
 once per file identity on the node; a changed file is refused in one line
 and the container does not start). Lowers that are exactly a local
 image's layer chain are replaced by that image's squash file when the
-user's own store has one (``squash_of_local_image``): once an image is
-squashed, its squashed copy is what containers read, whichever storage
-podman took it from. When every lower is
+user's own store has one and the read path unpacks it
+(``squash_of_local_image``): once an image is squashed, its unpacked copy
+is what containers read, whichever storage podman took it from. When every lower is
 squashed the overlay is kernel overlayfs, else (or where the node refuses
 it) fuse-overlayfs with the same arguments. A small watcher forked off stays
 behind until the overlay is unmounted, then releases its lowers; the last
@@ -141,7 +141,8 @@ def squash_of_local_image(lowers: list[Path], graph_root: Path, stores: list[str
     Once an image is squashed, its squashed copy is what containers read,
     whichever storage podman took it from: ``podman-hpc pull`` leaves the
     image in the node-local storage too, and podman prefers that copy, whose
-    layers only fuse-overlayfs can stack (2.8x slower imports). The local
+    layers only fuse-overlayfs can stack (imports 1.4x slower than from an
+    unpacked copy; the caller uses the squash file only as one). The local
     lowers are replaced when they are exactly one layer's chain in this
     graph root (the top layer, then the parents its ``lower`` file lists;
     nothing more, nothing less: a container of an image built on top of a
@@ -357,14 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     verified = _Verified(settings, Path(merged).parents[2])
     try:
         paths = [Path(lower) if os.path.isabs(lower) else Path.cwd() / lower for lower in lower_dirs(options)]
-        # Only where the squash file can go below kernel overlayfs: with options only fuse-overlayfs
-        # takes (--userns keep-id's uidmapping=), the local layers work, squashfuse below fuse-overlayfs
-        # does not (podman-hpc's issue #83: "creating /etc/mtab symlink: operation not supported").
-        kernel = settings.kernel_overlay and kernel_options(options, ["-"]) is not None
-        whole = squash_of_local_image(paths, Path(merged).parents[2], _podman_stores()) if kernel else None
-        if whole is not None:
+        # A local image's squash file only as an unpacked copy below kernel overlayfs: squashfuse
+        # reads no faster than fuse-overlayfs over the local layers (bench: login node after a pull),
+        # and with options only fuse-overlayfs takes (--userns keep-id's uidmapping=) the local layers
+        # work, squashfuse below fuse-overlayfs does not (podman-hpc's #83: "creating /etc/mtab symlink").
+        wanted = settings.unpacks and settings.kernel_overlay and kernel_options(options, ["-"]) is not None
+        whole = squash_of_local_image(paths, Path(merged).parents[2], _podman_stores()) if wanted else None
+        root = _squash_lower(*whole, settings, state_dir, held, verified, instead="the local layers") \
+            if whole else ""
+        if root:
             _log(f"local image {paths[0]} read from its squashed copy {whole[0]}")
-            lowers.append(_squash_lower(*whole, settings, state_dir, held, verified))
+            lowers.append(root)
         else:
             for lower, path in zip(lower_dirs(options), paths):
                 found = squash_of(path)
@@ -414,9 +418,10 @@ class _Verified:
 
 
 def _squash_lower(squash: Path, target: Path, digests: set[str], settings: ReadPathSettings, state_dir: Path,
-                  held: list, verified: _Verified) -> str:
+                  held: list, verified: _Verified, instead: str = "squashfuse") -> str:
     """The directory that stands for a squashed lower: an unpacked copy, else a squashfuse mount,
-    of a squash file that matches its record."""
+    of a squash file that matches its record; with ``instead`` other than squashfuse, '' when there
+    is no unpacked copy (the caller keeps what ``instead`` names)."""
     # <store>/overlay/l/<link>.squash, opened without following links, checked through this descriptor
     fd = Tree(squash.parents[2]).open(("overlay", "l"), squash.name)
     try:
@@ -428,11 +433,13 @@ def _squash_lower(squash: Path, target: Path, digests: set[str], settings: ReadP
                 root = copy.acquire()
             except (NoRoom, OSError) as err:
                 _log(f"unpacked copy refused: {err}")
-                note_fallback(state_dir, f"no unpacked copy, squashfuse instead: {err}")
+                note_fallback(state_dir, f"no unpacked copy, {instead} instead: {err}")
             else:
                 _log(f"{squash} unpacked at {root}")
                 held.append(copy)
                 return str(root)
+        if instead != "squashfuse":
+            return ""
         mount = SquashMount(squash, target, _mounts_dir(settings, state_dir))
         mount.acquire()
         held.append(mount)

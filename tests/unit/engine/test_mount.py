@@ -208,3 +208,32 @@ def test_with_id_mappings_a_pulled_image_keeps_its_local_layers(pulled, tmp_path
     options = f"lowerdir={lower},upperdir={layer}/diff,workdir={layer}/work,uidmapping=0:1:1"
     assert mount.main(["-o", options, str(layer / "merged")]) == 0
     assert ran == [["-o", options, str(layer / "merged")]]  # as podman gave it: the local layers
+
+
+@pytest.mark.parametrize("variables", [
+    {"PODMANHPC_SQUASH_JOB": ""},                 # a login node: auto does not unpack
+    {"PODMANHPC_SQUASH_READ_PATH": "kernel"},     # squashfuse: no faster than the local layers
+    {"PODMANHPC_SQUASH_UNPACK_MAX_MB": "0.000001"},  # no room for a copy
+])
+def test_without_an_unpacked_copy_a_pulled_image_keeps_its_local_layers(pulled, tmp_path, monkeypatch, variables):
+    graph, lower, store = pulled
+    squash = store / "overlay" / "l" / f"{TOP_LINK}.squash"
+    digest = hashlib.sha256(squash.read_bytes()).hexdigest()
+    images = store / "overlay-images" / "images.json"
+    records = json.loads(images.read_text())
+    records[0]["flags"] = {SQUASH_DIGEST: f"sha256:{digest}"}
+    images.write_text(json.dumps(records))
+    layer = graph / "overlay" / ("c" * 64)
+    for name in ("diff", "work", "merged"):
+        (layer / name).mkdir(parents=True)
+    (tmp_path / "shm" / "unpacked").mkdir(parents=True, mode=0o700)
+    monkeypatch.setenv("PODMANHPC_SQUASH_UNPACK_DIR", str(tmp_path / "shm" / "unpacked"))
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(mount, "_podman_stores", lambda: [str(store)])
+    ran = []
+    monkeypatch.setattr(mount, "_fuse_overlay", lambda argv: ran.append(argv) or 0)
+    monkeypatch.setattr(mount.commands, "run", lambda argv, **kw: pytest.fail(f"ran {argv}"))  # no squashfuse
+    options = f"lowerdir={lower},upperdir={layer}/diff,workdir={layer}/work"
+    assert mount.main(["-o", options, str(layer / "merged")]) == 0
+    assert ran == [["-o", options, str(layer / "merged")]]
