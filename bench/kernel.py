@@ -15,9 +15,11 @@ Configurations, each a kernelspec in a throwaway ``JUPYTER_PATH``:
 - ``container kernel, login node after a pull``: the same kernelspec, started
   by a second server whose node-local storage has pulled the image
   (``podman-hpc pull``: the image is local AND squashed, as on a login node
-  after a pull), so that the mount program reads the squashed copy instead of
-  the local layers (``engine/mount.py``). Its server runs after the first
-  one, in the same benchmark run.
+  after a pull). On the login node (no Slurm job) ``auto`` does not unpack,
+  and the mount program keeps the local layers (fuse-overlayfs), which read
+  as fast as squashfuse; in a job it reads the unpacked squashed copy
+  (``engine/mount.py``). Its server runs after the first one, in the same
+  benchmark run.
 
 Two paths (the table's rows):
 
