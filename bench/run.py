@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def run_kernel() -> None:
             notes["kernel"] = (f"Launch to the first kernel_info reply; the container kernel runs `{base}` "
-                               "from the squashed store with a node-local storage that never pulled it.")
+                               "from the squashed store with a node-local storage that never pulled it, and (login row) "
+                               "after a pull on the same host.")
             samples.extend(kernel.measure(base, work, repetitions, failures))
 
         def run_cluster() -> None:
