@@ -51,6 +51,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
 import uuid
 from pathlib import Path
@@ -188,7 +189,8 @@ def _emit(config: str, size: str, repetition: int, metric: str, measure: Callabl
     try:
         record = {"value": measure()}
     except Exception as err:
-        record = {"error": f"{type(err).__name__}: {err}"}
+        where = traceback.extract_tb(err.__traceback__)[-1]  # a failure says where it came from
+        record = {"error": f"{type(err).__name__}: {err} (at {Path(where.filename).name}:{where.lineno})"}
     record.update(config=config, size=size, repetition=repetition, metric=metric)
     print(json.dumps(record), flush=True)
 
