@@ -83,9 +83,38 @@ def guard_load_ext(shell) -> None:
     shell.register_magic_function(load_ext, "line", "load_ext")
 
 
+PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def keep_connection_file(app_class) -> None:
+    """Leave a connection file that already names every port as it is.
+
+    ipykernel (6.17 in Debian bookworm) rewrites its connection file once its
+    ports are bound: truncate, then write. That file is the host's (mounted at
+    its path), and the moment the ports are bound is the moment the provisioner
+    returns and jupyter_client reads the file again: it read an empty file
+    (JSONDecodeError) now and then. The ports are the ones jupyter_client chose,
+    so the kernel has nothing to add; newer ipykernels skip the write likewise.
+    """
+    original = app_class.write_connection_file
+
+    def write_connection_file(self):
+        try:
+            with open(self.abs_connection_file) as file:
+                info = json.load(file)
+        except (OSError, ValueError):
+            info = {}
+        if isinstance(info, dict) and all(info.get(port) for port in PORTS):
+            return
+        original(self)
+
+    app_class.write_connection_file = write_connection_file
+
+
 def start(argv: list[str]) -> None:
     from ipykernel.kernelapp import IPKernelApp
 
+    keep_connection_file(IPKernelApp)
     # as ipykernel_launcher: the kernel's cwd first on sys.path, not this file's directory
     sys.path[0] = os.getcwd()
     sys.argv = [sys.argv[0], *argv]

@@ -57,3 +57,40 @@ def test_load_ext_of_a_missing_package_is_one_line(monkeypatch, capsys):
     assert "install jupyter-podman-hpc in the image" in err
     with pytest.raises(ModuleNotFoundError):  # other extensions: IPython's own behaviour
         shell.run_line_magic("load_ext", "jph_other_absent_package")
+
+
+class FakeApp:
+    """What keep_connection_file needs of ipykernel's IPKernelApp: the file, and the write it wraps."""
+
+    def __init__(self, path):
+        self.abs_connection_file = str(path)
+        self.written = 0
+
+    def write_connection_file(self):
+        self.written += 1
+
+
+def test_a_connection_file_naming_every_port_is_not_rewritten(tmp_path):
+    # the host's file, which jupyter_client reads again as the kernel binds its ports
+    path = tmp_path / "kernel-1.json"
+    info = {port: 50000 + i for i, port in enumerate(boot.PORTS)} | {"key": "k", "transport": "tcp"}
+    path.write_text(json.dumps(info))
+    app_class = type("App", (FakeApp,), {})
+    boot.keep_connection_file(app_class)
+    app = app_class(path)
+    app.write_connection_file()
+    assert app.written == 0 and json.loads(path.read_text()) == info
+
+
+@pytest.mark.parametrize("content", ["", "[]", json.dumps({"shell_port": 0, "iopub_port": 1})])
+def test_a_connection_file_without_every_port_is_written_by_ipykernel(tmp_path, content):
+    path = tmp_path / "kernel-2.json"
+    path.write_text(content)
+    app_class = type("App", (FakeApp,), {})
+    boot.keep_connection_file(app_class)
+    app = app_class(path)
+    app.write_connection_file()
+    assert app.written == 1
+    missing = app_class(tmp_path / "missing.json")
+    missing.write_connection_file()
+    assert missing.written == 1
