@@ -189,8 +189,11 @@ def _emit(config: str, size: str, repetition: int, metric: str, measure: Callabl
     try:
         record = {"value": measure()}
     except Exception as err:
-        where = traceback.extract_tb(err.__traceback__)[-1]  # a failure says where it came from
-        record = {"error": f"{type(err).__name__}: {err} (at {Path(where.filename).name}:{where.lineno})"}
+        # a failure says where it came from: the innermost frames outside the standard library
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if "/lib/python3" not in f.filename
+                  or "site-packages" in f.filename][-3:]
+        where = " < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames))
+        record = {"error": f"{type(err).__name__}: {err} (at {where})"}
     record.update(config=config, size=size, repetition=repetition, metric=metric)
     print(json.dumps(record), flush=True)
 
