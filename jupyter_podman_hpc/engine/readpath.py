@@ -295,10 +295,16 @@ class UnpackedCopy:
 
 def cache_entries(cache: Path) -> list[tuple[str, int, float]]:
     """(key, bytes, last use) of every copy in the cache."""
+    return [(key, size, last) for key, size, last, _ in _refs(cache)]
+
+
+def _refs(cache: Path) -> list[tuple[str, int, float, dict]]:
+    """(key, bytes, last use, who made it) of every copy, each ref file read once."""
     entries = []
     for ref in cache.glob("*.ref"):
         try:
-            entries.append((ref.stem, size_of(ref), ref.stat().st_mtime))
+            text, last = ref.read_text(), ref.stat().st_mtime
+            entries.append((ref.stem, int(text.partition("\n")[0] or 0), last, _meta(text)))
         except (OSError, ValueError):
             continue
     return entries
@@ -311,8 +317,15 @@ def size_of(ref: Path) -> int:
 def read_meta(ref: Path) -> dict:
     """What the ref file says of its copy (squash file, job, node); {} for a copy made before."""
     try:
-        meta = json.loads(ref.read_text().partition("\n")[2] or "{}")
-    except (OSError, ValueError):
+        return _meta(ref.read_text())
+    except OSError:
+        return {}
+
+
+def _meta(text: str) -> dict:
+    try:
+        meta = json.loads(text.partition("\n")[2] or "{}")
+    except ValueError:
         return {}
     return meta if isinstance(meta, dict) else {}
 
@@ -332,9 +345,9 @@ class CachedCopy:
 
 def copies(cache: Path) -> list[CachedCopy]:
     """Every copy in the cache, least recently used first."""
-    found = [CachedCopy(key, size, last, in_use(cache, key), **{k: str(v) for k, v in read_meta(
-        cache / f"{key}.ref").items() if k in ("squash", "job", "node")})
-        for key, size, last in cache_entries(cache)]
+    found = [CachedCopy(key, size, last, in_use(cache, key),
+                        **{k: str(v) for k, v in meta.items() if k in ("squash", "job", "node")})
+             for key, size, last, meta in _refs(cache)]
     return sorted(found, key=lambda c: c.last_use)
 
 
