@@ -2,6 +2,7 @@
 
 - ``config``: the site configuration (podman_hpc.yaml + PODMANHPC_* variables)
 - ``modules``: site modules (modules.d/*.yaml) turned into podman arguments
+- ``hostslurm``: the host's Slurm inside a container (the ``slurm`` module's uid shim)
 - ``podman``: the one place podman command lines are built and run
 - ``reference``: image reference parsing and validation
 - ``store``: the squashed image store (migrate, remove, list)

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple
 
+from . import hostslurm
 from .errors import ModuleError
 from .files import atomic_write
 from .private import private_dir
@@ -199,6 +200,11 @@ class ModuleSet:
             args += ["--annotation", f"{HOOK_ANNOTATION}=true", "--env", f"PODMANHPC_MODULES_DIR={self.directory}"]
         if any(PRIVATE_SHM in rule for module in chosen for rule in module.bind):
             env = {**env, PRIVATE_SHM: private_shm(env)}
+        if not env.get(hostslurm.SHIM_VARIABLE) and \
+                any(hostslurm.SHIM_VARIABLE in rule for module in chosen for rule in module.bind):
+            shim = hostslurm.uid_shim(env)  # built once per user; None (logged) without a compiler
+            if shim:
+                env = {**env, hostslurm.SHIM_VARIABLE: shim}
         for module in chosen:
             args += module.podman_args()
             args += ["-e", f"{module.env}=1"]

@@ -25,7 +25,7 @@ named in ``modules``, and for a kernel:
   cannot work on hosts like ours: fuse-overlayfs with uid mapping over a
   squashfuse lower layer fails every copy-up with EOPNOTSUPP ("creating
   /etc/mtab symlink: operation not supported", podman-hpc's issue #83).
-  Slurm inside works either way (the uid shim, ``slurm.py``);
+  Slurm inside works either way (the uid shim, ``engine/hostslurm.py``);
 - ``--init`` (catatonit as PID 1: signals forwarded, zombies reaped),
   ``--pull never``, ``--rm``, the name ``podman-hpc-kernel-<kernel id>``
   and labels naming the kernel, its owner process and the host.
@@ -42,7 +42,7 @@ read-only) instead: the same kernel, plus the ``%load_ext`` guard and the
 warm pool's waiting mode. With a pool size (``pool``), a start adopts a
 container of the kernelspec's pool (``pool.py``) when one can serve it.
 The site's ``slurm`` module is added where the host has Slurm (``slurm``
-false opts out; ``slurm.py``).
+false opts out; ``engine/hostslurm.py``).
 
 Interrupts: kernelspecs we write use ``interrupt_mode: message`` (ipykernel
 signals itself inside the container); ``signal`` mode works too: SIGINT is
@@ -74,12 +74,12 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, Union
 
-from ..engine import EngineError, reference
+from ..engine import EngineError, hostslurm, reference
 from ..engine.modules import ModuleSet
 from ..engine.runplan import Site
 from ..engine.podman import Podman, error_message
 from ..engine.store import SquashStore
-from . import orphans, pool as pools, slurm
+from . import orphans, pool as pools
 from .boot import READY_LINE
 
 STDERR_TAIL = 40  # lines of the container's stderr kept for error messages
@@ -155,23 +155,20 @@ class PodmanHPCProvisioner(LocalProvisioner):
             self.image = reference.validate(self.image)
             site = Site.load(os.environ)
             self._podman, site_modules = site.podman, site.modules
-            names, environ = list(self.modules), dict(os.environ)
+            names = list(self.modules)
             if self._wants_slurm(site_modules, names):
-                names.append(slurm.MODULE)
-                shim = slurm.uid_shim(environ)
-                if shim:
-                    environ[slurm.SHIM_VARIABLE] = shim
-            self._module_args = site_modules.podman_args(site_modules.select(names), environ)
+                names.append(hostslurm.MODULE)  # podman_args builds its uid shim
+            self._module_args = site_modules.podman_args(site_modules.select(names), os.environ)
         except EngineError as err:
             raise KernelStartError(f"cannot start a kernel in image {self.image}: {err}")
 
     def _wants_slurm(self, site_modules: ModuleSet, names: list[str]) -> bool:
         """The slurm module goes in unless opted out, absent from the site, or Slurm absent here."""
-        if not self.slurm or not any(m.name == slurm.MODULE for m in site_modules):
+        if not self.slurm or not any(m.name == hostslurm.MODULE for m in site_modules):
             return False
-        if any(site_modules.by_name(name).name == slurm.MODULE for name in names):
+        if any(site_modules.by_name(name).name == hostslurm.MODULE for name in names):
             return False  # named explicitly
-        return slurm.host_has_slurm(os.environ)
+        return hostslurm.host_has_slurm(os.environ)
 
     def _start_sweep(self) -> None:
         """Once per process: remove orphaned kernel containers, in the background."""

@@ -22,7 +22,7 @@ import textwrap
 
 import pytest
 
-from jupyter_podman_hpc.kernels import slurm
+from jupyter_podman_hpc.engine import hostslurm as slurm
 from tests.conftest import run as run_command
 from tests.integration.conftest import cleanup_hpc, make_hpc
 
@@ -108,7 +108,7 @@ BUILT = "localhost/tests/slurm-login:built"
 def login_node(stack):
     """podman-hpc on the host where kernels start, after `podman-hpc pull` there (the base image in
     node-local storage and squashed) and a build FROM it (local only: the build-test loop); the
-    user's uid shim built in the test's own cache."""
+    user's uid shim is built by podman-hpc itself, in the test's own cache (no variable names it)."""
     hpc = make_hpc(stack, "slurm-login")
     hpc("pull", stack.base_image)
     assert "local + squashed" in hpc("images").stdout
@@ -116,9 +116,8 @@ def login_node(stack):
     context.mkdir(parents=True, exist_ok=True)
     (context / "Containerfile").write_text(f"FROM {stack.base_image}\nRUN echo built > /built\n")
     hpc("build", "-t", BUILT, context)
-    shim = slurm.uid_shim({**hpc.env, "XDG_CACHE_HOME": str(hpc.work / "cache")})
-    assert shim, "no uid shim (is there a C compiler?)"
-    hpc.env[slurm.SHIM_VARIABLE] = shim
+    hpc.env["XDG_CACHE_HOME"] = str(hpc.work / "cache")
+    assert slurm.SHIM_VARIABLE not in hpc.env
     yield hpc
     cleanup_hpc(hpc)
 
@@ -187,6 +186,8 @@ def test_the_uid_shim_gives_the_host_ids_in_every_layout(login_node, layout):
     assert result.stdout.split()[:3] == [v.format(uid=os.getuid()) for v in first_map], result.stdout
     # squeue --me too ("Invalid user: 1001" where the image has no entry for the user, without the shim's)
     assert "squeue-me-ok" in result.stdout.split(), result.stdout + result.stderr
+    # the shim podman-hpc built for --slurm, in the user's cache
+    assert list((login_node.work / "cache" / "podman-hpc").glob("slurm-uid-*.so"))
 
 
 def test_an_automatic_namespace_without_the_user_is_refused_with_a_hint(login_node):

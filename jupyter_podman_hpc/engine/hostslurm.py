@@ -1,4 +1,4 @@
-"""Slurm inside container kernels: when the ``slurm`` site module applies, and its uid shim.
+"""The host's Slurm inside a container: when the ``slurm`` site module applies, and its uid shim.
 
 The module (``engine/site/modules.d/slurm.yaml``) mounts the host's Slurm
 client commands, libraries, configuration and munge socket. A rootless
@@ -10,7 +10,9 @@ makes the commands send the user's host uid and gid. They are compiled in
 user-namespace layout (with ``--userns=keep-id`` its uid map is relative to
 podman's rootless namespace, not the host's), and compiled in they hold
 in ``podman-hpc run --slurm`` as in a kernel, whatever a process's
-environment. The user's name and home go in too: the shim answers the
+environment. ``ModuleSet.podman_args`` builds it for any container that
+gets the module (a kernel, ``podman-hpc run --slurm``) unless
+``$PODMANHPC_SLURM_UID_SHIM`` names one. The user's name and home go in too: the shim answers the
 user's passwd entry where the image has none (``squeue --me`` looks the uid
 up). Without a compiler, the module still mounts the commands:
 they then work only in containers that run as the user
@@ -37,13 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from ..engine import EngineError, commands
-from ..engine.locks import flocked
-from ..engine.private import private_dir
+from . import commands
+from .errors import EngineError
+from .locks import flocked
+from .private import private_dir
 
 MODULE = "slurm"
 SHIM_VARIABLE = "PODMANHPC_SLURM_UID_SHIM"  # what the module's bind rule mounts
-SOURCE = Path(__file__).resolve().parents[1] / "engine" / "site" / "slurm" / "uid.c"
+SOURCE = Path(__file__).resolve().parent / "site" / "slurm" / "uid.c"
 SHIM_MODE = 0o500
 log = logging.getLogger(__name__)
 

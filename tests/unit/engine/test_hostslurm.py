@@ -7,10 +7,11 @@ import pwd
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.kernels import slurm
+from jupyter_podman_hpc.engine import hostslurm as slurm
 
 
 @pytest.fixture
@@ -114,3 +115,20 @@ def test_an_entry_the_system_has_wins_and_odd_names_are_left_out(environ, monkey
 def test_the_host_ids_are_this_processs():
     me = pwd.getpwuid(os.getuid())
     assert slurm.host_ids() == slurm.HostIds(os.getuid(), os.getgid(), me.pw_name, me.pw_dir)
+
+
+def test_a_container_with_the_slurm_module_gets_the_shim_built_unless_one_is_named(environ, tmp_path):
+    """`podman-hpc run --slurm` as a kernel: the module's bind rule mounts the user's own shim."""
+    from jupyter_podman_hpc.engine.modules import ModuleSet
+
+    site = Path(slurm.__file__).parent / "site" / "modules.d"
+    modules = ModuleSet.load(str(site))
+    chosen = modules.select([slurm.MODULE])
+    args = modules.podman_args(chosen, environ)
+    [bind] = [arg for arg in args if arg.endswith(":/opt/podman-hpc/slurm/uid.so:ro")]
+    built = bind.split(":")[0]
+    assert built.startswith(environ["HOME"] + "/.cache/podman-hpc/slurm-uid-") and os.path.isfile(built)
+    named = tmp_path / "site-shim.so"
+    named.write_bytes(b"")
+    args = modules.podman_args(chosen, {**environ, slurm.SHIM_VARIABLE: str(named)})
+    assert f"{named}:/opt/podman-hpc/slurm/uid.so:ro" in args
