@@ -41,6 +41,12 @@ def _log(argv: Sequence[str], outcome: str, started: float | None = None) -> Non
         log.debug("%s: %s%s", shlex.join(map(str, argv)), outcome, took)
 
 
+def log(argv: Sequence[str], outcome: str) -> None:
+    """Log a command started without this module's runners: a task's own fork and exec
+    (``stepsocket.exec_and_wait``), which must work where nothing imported subprocess."""
+    _log(argv, outcome)
+
+
 def run(argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run``, logged."""
     started = time.monotonic()

@@ -22,6 +22,7 @@ command on the host, so it is refused.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import resource
 import struct
@@ -29,12 +30,11 @@ from _collections_abc import Mapping, Sequence  # collections.abc's, loaded with
 # is on every joining task's path and imports only what is built in or already loaded
 from _signal import pidfd_send_signal
 
-from ..rank import wait_forwarding
+from ..stepsocket import wait_forwarding
 
 # user first, mnt last (when joined one by one); the clone flags setns(pidfd) takes
 NAMESPACES = {"user": 0x10000000, "cgroup": 0x02000000, "ipc": 0x08000000, "uts": 0x04000000,
               "net": 0x40000000, "pid": 0x20000000, "mnt": 0x00020000}
-_EINVAL = 22
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _CAP_VERSION_3 = 0x20080522
@@ -69,8 +69,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def _check(result: int, what: str) -> None:
     if result != 0:
-        errno = ctypes.get_errno()
-        raise JoinFailed(f"{what}: {os.strerror(errno)}")
+        raise JoinFailed(f"{what}: {os.strerror(ctypes.get_errno())}")
 
 
 def _text(proc: int, name: str, errors: str = "strict") -> str:
@@ -155,7 +154,7 @@ def _namespaces(proc: int) -> list[str]:
 def _drop_bounding_set(bounding: int) -> None:
     for cap in range(64):
         if not bounding >> cap & 1:
-            if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
+            if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
                 _check(-1, "dropping a capability")
 
 
@@ -212,7 +211,7 @@ def _enter(pidfd: int, proc: int, kinds: list[str]) -> None:
         flags |= NAMESPACES[kind]
     if _libc.setns(pidfd, flags) == 0:
         return
-    if ctypes.get_errno() != _EINVAL:
+    if ctypes.get_errno() != errno.EINVAL:
         _check(-1, "joining the container's namespaces")
     files = {kind: os.open(f"ns/{kind}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc) for kind in kinds}
     for kind, fd in files.items():

@@ -3,7 +3,7 @@
 ``podman-hpc shared-run [options] IMAGE ARGS...`` runs as every task of a
 job step. On each node, the task that binds the step's rendezvous (an
 abstract unix socket named by a hash of the step key, job, step and node,
-keyed with a secret of the user's; ``jupyter_podman_hpc.rank`` says why, and
+keyed with a secret of the user's; ``jupyter_podman_hpc.stepsocket`` says why, and
 how both ends check that the other is the user's own process on the host)
 starts a *step monitor*: a small detached
 process that starts one container (``shared_run_command`` as its
@@ -26,7 +26,6 @@ nodes sharing a host never collide.
 from __future__ import annotations
 
 import json
-import marshal
 import math
 import os
 import re
@@ -43,11 +42,10 @@ from typing import Mapping, Sequence
 
 from . import commands
 from .errors import EngineError, PermissionDenied
-from .join import CannotJoin, JoinFailed, join_and_run
 from .podman import Podman, error_message, flag_name, group_options
 from .store import configured_stores, stored_command
-from .. import rank
-
+from .taskrun import run_plan
+from .. import stepsocket
 
 
 @dataclass(frozen=True)
@@ -62,10 +60,10 @@ class StepContext:
 
     @property
     def key(self) -> str:
-        return rank.step_key(self.job_id, self.step_id, self.node)
+        return stepsocket.step_key(self.job_id, self.step_id, self.node)
 
     def container_name(self, uid: int) -> str:
-        return rank.container_name(uid, self.key)
+        return stepsocket.container_name(uid, self.key)
 
 
 def tasks_per_node(value: str) -> list[int]:
@@ -80,12 +78,14 @@ def tasks_per_node(value: str) -> list[int]:
 
 
 def step_context(config, environ: Mapping[str, str]) -> StepContext:
-    """The task's place in its step, from the Slurm environment (a lone task outside Slurm)."""
+    """The task's place in its step, from the Slurm environment (a lone task outside Slurm;
+    a job's batch script, outside a step, is step 0). In a step, its key is the step socket's
+    (``stepsocket.environ_step_key``)."""
+    node = stepsocket.node_name(environ)
     job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     if not job:
-        return StepContext(f"pid{os.getpid()}", "0", rank.node_name(environ), 0, 1)
-    step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or "0"
-    node = rank.node_name(environ)
+        return StepContext(f"pid{os.getpid()}", "0", node, 0, 1)
+    job, step, node = stepsocket.step_ids(environ) or (job, "0", node)
     local_id = int(environ.get(config.localid_var) or 0)
     raw = environ.get(config.tasks_per_node_var, "1")
     try:
@@ -109,15 +109,10 @@ class Passthrough:
 
 def pmi_fd_passthrough(environ: Mapping[str, str]) -> Passthrough:
     """Duplicate PMI_FD to fd 3 and have podman pass one extra descriptor."""
-    if "PMI_FD" not in environ:
+    moved = stepsocket.move_pmi_fd(environ)
+    if not moved:
         return Passthrough()
-    fd = int(environ["PMI_FD"])
-    if fd != 3:
-        os.dup2(fd, 3)
-    os.set_inheritable(3, True)
-    env = dict(environ)
-    env["PMI_FD"] = "3"
-    return Passthrough(["--preserve-fds", "1"], env, (3,))
+    return Passthrough(stepsocket.pmi_fd_args(environ), {**environ, **moved}, (stepsocket.PMI_FD,))
 
 
 def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequence[str], image: str,
@@ -147,8 +142,8 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
                                *options, image, *command], module_args)
     env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
     process = commands.popen(argv, env=env, pass_fds=passthrough.fds)
-    _forward_signals(process)
-    code = process.wait()
+    stepsocket.forward_signals(process.pid)
+    code = stepsocket.shell_code(process.wait())
     if reaper is not None:
         # "d": podman ended on its own and took the container along; anything else: remove it
         os.write(reaper, b"r" if _running(pidfile) else b"d")
@@ -233,21 +228,34 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
         config.shared_run_command, known)
     connection, container, pidfd = _join_step(podman, directory, name, start, context)
     try:
-        command = task_command(entrypoint, container, command)
-        if join:
-            code = _run_joined(pidfd, [*config.shared_run_exec_args, *exec_options], command, environ)
-            if code is not None:
-                return code
-        passthrough = pmi_fd_passthrough(environ)
-        argv = podman.exec_command(name, command, [*passthrough.run_args, *config.shared_run_exec_args,
-                                                   *exec_options])
-        env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
-        process = commands.popen(argv, env=env, pass_fds=passthrough.fds)
-        _forward_signals(process)
-        return process.wait()
+        plan = task_plan(podman, name, task_command(entrypoint, container, command), exec_options, environ,
+                         join, os.getcwd())
+        # the path every other task of the node takes with the monitor's plan (rank.shared_run_task)
+        return run_plan(plan, pidfd, environ, log=commands.log)
     finally:
         connection.close()
         os.close(pidfd)
+
+
+def task_plan(podman: Podman, name: str, command: list[str], exec_options: Sequence[str],
+              environ: Mapping[str, str], join: bool, cwd: str | None) -> dict:
+    """What one task of a step runs in container ``name`` (``taskrun.run_plan``), the same for
+    the node's first task and, sent by the step monitor, for every other: join the container
+    with the variables the exec options set (None where only podman can do what they ask), or
+    run the ``podman exec`` line with podman's environment (its changes to ``environ``: the
+    task applies them itself, and moves its own PMI_FD to 3)."""
+    exec_args = [*podman.config.shared_run_exec_args, *exec_options]
+    overrides = exec_env(exec_args, environ) if join else None
+    argv = podman.exec_command(name, command, [*stepsocket.pmi_fd_args(environ), *exec_args])
+    # a task runs argv[0] only if it is the podman it finds itself: the one found on its PATH
+    found = shutil.which(argv[0], path=environ.get("PATH"))
+    if found is not None:
+        argv[0] = os.path.join(cwd or "/", found)
+    podman_env = podman.config.podman_env(environ)
+    changes = {"set": {k: v for k, v in podman_env.items() if environ.get(k) != v},
+               "unset": [k for k in environ if k not in podman_env]}
+    return {"join": overrides is not None, "command": command, "env": overrides,
+            "workdir": _workdir(exec_args), "argv": argv, "podman_env": changes}
 
 
 def exec_env(exec_options: Sequence[str], environ: Mapping[str, str]) -> dict[str, str] | None:
@@ -287,21 +295,6 @@ def _workdir(exec_options: Sequence[str]) -> str | None:
         if word.startswith("-w") and len(word) > 2 and not word.startswith("--"):
             return word[2:]
     return None
-
-
-def _run_joined(pidfd: int, exec_options: Sequence[str], command: Sequence[str],
-                environ: Mapping[str, str]) -> int | None:
-    """Run the task by joining the container (its first process's pidfd); None when podman
-    exec must do it instead."""
-    env = exec_env(exec_options, environ)
-    if env is None:
-        return None
-    try:
-        return join_and_run(pidfd, command, env, _workdir(exec_options))
-    except (CannotJoin, OSError):
-        return None
-    except JoinFailed as err:
-        raise EngineError(f"shared-run: cannot enter the container: {err}")
 
 
 def _split_options(podman: Podman, options: Sequence[str]) -> tuple[list[str], list[str], list[str] | None]:
@@ -396,26 +389,26 @@ def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart
     the connection, the container and a pidfd of its first process."""
     config = podman.config
     try:
-        address = rank.address_of(context.key)
-        listener = rank.take_listener()  # the console script may have won the election already
+        address = stepsocket.address_of(context.key)
+        listener = stepsocket.take_listener()  # the console script may have won the election already
         if listener is None:
-            kind, sock = rank.rendezvous(address)
+            kind, sock = stepsocket.rendezvous(address)
             listener, connection = (sock, None) if kind == "listener" else (None, sock)
         if listener is not None:
             _start_monitor(podman, directory, listener, name, start, context.tasks_on_node)
-            kind, connection = rank.rendezvous(address)
+            kind, connection = stepsocket.rendezvous(address)
             if kind == "listener":  # nobody holds the address: the monitor is gone already
                 connection.close()
                 raise EngineError(f"shared-run: the step monitor for {name} did not start (see {MONITOR_LOG} "
                                   f"in {config.run_root})")
-    except rank.Refused as err:
+    except stepsocket.Refused as err:
         raise PermissionDenied(f"shared-run: {err}")
-    rank.send(connection, {"kind": "task"})
+    stepsocket.send(connection, {"kind": "task"})
     timeout = _scaled(config.wait_timeout, context.tasks_on_node) + 60
     connection.settimeout(timeout)
     pidfds: list[int] = []
     try:
-        reply = rank.receive(connection, pidfds)
+        reply = stepsocket.receive(connection, pidfds)
     except TimeoutError:
         connection.close()
         raise EngineError(f"shared-run: container {name} did not start within {timeout:.0f} s")
@@ -432,18 +425,6 @@ def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart
 def _scaled(value: float, tasks: int) -> float:
     """podman-hpc scales its wait by 1 + log2(tasks per node)."""
     return value * (1 + math.log2(max(tasks, 1)))
-
-
-def _forward_signals(process: subprocess.Popen) -> None:
-    def forward(signum, _frame):
-        try:
-            process.send_signal(signum)
-        except ProcessLookupError:
-            pass
-        if signum == signal.SIGTERM:
-            raise SystemExit(128 + signum)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, forward)
 
 
 # --- the step monitor ----------------------------------------------------------
@@ -505,10 +486,10 @@ class StepMonitor:
         self.keep_alive: int | None = None  # a pidfd of the container's first process (no pid reuse)
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(128 + signal.SIGTERM)))
         # listen() again: a connecting task's SO_PEERCRED names the process that listened
         # last, which must be this one, alive until the step ends (not the first task)
-        self.listener.listen(4096)
+        self.listener.listen(stepsocket.BACKLOG)
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ)
         try:
@@ -607,9 +588,9 @@ class StepMonitor:
             connection, _ = self.listener.accept()
         except BlockingIOError:
             return
-        problem = rank.peer_problem(connection)
+        problem = stepsocket.peer_problem(connection)
         if problem is not None:  # the rendezvous is an abstract socket: only this user's tasks count
-            if problem != rank.GONE:
+            if problem != stepsocket.GONE:
                 self._log(f"refused a connection from {problem}")
             connection.close()
             return
@@ -624,23 +605,20 @@ class StepMonitor:
             data = b""
         if not data:
             return False
-        buffer = self.buffers[connection] + data
-        while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:4], "big"):
-            size = int.from_bytes(buffer[:4], "big")
-            message, buffer = marshal.loads(buffer[4:4 + size]), buffer[4 + size:]
+        messages, self.buffers[connection] = stepsocket.unframe(self.buffers[connection] + data)
+        for message in messages:
             self.counted.add(connection)
             reply = self._plan(message) if message.get("kind") == "plan" else self.state
             # a task joins from the container's pidfd, never from a pid that may be reused
             joins = "ready" in reply or reply.get("plan", {}).get("join")
             try:
-                rank.send(connection, reply, [self.keep_alive] if joins else ())
+                stepsocket.send(connection, reply, [self.keep_alive] if joins else ())
             except OSError:
                 pass
-        self.buffers[connection] = buffer
         return True
 
     def _plan(self, request: dict) -> dict:
-        """What a task that sent only its arguments and environment runs (see jupyter_podman_hpc.rank):
+        """What a task that sent only its arguments and environment runs (``task_plan``, see jupyter_podman_hpc.rank):
         the same parse and options as the whole CLI, with the task's own configuration."""
         if "ready" not in self.state:
             return {"error": f"shared-run: cannot start container {self.name}: {self.state['failed']}"}
@@ -656,21 +634,8 @@ class StepMonitor:
             command = task_command(entrypoint, self.container, args)
         except EngineError as err:
             return {"error": str(err), "code": err.exit_code}
-        exec_args = [*podman.config.shared_run_exec_args, *exec_options]
-        overrides = exec_env(exec_args, env) if join else None
-        argv = podman.exec_command(self.name, command, [*(["--preserve-fds", "1"] if "PMI_FD" in env else []),
-                                                        *exec_args])
-        # the task runs argv[0] only if it is the podman it finds itself: send the one found for it
-        found = shutil.which(argv[0], path=env.get("PATH"))
-        if found is not None:
-            argv[0] = os.path.join(request.get("cwd") or "/", found)
-        # what podman's environment changes from the task's (rank.PODMAN_ENV_SET/UNSET); the task
-        # applies it to its own environment, and moves its PMI_FD to 3 itself
-        podman_env = podman.config.podman_env(env)
-        changes = {"set": {k: v for k, v in podman_env.items() if env.get(k) != v},
-                   "unset": [k for k in env if k not in podman_env]}
-        return {"plan": {"join": overrides is not None, "command": command, "env": overrides,
-                         "workdir": _workdir(exec_args), "argv": argv, "podman_env": changes}}
+        # the task checks its shape (rank.checked_plan: PODMAN_ENV_SET/UNSET) before it runs it
+        return {"plan": task_plan(podman, self.name, command, exec_options, env, join, request.get("cwd"))}
 
     def _engine(self, env: Mapping[str, str]):
         """podman and the modules for a task's configuration, loaded once per configuration
