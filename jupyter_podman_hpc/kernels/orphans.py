@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import socket
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from ..engine import processes
+from ..engine.processes import owner_alive, owner_token, wait_any
 
 if TYPE_CHECKING:  # the engine's podman is imported lazily: the watchdog must start fast
     from ..engine.podman import Podman
@@ -40,22 +39,6 @@ OWNER_LABEL = "io.podman-hpc.kernel.owner"
 HOST_LABEL = "io.podman-hpc.kernel.host"
 POOL_LABEL = "io.podman-hpc.kernel.pool"  # on containers of a warm pool (see pool.py)
 POOL = "pool"  # their kernel label until a kernel adopts them
-
-
-def owner_token(pid: int | None = None) -> str:
-    """``PID:START`` of a process (this one by default): what owner labels and records hold."""
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}:{processes.start_time(pid) or '0'}"
-
-
-def owner_alive(token: str) -> bool:
-    pid, _, start = token.partition(":")
-    try:
-        number = int(pid)
-    except ValueError:
-        return False
-    current = processes.start_time(number)
-    return current is not None and (not start or current == start)
 
 
 def labels(kernel_id: str) -> dict[str, str]:
@@ -126,35 +109,9 @@ def start_watchdog(owner: str, client_pid: int, name: str) -> subprocess.Popen:
     )
 
 
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (ProcessLookupError, OSError, AttributeError):
-        return None
-
-
 def wait_first(owner: str, client_pid: int) -> str:
     """Block until the owner or the client exits: "owner" or "client"."""
-    owner_pid = int(owner.partition(":")[0])
-    owner_fd, client_fd = _pidfd(owner_pid), _pidfd(client_pid)
-    # The owner may have died (and its pid been reused) before we opened it.
-    if owner_fd is None or not owner_alive(owner):
-        return "owner"
-    if client_fd is None:
-        return "client"
-    poller = select.poll()
-    poller.register(owner_fd, select.POLLIN)
-    poller.register(client_fd, select.POLLIN)
-    while True:
-        try:
-            events = poller.poll()
-        except InterruptedError:
-            continue
-        ready = {fd for fd, _ in events}
-        if owner_fd in ready:
-            return "owner"
-        if client_fd in ready:
-            return "client"
+    return "client" if wait_any([owner, str(client_pid)]) == str(client_pid) else "owner"
 
 
 def watchdog(owner: str, client_pid: int, name: str) -> int:

@@ -1,0 +1,168 @@
+"""The package's layers, read from its imports (ast): no import circle, and no upward import.
+
+Every import counts, also one inside a function (the circle this test was written against,
+``cli -> engine.launcher -> engine.join -> rank -> cli``, closed through one). The parts,
+from the bottom up (design.md: one engine, thin fronts):
+
+- ``version`` and ``stepsocket``: leaves. ``stepsocket`` (the step socket protocol, on the
+  path of every task of a podman-exec step) imports only modules written in C (built into
+  the interpreter or its extension modules: they import no Python module), and ``os``/``sys``,
+  which the interpreter has loaded before any of ours.
+- ``engine``: everything a user can do; imports only the leaves.
+- ``slurm`` (talking to Slurm) and ``kernels`` (container kernels): each on the engine, never
+  on each other or on a front.
+- the fronts, on the parts below them, never on each other: ``cli`` (the console script's
+  commands), ``server`` (the Jupyter server extension), ``magics`` (IPython).
+  Two arrows between fronts remain, each allowed from its module only, until issue 25 moves
+  what they borrow into the engine: ``magics.display`` renders image tables with ``cli``'s
+  ``image_rows``, and ``magics.core``'s ``info`` runs ``cli``'s ``infohpc``.
+- ``rank``: the console script's first stop; a task that is not its node's first runs from
+  the leaves and ``engine.taskrun``, every other command falls through to ``cli``.
+- the package itself (``__init__``): the entry points Jupyter and IPython look up, which
+  name ``magics`` only inside a function.
+"""
+
+import ast
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
+
+import jupyter_podman_hpc
+
+PACKAGE = Path(jupyter_podman_hpc.__file__).parent
+NAME = "jupyter_podman_hpc"
+
+LEAVES = {"version", "stepsocket"}
+ALLOWED = {
+    "__init__": {"version", "magics"},
+    "version": set(),
+    "stepsocket": set(),
+    "engine": LEAVES,
+    "slurm": {"engine", *LEAVES},
+    "kernels": {"engine", *LEAVES},
+    "cli": {"engine", *LEAVES},
+    "server": {"engine", "slurm", "kernels", *LEAVES},
+    "magics": {"engine", "slurm", "kernels", "cli", *LEAVES},
+    "rank": {"engine", "cli", *LEAVES},
+}
+FRONT_TO_FRONT = {("magics", "cli"): {f"{NAME}.magics.display", f"{NAME}.magics.core"}}
+ALWAYS_LOADED = {"os", "sys", "__future__"}  # loaded before any module of ours runs
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module ``name`` imports (ours: the module itself where ``from X import Y`` names one)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            named = {f"{target}.{alias.name}" for alias in node.names}
+            found |= named & known  # the submodules it names; the module itself if it names more
+            found |= {target} if named - known else set()
+    return found
+
+
+def part(module: str) -> str:
+    """The part of the package a module of ours belongs to (``engine``, ``cli``, ...)."""
+    rest = module[len(NAME) + 1:]
+    return rest.split(".")[0] if rest else "__init__"
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    return {name: {t for t in imports(name, path, known) if t == NAME or t.startswith(NAME + ".")}
+            for name, path in found.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles (strongly connected components of more than one module, or a self-import)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in edges.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_has_no_import_circle():
+    assert cycles(graph()) == []
+
+
+def test_no_part_imports_a_part_above_it():
+    upward = []
+    for module, targets in graph().items():
+        for target in targets:
+            source_part, target_part = part(module), part(target)
+            if source_part == target_part:
+                continue
+            if target_part not in ALLOWED[source_part] and target != NAME:
+                upward.append(f"{module} -> {target}")
+            elif (source_part, target_part) in FRONT_TO_FRONT and module not in FRONT_TO_FRONT[source_part, target_part]:
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+    assert set(ALLOWED) == {part(module) for module in modules()}  # a new part states its place here
+
+
+def written_in_c(name: str) -> bool:
+    if name in sys.builtin_module_names:
+        return True
+    spec = importlib.util.find_spec(name)
+    return spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
+
+
+def test_the_step_socket_imports_only_what_is_written_in_c():
+    found = imports(f"{NAME}.stepsocket", PACKAGE / "stepsocket.py", set(modules()))
+    assert {name for name in found - ALWAYS_LOADED if not written_in_c(name)} == set()
+    assert written_in_c("_socket") and not written_in_c("socket")
+
+
+def test_the_checker_sees_a_circle_and_a_lazy_upward_import(tmp_path):
+    """The checks above would fail on the circle this test was written against."""
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
+    module = tmp_path / "m.py"
+    module.write_text("def main():\n    from .cli import main\n    from . import stepsocket, VERSION\n")
+    assert imports(f"{NAME}.rank", module, {f"{NAME}.stepsocket"}) == {f"{NAME}.cli", f"{NAME}.stepsocket", NAME}
+    assert imports(f"{NAME}.engine.m", module, set()) == {f"{NAME}.engine.cli", f"{NAME}.engine"}
