@@ -1,5 +1,6 @@
-"""What the engine needs to know about a process, through psutil: running, since when, its
-command line, what runs below it, the files it holds open.
+"""What the engine needs to know about a process, through psutil: running, since when (owner
+tokens), its command line, what runs below it, the files it holds open; and waiting for the
+first of several to exit (pidfds).
 
 psutil is imported on first use (about 14 ms): a kernel's watchdog, a step
 monitor or a service supervisor pays for it only when it looks at a process.
@@ -7,7 +8,8 @@ monitor or a service supervisor pays for it only when it looks at a process.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import os
+from typing import Iterable, Mapping, Sequence
 
 
 def running(pid: int) -> bool:
@@ -31,6 +33,48 @@ def start_time(pid: int) -> str | None:
         return f"{process.create_time():.2f}"
     except psutil.Error:
         return None
+
+
+def owner_token(pid: int | None = None) -> str:
+    """``PID:START`` of a process (this one by default): what owner labels and records hold."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{start_time(pid) or '0'}"
+
+
+def owner_alive(token: str) -> bool:
+    """The process of an owner token (``PID:START``, or a bare ``PID``: any start) is running."""
+    pid, _, start = token.partition(":")
+    try:
+        number = int(pid)
+    except ValueError:
+        return False
+    current = start_time(number)
+    return current is not None and (not start or current == start)
+
+
+def wait_any(tokens: Sequence[str], wake_fds: Sequence[int] = ()) -> str | None:
+    """Block until one of the processes ``tokens`` name (owner tokens) exits; its token, the
+    first in ``tokens`` order when several have. Waits on pidfds: no polling, and no pid reused
+    under us once one is open (each is opened first and checked after, so a process that was
+    already gone counts at once). A readable descriptor of ``wake_fds`` ends the wait too: None."""
+    import select
+    pidfds: dict[str, int] = {}
+    try:
+        for token in tokens:
+            try:
+                pidfds[token] = os.pidfd_open(int(token.partition(":")[0]))
+            except (OSError, ValueError):
+                return token
+            if not owner_alive(token):
+                return token
+        poller = select.poll()
+        for fd in [*pidfds.values(), *wake_fds]:
+            poller.register(fd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll()}  # retried on EINTR by Python itself (PEP 475)
+        return next((token for token, fd in pidfds.items() if fd in ready), None)
+    finally:
+        for fd in pidfds.values():
+            os.close(fd)
 
 
 def cmdline(pid: int) -> list[str]:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Optional
 from ..engine.errors import EngineError, NotFound
 from ..engine.files import atomic_write
 from ..engine.progress import Progress, ProgressCallback, ignore
-from ..kernels.orphans import owner_alive, owner_token
+from ..engine.processes import owner_alive, owner_token
 from .client import SlurmClient, SlurmError
 from .jobs import Job, JobError, default_root
 from .spec import SRUN_MPI, JobSpec

@@ -32,3 +32,31 @@ def test_open_files_under_a_directory(tmp_path):
     with open(inside, "w"), open(outside, "w"):
         assert processes.open_files_under([os.getpid()], [str(tmp_path / "in")]) == [str(inside)]
     assert processes.open_files_under([os.getpid()], [str(tmp_path / "in")]) == []
+
+
+def test_an_owner_token_names_one_process_not_its_pid():
+    token = processes.owner_token()
+    pid, _, start = token.partition(":")
+    assert int(pid) == os.getpid() and processes.owner_alive(token) and processes.owner_alive(pid)
+    assert not processes.owner_alive(f"{pid}:{float(start) + 1:.2f}")  # same pid, another process
+    assert not processes.owner_alive("garbage") and not processes.owner_alive("")
+
+
+def test_wait_any_returns_the_first_process_to_exit_or_a_wake_up():
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+                for _ in range(2)]
+    tokens = [processes.owner_token(child.pid) for child in sleepers]
+    try:
+        sleepers[1].stdin.close()
+        assert processes.wait_any(tokens) == tokens[1]
+        sleepers[1].wait()
+        assert processes.wait_any(tokens) == tokens[1]  # gone already: at once
+        read_end, write_end = os.pipe()
+        os.write(write_end, b"x")
+        assert processes.wait_any(tokens[:1], wake_fds=[read_end]) is None
+        os.close(read_end)
+        os.close(write_end)
+    finally:
+        for child in sleepers:
+            child.kill()
+            child.wait()
