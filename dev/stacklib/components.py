@@ -1,6 +1,6 @@
 """The stack's components in the order `up` brings them up."""
 
-from . import host, image, layout, npm, peer, registry, slurm, venv
+from . import host, image, layout, npm, peer, registry, site, slurm, venv
 from .proc import say
 
 
@@ -17,6 +17,7 @@ def up() -> None:
     venv.up()
     npm.up()
     peer.up()
+    site.up()
     say("up")
 
 
@@ -40,6 +41,7 @@ def status() -> dict[str, bool]:
     result.update(venv.status())
     result.update(npm.status())
     result.update(peer.status())
+    result.update(site.status())
     return result
 
 
@@ -74,4 +76,6 @@ def env() -> dict[str, str]:
         "STACK_PEER_VENV": str(layout.PEER_VENV),
         "STACK_PEER_CONFIG": str(layout.PEER_CONFIG),
         "STACK_PEER_BIN": str(layout.PEER_BIN),
+        # the project installed from its wheel with JupyterHub and batchspawner (site.py)
+        **site.env(),
     }
