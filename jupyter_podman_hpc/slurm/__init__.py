@@ -4,7 +4,7 @@
 - ``script``: ``render(spec, job_dir)``, the batch script a user would write by hand
 - ``client``: the only module that runs sbatch, squeue, sacct, scontrol, scancel and sinfo
 - ``jobs``: ``Job``, a job directory on the shared scratch, found again after a restart
-- ``notebook``: a notebook converted (nbconvert) into the script every rank runs
+- ``notebook``: a notebook every rank runs cell by cell (``nbrunner``); rank 0 writes the executed notebook
 
     spec = JobSpec(image="registry/image:tag", command=["python3", "-c", "print(1)"],
                    nodes=4, tasks_per_node=2)

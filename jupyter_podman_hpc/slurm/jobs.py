@@ -416,11 +416,15 @@ class Job:
         except FileNotFoundError:
             return ""
 
+    def output_notebook(self) -> Optional[dict]:
+        """A notebook job's executed notebook (``notebook.output_info``); None for other jobs."""
+        return notebooks.output_info(self.directory, self.record.run)
+
     def as_dict(self, status: bool = False) -> dict:
         """The job as the REST API and the UI see it."""
         data = {"id": self.id, "directory": str(self.directory), "name": self.record.id,
                 "submitted": self.submitted, "script": str(self.script_path),
-                "spec": self.record.spec, "run": self.record.run}
+                "spec": self.record.spec, "run": self.record.run, "output": self.output_notebook()}
         current = self.status() if status else (
             JobStatus.from_dict(self.record.final) if self.record.final else self._status)
         data["status"] = current.as_dict() if current else None
@@ -442,18 +446,7 @@ def _prepare_inputs(spec: JobSpec, staging: Path, directory: Path) -> tuple[RunT
         return RunTarget(argv, "python_script"), {
             "kind": "python_script", "argv": list(argv), "source": str(source.resolve()),
             "inputs": [source.name]}
-    source = Path(spec.notebook).expanduser()
-    if not source.is_file():
-        raise JobSpecError(f"notebook {source} does not exist or is not a file")
-    converted = notebooks.convert(source, staging, magics=spec.notebook_magics)
-    shutil.copy2(source, staging / f"{source.stem}.ipynb")
-    argv = (*converted.runner, str(directory / converted.script.name), *spec.args)
-    how = "under IPython (it uses magics)" if converted.uses_ipython else "under python3"
-    note = f"Notebook {source.name} converted to {converted.script.name} (nbconvert), run {how}."
-    return RunTarget(argv, "notebook", note), {
-        "kind": "notebook", "argv": list(argv), "source": str(source.resolve()),
-        "inputs": [f"{source.stem}.ipynb", converted.script.name], "runner": list(converted.runner),
-        "magics": list(converted.magics), "warnings": list(converted.warnings)}
+    return notebooks.target(spec, staging, directory)
 
 
 def _remove_stale_staging(root: Path) -> None:

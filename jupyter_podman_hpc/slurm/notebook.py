@@ -1,43 +1,58 @@
-"""Notebook at scale: a notebook converted with nbconvert into a script every rank runs.
+"""Notebook at scale: a notebook every rank runs cell by cell, and the executed notebook it gives back.
 
-nbconvert's PythonExporter turns IPython magics and shell escapes (``%time``,
-``!ls``, ``%%bash``) into ``get_ipython()`` calls, which plain ``python3``
-cannot run. Two ways to handle them (``JobSpec.notebook_magics``):
+At submit, ``prepare`` puts into the job directory the notebook (with the
+job's parameters injected after its cell tagged ``parameters``, papermill's
+convention), ``nbrunner.py`` (the runner, Python's standard library only) and
+``nbrun/plan.json`` (what the runner runs). Every rank runs the notebook; rank
+0 writes ``<stem>.out.ipynb`` as its cells run (see ``nbrunner``).
+
+IPython magics and shell escapes (``%time``, ``!ls``, ``%%bash``) are found
+with IPython's own input transformer. ``JobSpec.notebook_magics``:
 
 - ``"ipython"`` (the default): a notebook with magics runs under IPython
-  (``python3 -m IPython <script>``), so they behave as in the notebook; one
-  without magics runs under plain ``python3``. The image needs IPython only
-  when there are magics (the base image has it, through ipykernel).
+  (the image needs it; the base image has it, through ipykernel). One without
+  runs under IPython too when the image has it and the notebook displays
+  things (it mentions ``display``, ``IPython`` or ``matplotlib``), else under
+  plain Python.
 - ``"comment"``: every line holding a magic becomes ``pass  # magic: ...``
-  and the script runs under plain ``python3``; the magics are reported as
-  warnings.
+  and runs without IPython; the magics are reported as warnings.
+
+``output_info`` reads back what a job's runner has written so far.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping, Optional
 
-from .script import IPYTHON, PYTHON
-from .spec import JobSpecError
+from .script import PYTHON, RunTarget
+from .spec import JobSpecError, check_parameters
 
 _MAGIC_CALL = re.compile(r"get_ipython\(\)")
+# A notebook that mentions one of these probably displays rich output: IPython is used when there.
+_DISPLAY_HINT = re.compile(r"\b(display|IPython|matplotlib|_repr_\w+_)\b")
+RUNNER = "nbrunner.py"
+STATE_DIR = "nbrun"
+PLAN = "plan.json"
+PROGRESS = "progress.json"
+PARAMETERS_TAG = "parameters"
+INJECTED_TAG = "injected-parameters"
 
 
 @dataclass(frozen=True)
-class ConvertedNotebook:
-    """The script written from a notebook, and how to run it."""
+class PreparedNotebook:
+    """A notebook put into a job directory, and how its ranks run it."""
 
-    script: Path
-    runner: tuple[str, ...]          # the interpreter command line before the script path
-    magics: tuple[str, ...] = ()     # the lines that used IPython, as converted
+    notebook: str                    # the notebook's name in the job directory
+    output: str                      # the executed notebook rank 0 writes there
+    ipython: str                     # require, prefer or never
+    magics: tuple[str, ...] = ()     # the lines that use IPython, as IPython transforms them
     warnings: tuple[str, ...] = field(default=())
-
-    @property
-    def uses_ipython(self) -> bool:
-        return self.runner == tuple(IPYTHON)
 
 
 def read_notebook(path: str | Path):
@@ -60,45 +75,151 @@ def read_notebook(path: str | Path):
     return notebook
 
 
-def convert(path: str | Path, out_dir: str | Path, *, magics: str = "ipython",
-            name: str | None = None) -> ConvertedNotebook:
-    """Write ``<out_dir>/<name or the notebook's stem>.py`` from the notebook at ``path``."""
-    from nbconvert.exporters import PythonExporter
+# --- parameters -----------------------------------------------------------------------------------
 
-    notebook = read_notebook(path)
+def inject_parameters(notebook, parameters: Mapping[str, str]) -> Optional[str]:
+    """Papermill's convention: a cell tagged ``injected-parameters`` after the one tagged
+    ``parameters`` (first if there is none); an earlier injected cell is replaced. A warning or None."""
+    import nbformat
+
+    notebook.cells = [c for c in notebook.cells if INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
+    if not parameters:
+        return None
+    lines = ["# Parameters (injected at submit)"] + [f"{name} = {value}" for name, value in parameters.items()]
+    cell = nbformat.v4.new_code_cell("\n".join(lines), metadata={"tags": [INJECTED_TAG]})
+    tagged = [i for i, c in enumerate(notebook.cells) if PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])]
+    if tagged:
+        notebook.cells.insert(tagged[0] + 1, cell)
+        return None
+    notebook.cells.insert(0, cell)
+    return "no cell is tagged 'parameters': the parameters are set in a new first cell"
+
+
+# --- preparing a job directory --------------------------------------------------------------------
+
+def _magic_lines(code: str) -> tuple[str, list[str]]:
+    """The cell as IPython transforms it, and its lines that call IPython."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
     try:
-        code, _ = PythonExporter().from_notebook_node(notebook)
-    except Exception as err:
-        raise JobSpecError(f"notebook {path} cannot be converted to a script: {err}".splitlines()[0])
-    lines = code.splitlines()
-    found = tuple(line.strip() for line in lines if _MAGIC_CALL.search(line))
-    warnings: list[str] = []
-    if magics == "comment" and found:
-        lines = [_commented(line) if _MAGIC_CALL.search(line) else line for line in lines]
-        warnings.append(f"{len(found)} IPython magic/shell line(s) of {Path(path).name} are commented out "
-                        "and will not run")
-        runner = tuple(PYTHON)
-    elif found:
-        runner = tuple(IPYTHON)
-    else:
-        runner = tuple(PYTHON)
-    header = [
-        "# Converted by jupyter-podman-hpc from " + str(Path(path).resolve()),
-        "# Runs as every rank of the job (SLURM_PROCID tells them apart)"
-        + (" under IPython, for its magics." if runner == tuple(IPYTHON) else "."),
-    ]
-    if lines and lines[0].startswith("#!"):
-        lines = lines[1:]
-    if lines and re.match(r"#.*coding[:=]", lines[0]):  # a coding line stays first
-        header, lines = [lines[0], *header], lines[1:]
-    out = Path(out_dir) / f"{name or Path(path).stem}.py"
-    text = "\n".join(header + lines) + "\n"
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
-    return ConvertedNotebook(out, runner, found, tuple(warnings))
+        transformed = TransformerManager().transform_cell(code)
+    except Exception:  # noqa: BLE001 - left to Python to report at its cell, as a script would
+        return code, []
+    return transformed, [line.strip() for line in transformed.splitlines() if _MAGIC_CALL.search(line)]
 
 
 def _commented(line: str) -> str:
     indent = line[: len(line) - len(line.lstrip())]
     return f"{indent}pass  # magic (not run): {line.strip()}"
+
+
+def prepare(source: str | Path, staging: Path, *, magics: str = "ipython",
+            parameters: Mapping[str, str] | None = None) -> PreparedNotebook:
+    """Write the notebook (parameters injected), the runner and its plan into ``staging``."""
+    import nbformat
+
+    source = Path(source)
+    notebook = read_notebook(source)
+    warnings = []
+    injected = inject_parameters(notebook, parameters or {})
+    if injected:
+        warnings.append(injected)
+    if notebook.nbformat_minor < 5:  # cell ids: nbformat 4.5
+        notebook.nbformat_minor = 5
+    for cell in notebook.cells:
+        if not cell.get("id"):
+            cell["id"] = uuid.uuid4().hex[:8]
+    found: list[str] = []
+    code: dict[str, str] = {}
+    hints = False
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        transformed, lines = _magic_lines(cell.source)
+        found += lines
+        hints = hints or bool(_DISPLAY_HINT.search(cell.source))
+        if magics == "comment" and lines:
+            code[str(index)] = "\n".join(_commented(line) if _MAGIC_CALL.search(line) else line
+                                         for line in transformed.splitlines()) + "\n"
+    if magics == "comment" and found:
+        warnings.append(f"{len(found)} IPython magic/shell line(s) of {source.name} are commented out "
+                        "and will not run")
+    ipython = "require" if found and magics == "ipython" else "prefer" if hints else "never"
+    name = f"{source.stem}.ipynb"
+    output = f"{source.stem}.out.ipynb"
+    nbformat.write(notebook, str(staging / name))
+    shutil.copyfile(Path(__file__).with_name(RUNNER), staging / RUNNER)
+    state = staging / STATE_DIR
+    state.mkdir(0o700)
+    plan = {"version": 1, "notebook": name, "output": output, "ipython": ipython, "code": code}
+    (state / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    return PreparedNotebook(name, output, ipython, tuple(found), tuple(warnings))
+
+
+def target(spec, staging: Path, directory: Path) -> tuple[RunTarget, dict]:
+    """The run target and job record entry of a notebook spec, its inputs prepared in ``staging``."""
+    source = Path(spec.notebook).expanduser()
+    if not source.is_file():
+        raise JobSpecError(f"notebook {source} does not exist or is not a file")
+    prepared = prepare(source, staging, magics=spec.notebook_magics, parameters=spec.parameters)
+    plan = str(directory / STATE_DIR / PLAN)
+    argv = (*PYTHON, str(directory / RUNNER), plan, *spec.args)
+    finish = ("python3", str(directory / RUNNER), "--finish", plan)
+    how = {"require": "under IPython (it uses magics)", "prefer": "under IPython where the image has it",
+           "never": "under python3"}[prepared.ipython]
+    note = (f"Notebook {source.name} run cell by cell by {RUNNER} on every rank, {how}; "
+            f"rank 0 writes {prepared.output}.")
+    return RunTarget(argv, "notebook", note, finish), {
+        "kind": "notebook", "argv": list(argv), "source": str(source.resolve()),
+        "inputs": [prepared.notebook, RUNNER], "output": prepared.output, "ipython": prepared.ipython,
+        "magics": list(prepared.magics), "warnings": list(prepared.warnings),
+        "parameters": dict(spec.parameters)}
+
+
+# --- reading back ---------------------------------------------------------------------------------
+
+def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
+    """A notebook job's output notebook: its path, whether rank 0 has written it yet, and
+    its progress (the cell rank 0 is in, the errors of every rank so far); None for other jobs."""
+    if run.get("kind") != "notebook" or not run.get("output"):
+        return None
+    directory = Path(directory)
+    path = directory / run["output"]
+    info: dict = {"name": run["output"], "path": str(path), "exists": False, "size": None, "modified": None,
+                  "progress": None}
+    try:
+        stat = path.stat()
+        info.update(exists=True, size=stat.st_size, modified=stat.st_mtime)
+    except OSError:
+        pass
+    try:
+        progress = json.loads((directory / STATE_DIR / PROGRESS).read_text())
+        if isinstance(progress, dict):
+            info["progress"] = progress
+    except (OSError, ValueError):
+        pass
+    return info
+
+
+def describe_progress(info: Optional[dict]) -> str:
+    """One line for the magic: where rank 0 is, or which cell failed on which rank."""
+    if not info or not info.get("progress"):
+        return ""
+    progress = info["progress"]
+    errors = progress.get("errors") or []
+    if errors:
+        return "; ".join(f"cell {e.get('cell')} failed on rank {e.get('rank')}: {e.get('ename')}: {e.get('evalue')}"
+                         for e in errors)
+    state = progress.get("state")
+    if state == "running" and progress.get("cell"):
+        return f"rank 0 is in cell {progress['cell']} of {progress.get('cells')}"
+    return state or ""
+
+
+def read_output(info: dict) -> dict:
+    """The output notebook's JSON (for the REST API); FileNotFoundError until rank 0 wrote it."""
+    return json.loads(Path(info["path"]).read_text())
+
+
+__all__ = ["PreparedNotebook", "read_notebook", "check_parameters", "inject_parameters", "prepare", "target",
+           "output_info", "describe_progress", "read_output", "RUNNER", "STATE_DIR"]

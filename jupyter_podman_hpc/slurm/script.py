@@ -26,10 +26,6 @@ from .spec import SRUN_MPI, JobSpec, JobSpecError, _no_breaks
 BATCH_LOG = "slurm-%j.out"
 RANK_OUT = "rank-%t.out"
 RANK_ERR = "rank-%t.err"
-# Run a notebook converted with magics under IPython, with nothing a batch run does not want:
-# no config files, banner, colours, terminal title or shared history database.
-IPYTHON = ["python3", "-u", "-m", "IPython", "--quick", "--no-banner", "--colors=NoColor",
-           "--HistoryManager.enabled=False", "--TerminalInteractiveShell.term_title=False"]
 PYTHON = ["python3", "-u"]
 
 
@@ -39,7 +35,8 @@ class RunTarget:
 
     argv: tuple[str, ...]
     kind: str = "command"          # command, python_script, notebook
-    note: str = ""                 # a comment line for the script, e.g. how a notebook was converted
+    note: str = ""                 # a comment line for the script, e.g. how a notebook runs
+    finish: tuple[str, ...] = ()   # run on the batch host after the step with its exit code (a notebook's)
 
 
 def podman_hpc_dir() -> Optional[str]:
@@ -62,9 +59,9 @@ def default_target(spec: JobSpec, job_dir: str) -> RunTarget:
     if spec.python_script:
         path = str(PurePosixPath(job_dir) / PurePosixPath(spec.python_script).name)
         return RunTarget((*PYTHON, path, *spec.args), "python_script")
-    path = str(PurePosixPath(job_dir) / (PurePosixPath(spec.notebook).stem + ".py"))
-    runner = IPYTHON if spec.notebook_magics == "ipython" else PYTHON
-    return RunTarget((*runner, path, *spec.args), "notebook")
+    runner = str(PurePosixPath(job_dir) / "nbrunner.py")
+    plan = str(PurePosixPath(job_dir) / "nbrun" / "plan.json")
+    return RunTarget((*PYTHON, runner, plan, *spec.args), "notebook", finish=("python3", runner, "--finish", plan))
 
 
 def _quote(words: Sequence[str]) -> str:
@@ -139,7 +136,7 @@ def render(spec: JobSpec, job_dir: str | os.PathLike, *, target: RunTarget | Non
     if modules is None:
         modules = ModuleSet.load(config.modules_dir)
     target = target or default_target(spec, job_dir)
-    for word in target.argv:
+    for word in (*target.argv, *target.finish):
         _no_breaks("command", word)
     _no_breaks("note", target.note)
     if bin_dir == "auto":
@@ -169,5 +166,11 @@ def render(spec: JobSpec, job_dir: str | os.PathLike, *, target: RunTarget | Non
     options, image_and_command = _launcher_parts(spec, job_dir, target, modules, config)
     lines += ["", _quote(srun) + " \\",
               "    " + _quote(options) + " \\",
-              "    " + _quote(image_and_command), ""]
+              "    " + _quote(image_and_command)]
+    if target.finish:
+        lines += ["status=$?",
+                  "# Every rank's end into the output notebook (a script of Python's standard library alone).",
+                  _quote(target.finish) + ' "$status" || true',
+                  'exit "$status"']
+    lines.append("")
     return "\n".join(lines)

@@ -12,7 +12,9 @@ needs the site configuration.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import keyword
 import os
 import re
 from dataclasses import dataclass, field
@@ -167,6 +169,25 @@ def _words(field_name: str, value: Any) -> tuple[str, ...]:
     return words
 
 
+def check_parameters(parameters: Mapping[str, str]) -> dict[str, str]:
+    """Names and values of parameters, each value a Python literal (``ast.literal_eval``)."""
+    checked = {}
+    for name, value in parameters.items():
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise JobSpecError(f"parameters: {name!r} is not a Python variable name")
+        if not isinstance(value, str):
+            raise JobSpecError(f"parameters: the value of {name} must be a string holding a Python literal")
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise JobSpecError(f"parameters: the value of {name} must be one line")
+        try:
+            ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise JobSpecError(f"parameters: {name}={value} is not a Python literal "
+                               f"(a number, True/False/None, a quoted string like {name}='text', a list...)")
+        checked[name] = value.strip()
+    return checked
+
+
 def parse_directive(text: str) -> tuple[str, Optional[str]]:
     """``--key=value`` or ``--key`` -> (key, value), checked against the allow-list."""
     _no_breaks("extra_directives", text)
@@ -195,6 +216,8 @@ class JobSpec:
     job directory and run with the image's ``python3``); ``args`` follow a
     script or notebook. ``environment`` is exported in the batch script (so
     podman-hpc on the nodes sees it) and passed into the containers.
+    ``parameters`` (name -> Python literal) are injected into a notebook after
+    its cell tagged ``parameters``.
     """
 
     image: str
@@ -218,6 +241,7 @@ class JobSpec:
     mode: str = "podman-exec"
     job_name: Optional[str] = None
     notebook_magics: str = "ipython"  # IPython magics in a notebook: run under IPython, or comment them out
+    parameters: Mapping[str, str] = field(default_factory=dict)  # a notebook's, as Python literals (papermill)
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -295,6 +319,11 @@ class JobSpec:
 
         if self.mode not in MODES:
             raise JobSpecError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if not isinstance(self.parameters, Mapping):
+            raise JobSpecError("parameters must be a mapping of names to Python literals")
+        if self.parameters and self.notebook is None:
+            raise JobSpecError("parameters go with a notebook (its cell tagged 'parameters')")
+        set_("parameters", check_parameters(self.parameters))
         if self.notebook_magics not in NOTEBOOK_MAGICS:
             raise JobSpecError(f"notebook_magics must be one of {', '.join(NOTEBOOK_MAGICS)}, "
                                f"not {self.notebook_magics!r}")
@@ -345,6 +374,7 @@ class JobSpec:
             if data[key] is not None:
                 data[key] = list(data[key])
         data["environment"] = dict(self.environment)
+        data["parameters"] = dict(self.parameters)
         return data
 
     @classmethod

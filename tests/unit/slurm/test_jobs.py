@@ -137,17 +137,27 @@ def test_a_python_script_is_copied_and_run_from_the_job_directory(tmp_path):
     assert job.record.run["inputs"] == ["train.py"]
 
 
-def test_a_notebook_is_converted_into_the_job_directory(tmp_path):
+def test_a_notebook_goes_into_the_job_directory_with_its_runner(tmp_path):
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("%time x = 1"), nbformat.v4.new_code_cell("print(x)")]
+    notebook.cells = [nbformat.v4.new_code_cell("n = 1", metadata={"tags": ["parameters"]}),
+                      nbformat.v4.new_code_cell("%time x = n")]
     nbformat.write(notebook, str(tmp_path / "Study.ipynb"))
-    job = submit(tmp_path, JobSpec(image=IMAGE, notebook=str(tmp_path / "Study.ipynb")))
-    assert {"Study.ipynb", "Study.py"} <= {p.name for p in job.directory.iterdir()}
-    assert "python3 -u -m IPython" in job.script and f"{job.directory}/Study.py" in job.script
-    assert "# Notebook Study.ipynb converted to Study.py (nbconvert), run under IPython" in job.script
-    assert job.record.run["magics"] and job.record.run["runner"][:4] == ["python3", "-u", "-m", "IPython"]
-    preview = Job.preview(JobSpec(image=IMAGE, notebook=str(tmp_path / "Study.ipynb")), tmp_path / "jobs",
-                          config=SiteConfig())
+    spec = JobSpec(image=IMAGE, notebook=str(tmp_path / "Study.ipynb"), parameters={"n": "2"})
+    job = submit(tmp_path, spec)
+    assert {p.name for p in job.directory.iterdir()} == {"Study.ipynb", "nbrunner.py", "nbrun", "job.sh", "job.json"}
+    assert f"python3 -u {job.directory}/nbrunner.py {job.directory}/nbrun/plan.json" in job.script
+    assert ("# Notebook Study.ipynb run cell by cell by nbrunner.py on every rank, under IPython (it uses "
+            "magics); rank 0 writes Study.out.ipynb.") in job.script
+    run = job.record.run
+    assert (run["output"], run["ipython"], run["parameters"]) == ("Study.out.ipynb", "require", {"n": "2"})
+    assert run["magics"] and run["inputs"] == ["Study.ipynb", "nbrunner.py"]
+    assert job.record.spec["parameters"] == {"n": "2"}
+    assert nbformat.read(str(job.directory / "Study.ipynb"), as_version=4).cells[1].source.endswith("n = 2")
+    output = job.as_dict()["output"]
+    assert (output["name"], output["exists"], output["path"]) == (
+        "Study.out.ipynb", False, str(job.directory / "Study.out.ipynb"))
+    assert submit(tmp_path, JobSpec(image=IMAGE, command=["true"])).as_dict()["output"] is None
+    preview = Job.preview(spec, tmp_path / "jobs", config=SiteConfig())
     assert preview.replace(preview.split("--chdir=")[1].split("\n")[0], "D") == \
         job.script.replace(str(job.directory), "D")
 

@@ -1,64 +1,137 @@
-"""Notebook to script: nbconvert's output, and what happens to IPython magics."""
+"""A notebook put into a job directory: its copy (parameters injected), the runner, the plan;
+what happens to IPython magics; reading back the output notebook's state."""
 
-import subprocess
-import sys
+import json
 
 import nbformat
 import pytest
 
-from jupyter_podman_hpc.slurm.notebook import convert
-from jupyter_podman_hpc.slurm.script import IPYTHON, PYTHON
-from jupyter_podman_hpc.slurm.spec import JobSpecError
+from jupyter_podman_hpc.slurm.notebook import describe_progress, output_info, prepare
+from jupyter_podman_hpc.slurm.spec import JobSpecError, check_parameters
 
 
-def write_notebook(path, cells, language="python"):
+def write_notebook(path, cells, language="python", tags=None):
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_markdown_cell("# A title")] + [nbformat.v4.new_code_cell(c) for c in cells]
+    for index, tag in (tags or {}).items():
+        notebook.cells[index].metadata["tags"] = [tag]
     notebook.metadata["kernelspec"] = {"name": "k", "display_name": "k", "language": language}
     nbformat.write(notebook, str(path))
     return path
 
 
-def test_a_plain_notebook_becomes_a_python_script(tmp_path):
+def plan_of(directory):
+    return json.loads((directory / "nbrun" / "plan.json").read_text())
+
+
+def test_a_plain_notebook_runs_without_ipython(tmp_path):
     path = write_notebook(tmp_path / "plain.ipynb", ["x = 6 * 7", "print('answer', x)"])
-    out = tmp_path / "out"
+    out = tmp_path / "job"
     out.mkdir()
-    converted = convert(path, out)
-    assert converted.script == out / "plain.py" and converted.runner == tuple(PYTHON)
-    assert converted.magics == () and not converted.uses_ipython
-    result = subprocess.run([sys.executable, str(converted.script)], capture_output=True, text=True, check=True)
-    assert result.stdout == "answer 42\n"
+    prepared = prepare(path, out)
+    assert (prepared.notebook, prepared.output, prepared.ipython) == ("plain.ipynb", "plain.out.ipynb", "never")
+    assert prepared.magics == () and prepared.warnings == ()
+    assert {p.name for p in out.iterdir()} == {"plain.ipynb", "nbrunner.py", "nbrun"}
+    assert plan_of(out) == {"version": 1, "notebook": "plain.ipynb", "output": "plain.out.ipynb",
+                            "ipython": "never", "code": {}}
+    assert (out / "nbrun").stat().st_mode & 0o777 == 0o700
+    nbformat.validate(nbformat.read(str(out / "plain.ipynb"), as_version=4))
 
 
-def test_magics_run_under_ipython_by_default(tmp_path):
+def test_magics_require_ipython_and_displays_prefer_it(tmp_path):
     path = write_notebook(tmp_path / "magic.ipynb", ["%time y = 2", "!echo from-the-shell", "print('y', y)"])
-    converted = convert(path, tmp_path)
-    assert converted.uses_ipython and converted.runner == tuple(IPYTHON)
-    assert len(converted.magics) == 2 and all("get_ipython()" in m for m in converted.magics)
-    argv = [sys.executable, *IPYTHON[1:], str(converted.script)]
-    result = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env={"HOME": str(tmp_path)})
-    assert result.returncode == 0, result.stderr
-    assert "from-the-shell" in result.stdout and "y 2" in result.stdout
+    prepared = prepare(path, tmp_path)
+    assert prepared.ipython == "require"
+    assert len(prepared.magics) == 2 and all("get_ipython()" in m for m in prepared.magics)
+    shown = write_notebook(tmp_path / "shown.ipynb", ["from IPython.display import display", "display(1)"])
+    (tmp_path / "other").mkdir()
+    assert prepare(shown, tmp_path / "other").ipython == "prefer"
 
 
 def test_magics_can_be_commented_out_for_images_without_ipython(tmp_path):
     path = write_notebook(tmp_path / "magic.ipynb", [
-        "%matplotlib inline\nz = 3", "for i in range(2):\n    !echo {i}", "print('z', z)"])
-    converted = convert(path, tmp_path, magics="comment")
-    assert converted.runner == tuple(PYTHON) and len(converted.magics) == 2
-    assert converted.warnings and "commented out" in converted.warnings[0]
-    text = converted.script.read_text()
-    assert "get_ipython" not in text.replace("# magic (not run): get_ipython", "")
-    result = subprocess.run([sys.executable, str(converted.script)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "z 3\n"
+        "%time t = 1\nz = 3", "for i in range(2):\n    !echo {i}", "print('z', z)"])
+    prepared = prepare(path, tmp_path, magics="comment")
+    assert prepared.ipython == "never" and len(prepared.magics) == 2
+    assert prepared.warnings and "commented out" in prepared.warnings[0]
+    code = plan_of(tmp_path)["code"]
+    assert sorted(code) == ["1", "2"]  # the cells' indices in the notebook (0 is markdown)
+    assert code["1"].startswith("pass  # magic (not run): get_ipython()") and "z = 3" in code["1"]
+    assert "    pass  # magic (not run): get_ipython().system" in code["2"]
+    # the notebook keeps its source: the output notebook shows what the user wrote
+    assert nbformat.read(str(tmp_path / "magic.ipynb"), as_version=4).cells[1].source.startswith("%time")
 
 
 def test_only_python_notebooks_and_real_notebooks(tmp_path):
     with pytest.raises(JobSpecError, match="is a R notebook"):
-        convert(write_notebook(tmp_path / "r.ipynb", ["1"], language="R"), tmp_path)
+        prepare(write_notebook(tmp_path / "r.ipynb", ["1"], language="R"), tmp_path)
     (tmp_path / "broken.ipynb").write_text("{not json")
     with pytest.raises(JobSpecError, match="cannot be read|is not a valid notebook"):
-        convert(tmp_path / "broken.ipynb", tmp_path)
+        prepare(tmp_path / "broken.ipynb", tmp_path)
     with pytest.raises(JobSpecError, match="does not exist"):
-        convert(tmp_path / "missing.ipynb", tmp_path)
+        prepare(tmp_path / "missing.ipynb", tmp_path)
+
+
+def test_parameters_are_injected_after_the_cell_tagged_parameters(tmp_path):
+    path = write_notebook(tmp_path / "p.ipynb", ["alpha = 1\nname = 'x'", "print(alpha, name)"],
+                          tags={1: "parameters"})
+    prepared = prepare(path, tmp_path, parameters={"alpha": "0.5", "name": "'run 2'"})
+    assert prepared.warnings == ()
+    cells = nbformat.read(str(tmp_path / "p.ipynb"), as_version=4).cells
+    assert [c.metadata.get("tags") for c in cells] == [None, ["parameters"], ["injected-parameters"], None]
+    assert cells[2].source == "# Parameters (injected at submit)\nalpha = 0.5\nname = 'run 2'"
+    # submitted again (papermill's output as input): the injected cell is replaced, not added
+    again = tmp_path / "again"
+    again.mkdir()
+    prepare(tmp_path / "p.ipynb", again, parameters={"alpha": "2"})
+    cells = nbformat.read(str(again / "p.ipynb"), as_version=4).cells
+    assert [c.source for c in cells if "injected-parameters" in c.metadata.get("tags", [])] == [
+        "# Parameters (injected at submit)\nalpha = 2"]
+
+
+def test_parameters_without_a_tagged_cell_go_first_with_a_warning(tmp_path):
+    path = write_notebook(tmp_path / "p.ipynb", ["print(beta)"])
+    prepared = prepare(path, tmp_path, parameters={"beta": "[1, 2]"})
+    assert prepared.warnings == ("no cell is tagged 'parameters': the parameters are set in a new first cell",)
+    assert nbformat.read(str(tmp_path / "p.ipynb"), as_version=4).cells[0].source.endswith("beta = [1, 2]")
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"x": "hello"}, "parameters: x=hello is not a Python literal (a number, True/False/None, a quoted string "
+                     "like x='text', a list...)"),
+    ({"x": "__import__('os')"}, "is not a Python literal"),
+    ({"x": ""}, "is not a Python literal"),
+    ({"1x": "1"}, "'1x' is not a Python variable name"),
+    ({"class": "1"}, "'class' is not a Python variable name"),
+    ({"x": 1}, "must be a string holding a Python literal"),
+    ({"x": "[1,\n2]"}, "must be one line"),
+])
+def test_bad_parameters_get_one_line(parameters, message):
+    with pytest.raises(JobSpecError) as caught:
+        check_parameters(parameters)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_good_parameters_are_kept_as_written():
+    assert check_parameters({"a": " 1e3 ", "b": "'s'", "c": "{'k': (1, None)}", "d": "True", "e": "-2"}) == {
+        "a": "1e3", "b": "'s'", "c": "{'k': (1, None)}", "d": "True", "e": "-2"}
+
+
+def test_output_info_reads_the_progress_rank_0_wrote(tmp_path):
+    run = {"kind": "notebook", "output": "a.out.ipynb"}
+    assert output_info(tmp_path, {"kind": "command"}) is None
+    info = output_info(tmp_path, run)
+    assert (info["name"], info["exists"], info["progress"]) == ("a.out.ipynb", False, None)
+    assert describe_progress(info) == ""
+    (tmp_path / "a.out.ipynb").write_text("{}")
+    (tmp_path / "nbrun").mkdir()
+    (tmp_path / "nbrun" / "progress.json").write_text(json.dumps({"state": "running", "cell": 3, "cells": 5,
+                                                                  "errors": []}))
+    info = output_info(tmp_path, run)
+    assert info["exists"] and info["path"] == str(tmp_path / "a.out.ipynb")
+    assert describe_progress(info) == "rank 0 is in cell 3 of 5"
+    (tmp_path / "nbrun" / "progress.json").write_text(json.dumps({"state": "failed", "errors": [
+        {"rank": 1, "cell": 3, "ename": "ValueError", "evalue": "bad"}]}))
+    assert describe_progress(output_info(tmp_path, run)) == "cell 3 failed on rank 1: ValueError: bad"
+    (tmp_path / "nbrun" / "progress.json").write_text("{truncated")
+    assert output_info(tmp_path, run)["progress"] is None

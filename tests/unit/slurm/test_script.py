@@ -87,12 +87,18 @@ def test_optional_lines_are_left_out():
 def test_script_and_notebook_targets_run_from_the_job_directory():
     script = rendered(JobSpec(image=IMAGE, python_script="/home/u/train.py", args=["--epochs", "3"]))
     assert script.splitlines()[-1] == f"    {IMAGE} python3 -u {JOB_DIR}/train.py --epochs 3"
-    notebook = rendered(JobSpec(image=IMAGE, notebook="/home/u/Analysis.ipynb", notebook_magics="comment"))
-    assert notebook.splitlines()[-1] == f"    {IMAGE} python3 -u {JOB_DIR}/Analysis.py"
-    target = RunTarget(("python3", "-m", "IPython", f"{JOB_DIR}/a.py"), "notebook", "converted with nbconvert")
+    notebook = rendered(JobSpec(image=IMAGE, notebook="/home/u/Analysis.ipynb", args=["a b"]))
+    plan = f"{JOB_DIR}/nbrun/plan.json"
+    assert notebook.splitlines()[-5:] == [
+        f"    {IMAGE} python3 -u {JOB_DIR}/nbrunner.py {plan} 'a b'",
+        "status=$?",
+        "# Every rank's end into the output notebook (a script of Python's standard library alone).",
+        f'python3 {JOB_DIR}/nbrunner.py --finish {plan} "$status" || true',
+        'exit "$status"']
+    target = RunTarget(("python3", "run.py"), "notebook", "run by a runner")
     text = rendered(JobSpec(image=IMAGE, notebook="/home/u/a.ipynb"), target=target)
-    assert "\n# converted with nbconvert\n" in text
-    assert text.splitlines()[-1] == f"    {IMAGE} python3 -m IPython {JOB_DIR}/a.py"
+    assert "\n# run by a runner\n" in text
+    assert text.splitlines()[-1] == f"    {IMAGE} python3 run.py"
 
 
 def test_the_script_is_valid_bash_and_hostile_values_arrive_intact(tmp_path):

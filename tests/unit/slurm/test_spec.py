@@ -34,6 +34,7 @@ def test_a_typical_spec_keeps_its_values_as_tuples_and_strings():
     ({"command": "echo hi"}, "command must be a list of strings"),
     ({"command": ["echo", 3]}, "command must be a list of strings"),
     ({"args": ["x"]}, "args go with python_script or notebook"),
+    ({"parameters": {"x": "1"}}, "parameters go with a notebook"),
 ])
 def test_exactly_one_thing_to_run(changes, field):
     with pytest.raises(JobSpecError, match=field):
@@ -181,3 +182,11 @@ def test_from_dict_refuses_unknown_fields_and_a_missing_image():
 def test_replace_validates_again():
     with pytest.raises(JobSpecError, match="nodes must be between"):
         spec().replace(nodes=0)
+
+
+def test_a_notebook_s_parameters_are_python_literals():
+    job = JobSpec(image="localhost/x:1", notebook="/a.ipynb", parameters={"alpha": " 0.5", "name": "'b'"})
+    assert job.parameters == {"alpha": "0.5", "name": "'b'"}
+    assert JobSpec.from_dict(job.as_dict()) == job
+    with pytest.raises(JobSpecError, match=r"^parameters: name=b is not a Python literal"):
+        JobSpec(image="localhost/x:1", notebook="/a.ipynb", parameters={"name": "b"})
