@@ -272,7 +272,9 @@ class Cli:
         plan = self.site.plan(args, front_flags=JOIN_FLAGS)
         if plan.image is None:
             raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
-        from .engine.launcher import in_slurm_step, per_process_run, pmi_fd_passthrough, shared_run
+        from .engine.launcher import shared_run
+        from .engine.perprocess import per_process_run
+        from .engine.stepcontext import in_slurm_step, pmi_fd_passthrough
         if shared or plan.shared:
             return shared_run(self.podman, plan.options, plan.module_args, plan.image, plan.command, self.environ,
                               join=wants_join(plan.flags, self.config.shared_run_exec_mode))

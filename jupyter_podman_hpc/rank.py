@@ -6,9 +6,9 @@ and starts the step monitor. Every other task only needs the monitor: it sends
 its arguments and environment over the step's socket (``stepsocket``), the
 monitor (which has everything loaded) answers with a plan (join the
 container's first process, whose pidfd comes with it, or the ``podman exec``
-command line), and the task carries it out (``engine.taskrun``, the path the
-first task takes too). So this module imports only the leaf ``stepsocket``,
-``engine.taskrun`` and what is built in: that keeps such a task at a few ms of CPU.
+command line), and the task carries it out (``stepsocket.run_plan``, the path
+the first task takes too). So this module imports only the leaf ``stepsocket``
+(and ``engine.join`` for a plan that joins): that keeps such a task at a few ms of CPU.
 
 A plan must have the expected shape before anything runs (``checked_plan``):
 ``podman`` (the configured ``podman_bin``, as this task finds it) exec in this
@@ -16,14 +16,11 @@ step's container, with only podman's own variables changed; a join only into
 a process that is in a container (``engine.join``).
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
-from .engine.taskrun import run_plan
 from .stepsocket import Refused, address_of, container_name, environ_step_key, keep_listener, receive, \
-    rendezvous, send
+    rendezvous, run_plan, send
 
 CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"  # engine.config's DEFAULT_CONFIG_FILE
 # what the monitor may change in the environment podman exec runs with (SiteConfig.podman_env)
@@ -39,7 +36,7 @@ REFUSED = 125  # podman's code for errors of the tool itself
 
 
 def checked_plan(plan, key: str, environ) -> dict:
-    """The monitor's plan if it has the shape the monitor gives (see ``launcher.StepMonitor._plan``),
+    """The monitor's plan if it has the shape the monitor gives (see ``engine.taskplan.task_plan``),
     else Refused: the command runs in this step's container, podman is podman, and podman's
     environment is this task's with only podman's own variables changed."""
     def strings(value) -> bool:
@@ -140,7 +137,12 @@ def shared_run_task(argv: list[str]) -> int | None:
         raise Refused("the step monitor's plan joins a container but sent no process of it: nothing was run")
     check_podman(plan["argv"][0], os.environ)
     # sock stays open: the monitor counts this task until it ends
-    return run_plan(plan, pidfds[0] if pidfds else None)
+    return run_plan(plan, pidfds[0] if pidfds else None, join=_join)
+
+
+def _join(pidfd: int, command, env, workdir) -> int | None:
+    from .engine.join import run_joined  # ctypes, resource: loaded only by a task that joins
+    return run_joined(pidfd, command, env, workdir)
 
 
 def main() -> int:

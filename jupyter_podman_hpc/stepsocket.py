@@ -1,5 +1,5 @@
 """The step socket: how the tasks of a podman-exec step on a node find their step monitor,
-talk to it, and run what it plans.
+talk to it, and carry out what it plans (the one exec, wait and signal path of every task).
 
 Every task of a podman-exec step starts ``podman-hpc shared-run ...``; all of
 them meet at one socket per step and node. This module is that protocol, and
@@ -7,8 +7,9 @@ the one way a task runs its command and waits for it. It is a leaf: it imports
 only modules built into the interpreter (``_socket``, ``_signal``, ``_blake2``,
 ``errno``, ``fcntl``, ``marshal``) and ``os``/``sys``, which the interpreter has
 loaded already, not ``socket``/``signal``/``json``/``hashlib``, which pull in
-``enum`` and ``re``: a task that is not its node's first imports little more
-than this and stays at a few ms of CPU.
+``enum`` and ``re``, nor ``__future__`` (0.15 ms: annotations here are evaluated,
+as Python >= 3.10 can): a task that is not its node's first imports little
+more than this and stays at a few ms of CPU.
 
 The rendezvous is an abstract unix socket: binding it elects the node's first
 task and it vanishes with its last holder (a monitor that dies leaves no stale
@@ -27,8 +28,6 @@ the node and every ``--network host`` container share, so:
   have read the secret (``--home``, ``--jupyter``) and bound a step's name, but
   a task refuses it in one line (exit 125) instead of running its plan on the host.
 """
-
-from __future__ import annotations
 
 import _blake2
 import _signal
@@ -73,7 +72,7 @@ def step_ids(environ) -> tuple[str, str, str] | None:
 
 def step_key(job: str, step: str, node: str) -> str:
     """A step on a node, the one definition: its rendezvous, container and step directory
-    derive from it (``launcher.StepContext.key``)."""
+    derive from it (``stepcontext.StepContext.key``)."""
     return f"{job}.{step}.{node}"
 
 
@@ -82,7 +81,7 @@ def node_name(environ) -> str:
 
 
 def container_name(uid: int, key: str) -> str:
-    """The node container of step ``key`` (``launcher.StepContext.container_name``)."""
+    """The node container of step ``key`` (``stepcontext.StepContext.container_name``)."""
     return f"podman-hpc-{uid}-{''.join(c if c in NAME_SAFE else '_' for c in key)}"
 
 
@@ -434,6 +433,33 @@ def wait_forwarding(child: int) -> int:
         except InterruptedError:
             continue
     return shell_code(os.waitstatus_to_exitcode(status))
+
+
+def podman_environ(changes, environ) -> dict:
+    """``environ`` with a plan's changes to podman's variables (``SiteConfig.podman_env``)."""
+    env = dict(environ)
+    for name in changes["unset"]:
+        env.pop(name, None)
+    env.update(changes["set"])
+    return env
+
+
+def run_plan(plan, pidfd: int | None, environ=None, join=None, log=None) -> int:
+    """Carry out a task's (checked) plan, the one path of every task of a node (the first builds
+    its plan itself, the others get it from the step monitor); the command's exit code.
+
+    A plan says to join the node container's first process (``pidfd``) or to run ``podman
+    exec``. ``join(pidfd, command, env, workdir)`` (``engine.join.run_joined``, which a caller
+    loads only for a plan that joins) runs the command in the container, or returns None where
+    podman exec must. Either way the command runs as this task's child, and the task passes on
+    the signals it gets: 128 + N for a death by signal N, as a shell reports it.
+    """
+    environ = os.environ if environ is None else environ
+    if plan["join"] and join is not None:
+        code = join(pidfd, plan["command"], plan["env"], plan["workdir"])
+        if code is not None:
+            return code
+    return exec_and_wait(plan["argv"], podman_environ(plan["podman_env"], environ), environ, log)
 
 
 def exec_and_wait(argv: list[str], env: dict, environ, log=None) -> int:

@@ -19,8 +19,6 @@ shares this task's mount namespace is no container: joining it would run the
 command on the host, so it is refused.
 """
 
-from __future__ import annotations
-
 import ctypes
 import errno
 import os
@@ -31,6 +29,8 @@ from _collections_abc import Mapping, Sequence  # collections.abc's, loaded with
 from _signal import pidfd_send_signal
 
 from ..stepsocket import wait_forwarding
+
+JOIN_FAILED = 125  # podman's code for errors of the tool itself
 
 # user first, mnt last (when joined one by one); the clone flags setns(pidfd) takes
 NAMESPACES = {"user": 0x10000000, "cgroup": 0x02000000, "ipc": 0x08000000, "uts": 0x04000000,
@@ -272,3 +272,17 @@ def join_and_run(pidfd: int, command: Sequence[str], env_overrides: Mapping[str,
         os.write(2, f"{command[0]}: {err.strerror}\n".encode())
         os._exit(127 if isinstance(err, FileNotFoundError) else 126)
     return wait_forwarding(child)
+
+
+def run_joined(pidfd: int, command: Sequence[str], env_overrides: Mapping[str, str] | None,
+               workdir: str | None) -> int | None:
+    """:func:`join_and_run` as a task's plan uses it (``stepsocket.run_plan``): its exit code,
+    None where podman exec must run the command instead (nothing irreversible happened yet), or
+    125 with one line on stderr when joining failed half-way."""
+    try:
+        return join_and_run(pidfd, command, env_overrides, workdir)
+    except (CannotJoin, OSError):
+        return None
+    except JoinFailed as err:
+        os.write(2, f"Error: shared-run: cannot enter the container: {err}\n".encode())
+        return JOIN_FAILED

@@ -17,7 +17,7 @@ from the bottom up (design.md: one engine, thin fronts):
   what they borrow into the engine: ``magics.display`` renders image tables with ``cli``'s
   ``image_rows``, and ``magics.core``'s ``info`` runs ``cli``'s ``infohpc``.
 - ``rank``: the console script's first stop; a task that is not its node's first runs from
-  the leaves and ``engine.taskrun``, every other command falls through to ``cli``.
+  the leaf ``stepsocket`` (and ``engine.join``), every other command falls through to ``cli``.
 - the package itself (``__init__``): the entry points Jupyter and IPython look up, which
   name ``magics`` only inside a function.
 """

@@ -173,5 +173,8 @@ def test_a_task_that_is_not_the_first_imports_almost_nothing(tmp_path, how):
         os.close(fd)
     assert result.returncode == (125 if how == "join" else 0), result.stderr
     loaded = set(result.stdout.split())
-    assert "jupyter_podman_hpc.stepsocket" in loaded and ("jupyter_podman_hpc.engine.join" in loaded) == (how == "join")
+    assert "jupyter_podman_hpc.stepsocket" in loaded
+    assert ("jupyter_podman_hpc.engine.join" in loaded) == ("jupyter_podman_hpc.engine" in loaded) == (how == "join")
     assert [module for module in NEVER_LOADED if module in loaded] == []
+    if how == "podman exec":  # rank and stepsocket alone: not even __future__
+        assert "__future__" not in loaded

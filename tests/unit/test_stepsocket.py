@@ -1,17 +1,20 @@
 """The step socket: the rendezvous (keyed names, peer checks), the user's key, message framing,
-and the one wait every task's command goes through."""
+and every task's one exec, wait and signal path: exit codes as a shell gives them, 128 + N
+for signal N, whether the command or podman itself dies."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 from jupyter_podman_hpc import stepsocket
 from jupyter_podman_hpc.engine.config import load_config
-from jupyter_podman_hpc.engine.launcher import step_context
+from jupyter_podman_hpc.engine.stepcontext import step_context
 
 NAMED = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1", "SLURMD_NODENAME": "n2"}
 
@@ -162,3 +165,84 @@ def test_the_monitor_side_refuses_a_task_from_another_user_namespace():
         intruder.kill()
         intruder.wait()
         listener.close()
+
+
+# --- running the plan ---------------------------------------------------------------
+
+
+def _exec_plan(podman: str, *args: str) -> dict:
+    return {"join": False, "command": ["true"], "env": None, "workdir": None,
+            "argv": [podman, "exec", *args], "podman_env": {"set": {"XDG_CONFIG_HOME": "/c"},
+                                                            "unset": ["XDG_RUNTIME_DIR"]}}
+
+
+def _stand_in(tmp_path, body: str) -> str:
+    """A stand-in podman: a shell script."""
+    podman = tmp_path / "podman"
+    podman.write_text(f"#!/bin/sh\n{body}\n")
+    podman.chmod(0o755)
+    return str(podman)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
+def test_podman_killed_by_a_signal_is_128_plus_n(tmp_path, signum):
+    podman = _stand_in(tmp_path, f"kill -{signum.name[3:]} $$; sleep 5")
+    assert stepsocket.run_plan(_exec_plan(podman), None, {"PATH": "/usr/bin:/bin"}) == 128 + signum
+
+
+def test_an_exit_code_is_passed_through_and_podmans_environment_applied(tmp_path):
+    out = tmp_path / "out"
+    podman = _stand_in(tmp_path, f'echo "$XDG_CONFIG_HOME ${{XDG_RUNTIME_DIR-unset}} $*" > {out}; exit 3')
+    assert stepsocket.run_plan(_exec_plan(podman, "c", "true"), None, {"XDG_RUNTIME_DIR": "/run/x", "PATH": "/bin"}) == 3
+    assert out.read_text() == "/c unset exec c true\n"
+
+
+def test_a_missing_podman_is_127(tmp_path):
+    assert stepsocket.run_plan(_exec_plan(str(tmp_path / "none")), None, {}) == 127
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP])
+def test_the_signals_a_task_gets_reach_its_command_and_its_code_says_which(tmp_path, signum):
+    """srun and scancel signal the task (the podman-hpc process): it passes them on and
+    reports the command's death by signal N as 128 + N."""
+    started = tmp_path / "started"
+    podman = _stand_in(tmp_path, f"touch {started}; exec sleep 30")
+    script = (f"import sys; from jupyter_podman_hpc import stepsocket; "
+              f"sys.exit(stepsocket.run_plan({_exec_plan(podman)!r}, None, {{}}))")
+    task = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # sh exec'd sleep
+    task.send_signal(signum)
+    assert task.wait(30) == 128 + signum
+
+
+def test_pmi_fd_reaches_podman_as_fd_3(tmp_path):
+    out = tmp_path / "out"
+    podman = _stand_in(tmp_path, f'echo "$PMI_FD $(cat <&3)" > {out}')
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"pmi")
+    os.close(write_end)
+    script = (f"import os, sys; from jupyter_podman_hpc import stepsocket; "
+              f"sys.exit(stepsocket.run_plan({_exec_plan(podman)!r}, None, dict(os.environ)))")
+    subprocess.run([sys.executable, "-c", script], env={**os.environ, "PMI_FD": str(read_end)},
+                   pass_fds=(read_end,), check=True, timeout=30)
+    os.close(read_end)
+    assert out.read_text() == "3 pmi\n"
+    assert stepsocket.pmi_fd_args({"PMI_FD": "7"}) == ["--preserve-fds", "1"] and stepsocket.pmi_fd_args({}) == []
+
+
+def test_a_subprocess_code_reads_as_a_shells():
+    assert [stepsocket.shell_code(code) for code in (0, 3, -15, -9)] == [0, 3, 143, 137]
+
+
+def test_a_plan_that_joins_runs_through_join_and_falls_back_to_podman_exec(tmp_path):
+    """The caller's join (engine.join.run_joined) runs the command, or says podman exec must (None)."""
+    podman = _stand_in(tmp_path, "exit 4")
+    plan = {**_exec_plan(podman), "join": True, "env": {"A": "1"}, "workdir": "/w"}
+    calls = []
+    assert stepsocket.run_plan(plan, 9, {}, join=lambda *args: calls.append(args) or 5) == 5
+    assert calls == [(9, ["true"], {"A": "1"}, "/w")]
+    assert stepsocket.run_plan(plan, 9, {}, join=lambda *args: None) == 4
+    assert stepsocket.run_plan({**plan, "join": False}, 9, {}, join=lambda *args: 5) == 4

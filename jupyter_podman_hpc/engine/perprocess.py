@@ -1,0 +1,87 @@
+"""Per-process mode: each task of a Slurm step runs its own container (``podman-hpc run``
+in a step), and nothing of it outlives the task."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from . import commands
+from .podman import Podman, flag_name
+from .stepcontext import pmi_fd_passthrough, step_context, step_env_args
+from .. import stepsocket
+
+
+def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequence[str], image: str,
+                    command: Sequence[str], environ: Mapping[str, str]) -> int:
+    """One task's own container in a Slurm step (per-process mode); its exit code.
+
+    podman runs as a child, not in our place: a detached reaper holding a pipe
+    from this process removes the container when the task ends without
+    podman having done it, e.g. when scancel's SIGKILL (after SIGTERM, which
+    a container's PID 1 may ignore) takes podman down and leaves conmon and
+    the container running. podman ending is not proof enough (on scancel it
+    sometimes exits 0 with the container still up): the task tells the reaper
+    it is done only if the container's process (its pid file) is gone too.
+    """
+    context = step_context(podman.config, environ)
+    name = f"{context.container_name(os.getuid())}.{context.local_id}"
+    ours = not any(flag_name([o]) in ("--name", "--pidfile") for o in options)
+    named: list[str] = []
+    reaper = None
+    if ours:
+        pidfile = Path(podman.config.run_root) / "per-process" / f"{name}.pid"
+        pidfile.parent.mkdir(parents=True, exist_ok=True)
+        named = ["--name", name, "--pidfile", str(pidfile)]
+        reaper = _start_reaper(podman, name, pidfile)
+    passthrough = pmi_fd_passthrough(environ)
+    argv = podman.run_command([*passthrough.run_args, *step_env_args(podman.config, environ), *named,
+                               *options, image, *command], module_args)
+    env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
+    process = commands.popen(argv, env=env, pass_fds=passthrough.fds)
+    stepsocket.forward_signals(process.pid)
+    code = stepsocket.shell_code(process.wait())
+    if reaper is not None:
+        # "d": podman ended on its own and took the container along; anything else: remove it
+        os.write(reaper, b"r" if _running(pidfile) else b"d")
+        pidfile.unlink(missing_ok=True)
+    return code
+
+
+def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
+    """Fork a process that removes container ``name`` unless this process says "done" (``d``).
+
+    Returns the pipe to say it on. The pipe is close-on-exec, so podman and
+    its conmon never hold it: its other end sees EOF when this process dies.
+    """
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.close(write_end)
+            if os.read(read_end, 1) != b"d":
+                podman.remove_containers(name)
+            pidfile.unlink(missing_ok=True)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    os.waitpid(child, 0)
+    return write_end
+
+
+def _running(pidfile: Path) -> bool:
+    """Whether the process whose pid ``pidfile`` holds is alive."""
+    try:
+        os.kill(int(pidfile.read_text().strip()), 0)
+    except PermissionError:
+        return True  # alive, as a subordinate uid of the user's namespace
+    except (OSError, ValueError):
+        return False  # no pid file (removed with the container), no such process, or not a pid
+    return True

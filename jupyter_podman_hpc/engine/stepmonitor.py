@@ -1,0 +1,297 @@
+"""The step monitor: the small detached process that owns a podman-exec step's container on a node.
+
+The node's first task forks it; it takes over the step's listening socket,
+starts the container (``shared_run_command`` as its entrypoint, so the
+image's ENTRYPOINT cannot stop it) and answers every task: the first task gets
+the container's first process and the image's ENTRYPOINT/CMD, every other task
+sends only its arguments and environment and gets its whole plan
+(``taskplan.task_plan``), so it never loads the CLI. A connection closes when
+its task ends, however it ends (normal exit, failure, scancel's signals, a
+crash): when all the node's tasks have closed theirs, the monitor removes the
+container, confirms it is gone (retrying if not) and logs failures in the run root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from .errors import EngineError
+from .podman import Podman, error_message
+from .taskplan import RunningContainer, split_options, task_command, task_plan
+from .. import stepsocket
+
+MONITOR_LOG = "shared-run-monitor.log"  # in the run root: it outlives the step directories
+PER_TASK_PREFIXES = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "PALS_")
+
+
+@dataclass(frozen=True)
+class ContainerStart:
+    """How a step monitor starts the node's container and learns what its tasks run."""
+
+    run: list[str]                 # podman run -d ... IMAGE, with the keep-alive as entrypoint
+    inspect: list[str] | None      # podman image inspect for the image's ENTRYPOINT and CMD
+    keep_alive: list[str]
+    image_command: tuple | None = None  # (ENTRYPOINT, CMD) read from the storages: no inspect
+
+
+IMAGE_COMMAND = "{{json .Config.Entrypoint}}\t{{json .Config.Cmd}}"
+
+
+def start_monitor(podman: Podman, directory: Path, listener, name: str, start: ContainerStart,
+                   tasks: int) -> None:
+    """Fork the detached monitor, which takes over the step's listening socket."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if os.fork() != 0:  # the grandchild is reparented: it outlives the task
+                os._exit(0)
+            # Let go of everything the task holds: Slurm's output pipes (srun
+            # waits for them), PMI_FD, the step lock.
+            devnull = os.open(os.devnull, os.O_RDWR)
+            log = os.open(Path(podman.config.run_root) / MONITOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(devnull, 0)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            keep = listener.fileno()
+            os.closerange(3, keep)
+            os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+            code = StepMonitor(podman, directory, socket.socket(fileno=listener.detach()), name, start,
+                               tasks).run()
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    listener.close()
+    os.waitpid(pid, 0)
+
+
+class StepMonitor:
+    """Owns the node's container for one step: starts it, counts tasks, removes it."""
+
+    REMOVE_ATTEMPTS = 5
+
+    def __init__(self, podman: Podman, directory: Path, listener: socket.socket, name: str,
+                 start: ContainerStart, tasks: int):
+        self.podman = podman
+        self.directory = directory
+        self.listener = listener
+        self.name = name
+        self.start = start
+        self.tasks = tasks
+        self.selector = selectors.DefaultSelector()
+        self.finished = 0
+        self.state: dict = {}  # what every task hears first: {"ready": RunningContainer} or {"failed": why}
+        self.container: RunningContainer | None = None
+        self.engines: dict[tuple, tuple[Podman, object]] = {}
+        self.buffers: dict[socket.socket, bytes] = {}
+        self.counted: set[socket.socket] = set()  # connections that spoke: tasks (a check's retry is not)
+        self.keep_alive: int | None = None  # a pidfd of the container's first process (no pid reuse)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(128 + signal.SIGTERM)))
+        # listen() again: a connecting task's SO_PEERCRED names the process that listened
+        # last, which must be this one, alive until the step ends (not the first task)
+        self.listener.listen(stepsocket.BACKLOG)
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        try:
+            self.state = self._start_container()
+            if "failed" in self.state:
+                self._log(self.state["failed"])
+            self._serve()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)  # the clean-up runs to its end
+            self._remove_container()
+            self.listener.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return 0 if "ready" in self.state else 1
+
+    def _log(self, message: str) -> None:
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {self.name}: {message}", flush=True)
+
+    def _start_container(self) -> dict:
+        """Start the container; the line every task gets (ready + what it needs, or failed + why)."""
+        # podman run --replace removes a stale container of a crashed step with the same name
+        inspect = self.start.inspect and self.podman.popen(self.start.inspect, stdout=subprocess.PIPE,
+                                                           stderr=subprocess.PIPE, text=True)
+        result = self.podman.run(self.start.run, check=False)
+        if result.returncode != 0:
+            if inspect:
+                inspect.kill()
+                inspect.wait()
+            return {"failed": error_message(result.stderr, self.start.run)}
+        entrypoint, cmd = self.start.image_command or (None, None)
+        if inspect:
+            out, err = inspect.communicate()
+            if inspect.returncode != 0:  # podman run may have pulled the image meanwhile
+                again = self.podman.run(self.start.inspect, check=False)
+                out, err = (again.stdout, again.stderr) if again.returncode == 0 else (None, again.stderr)
+            if out is None:
+                return {"failed": f"cannot read the image's ENTRYPOINT and CMD: {error_message(err)}"}
+            entrypoint, cmd = (json.loads(part) for part in out.strip().split("\t"))
+        pid = self._wait_for_keep_alive()
+        if pid is None:
+            return {"failed": f"the container's keep-alive command ({' '.join(self.start.keep_alive)}) "
+                              f"did not start: does the image have it?"}
+        self.container = RunningContainer(pid, entrypoint, cmd)
+        return {"ready": dict(self.container.__dict__)}
+
+    def _wait_for_keep_alive(self) -> int | None:
+        """The container's first process once it runs the keep-alive command (None if it died).
+
+        podman run -d returns when the runtime has been told to start: for a
+        moment the first process is still the runtime's init, with the
+        runtime's environment and credentials, which a joining task must not copy.
+        """
+        expected = ("\0".join(self.start.keep_alive) + "\0").encode()
+        deadline = time.monotonic() + self.podman.config.wait_timeout
+        try:
+            pid = int((self.directory / "container.pid").read_text().strip())
+            self.keep_alive = os.pidfd_open(pid)
+        except (OSError, ValueError):
+            return None
+        while time.monotonic() < deadline and self._keep_alive_running():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    if cmdline.read() == expected:
+                        return pid
+            except OSError:
+                return None
+            time.sleep(0.001)
+        return None
+
+    def _serve(self) -> None:
+        """Until every task of the node has come and gone (or nobody is left and nobody comes)."""
+        idle_limit = max(self.podman.config.wait_timeout * 6, 60.0)
+        last_change = time.monotonic()
+        while self.finished < self.tasks:
+            timeout = None if self.buffers else max(0.0, idle_limit - (time.monotonic() - last_change))
+            events = self.selector.select(timeout)
+            if not events and not self.buffers:
+                self._log(f"no task connected for {idle_limit:.0f} s: removing the container")
+                return
+            for key, _ in events:
+                if key.fileobj is self.listener:
+                    self._accept()
+                elif not self._read(key.fileobj):  # the task ended
+                    self.selector.unregister(key.fileobj)
+                    del self.buffers[key.fileobj]
+                    if key.fileobj in self.counted:
+                        self.counted.discard(key.fileobj)
+                        self.finished += 1
+                    key.fileobj.close()
+                    last_change = time.monotonic()
+            if "ready" not in self.state and not self.buffers:
+                return
+
+    def _accept(self) -> None:
+        try:
+            connection, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        problem = stepsocket.peer_problem(connection)
+        if problem is not None:  # the rendezvous is an abstract socket: only this user's tasks count
+            if problem != stepsocket.GONE:
+                self._log(f"refused a connection from {problem}")
+            connection.close()
+            return
+        self.selector.register(connection, selectors.EVENT_READ)
+        self.buffers[connection] = b""
+
+    def _read(self, connection: socket.socket) -> bool:
+        """Answer the task's complete messages; False once it has closed its end."""
+        try:
+            data = connection.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            return False
+        messages, self.buffers[connection] = stepsocket.unframe(self.buffers[connection] + data)
+        for message in messages:
+            self.counted.add(connection)
+            reply = self._plan(message) if message.get("kind") == "plan" else self.state
+            # a task joins from the container's pidfd, never from a pid that may be reused
+            joins = "ready" in reply or reply.get("plan", {}).get("join")
+            try:
+                stepsocket.send(connection, reply, [self.keep_alive] if joins else ())
+            except OSError:
+                pass
+        return True
+
+    def _plan(self, request: dict) -> dict:
+        """What a task that sent only its arguments and environment runs (``task_plan``, see jupyter_podman_hpc.rank):
+        the same parse and options as the whole CLI, with the task's own configuration."""
+        if "ready" not in self.state:
+            return {"error": f"shared-run: cannot start container {self.name}: {self.state['failed']}"}
+        try:
+            env = request["env"]
+            podman, modules = self._engine(env)
+            from .runplan import JOIN_FLAGS, parse_run_args, wants_join  # the CLI's (loaded already: we are its fork)
+            options, image, args, _ = parse_run_args(podman, modules, request["argv"][1:])
+            if image is None:
+                raise EngineError("usage: podman-hpc shared-run [options] IMAGE [COMMAND...]", 125)
+            join = wants_join(options, podman.config.shared_run_exec_mode)
+            _, exec_options, entrypoint = split_options(podman, [o for o in options if o not in JOIN_FLAGS])
+            command = task_command(entrypoint, self.container, args)
+        except EngineError as err:
+            return {"error": str(err), "code": err.exit_code}
+        # the task checks its shape (rank.checked_plan: PODMAN_ENV_SET/UNSET) before it runs it
+        return {"plan": task_plan(podman, self.name, command, exec_options, env, join, request.get("cwd"))}
+
+    def _engine(self, env: Mapping[str, str]):
+        """podman and the modules for a task's configuration, loaded once per configuration
+        (every variable but those Slurm and the MPI libraries set per task)."""
+        key = tuple(sorted((k, v) for k, v in env.items() if not k.startswith(PER_TASK_PREFIXES)))
+        if key not in self.engines:
+            from .config import load_config
+            from .modules import ModuleSet
+            config = load_config(env)
+            self.engines[key] = (Podman(config, env), ModuleSet.load(config.modules_dir, cache_dir=config.run_root))
+        return self.engines[key]
+
+    def _remove_container(self) -> None:
+        """podman rm until the container is confirmed gone; what fails is logged."""
+        for attempt in range(1, self.REMOVE_ATTEMPTS + 1):
+            result = self.podman.remove_containers(self.name)
+            if self._gone(result.returncode == 0):
+                if attempt > 1:
+                    self._log(f"removed at attempt {attempt}")
+                return
+            why = error_message(result.stderr or "") if result.returncode else "podman rm succeeded"
+            self._log(f"still there after podman rm (attempt {attempt}): {why}")
+            if self._keep_alive_running():
+                signal.pidfd_send_signal(self.keep_alive, signal.SIGKILL)  # conmon then sees the container end
+            time.sleep(0.5 * attempt)
+        self._log(f"could not be removed after {self.REMOVE_ATTEMPTS} attempts")
+
+    def _gone(self, removed: bool) -> bool:
+        """Whether the container is gone: its first process is dead, and podman rm said so
+        (or, when we never knew that process or rm failed, podman has no such container)."""
+        if self._keep_alive_running():
+            return False
+        if removed and self.keep_alive is not None:
+            return True
+        exists = self.podman.run(self.podman.command(("container", "exists"), self.name), check=False)
+        return exists.returncode == 1
+
+    def _keep_alive_running(self) -> bool:
+        """The container's first process has not exited (a pidfd polls readable once it has)."""
+        if self.keep_alive is None:
+            return False
+        poller = select.poll()
+        poller.register(self.keep_alive, select.POLLIN)
+        return not poller.poll(0)
