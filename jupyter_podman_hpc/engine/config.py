@@ -222,7 +222,7 @@ def _read_file(path: str, explicit: bool) -> dict[str, Any] | None:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"configuration file {path} is not valid YAML: {err}".splitlines()[0])
+        raise ConfigError(f"configuration file {path} is not valid YAML: {yaml_problem(err)}")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -232,6 +232,16 @@ def _read_file(path: str, explicit: bool) -> dict[str, Any] | None:
         if key not in known:
             raise ConfigError(f"unknown key '{key}' in configuration file {path}")
     return data
+
+
+def yaml_problem(err: Exception) -> str:
+    """A YAML parser's error in one line: where (1-based line and column) and what, without the
+    excerpt of the file it quotes over several lines (the site's files: config and modules)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    if mark is None:
+        return problem
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
 def _expand(raw: Any, key: str, where: str, user: str, uid: int, env: Mapping[str, str]) -> Any:

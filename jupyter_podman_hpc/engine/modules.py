@@ -86,15 +86,20 @@ def _strings(data: dict, key: str, path: Path) -> tuple[str, ...]:
 def load_module(path: Path) -> Module:
     import yaml  # here, not at the top: a cached module set does not need it
 
+    from .config import yaml_problem
+
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ModuleError(f"cannot read module file {path}: {err}".splitlines()[0])
+    except OSError as err:
+        raise ModuleError(f"cannot read module file {path}: {err.strerror or err}")
+    except yaml.YAMLError as err:
+        raise ModuleError(f"module file {path} is not valid YAML: {yaml_problem(err)}")
     if not isinstance(data, dict):
         raise ModuleError(f"module file {path} must be a mapping")
     unknown = sorted(set(data) - FIELDS)
     if unknown:
-        raise ModuleError(f"module file {path}: unknown key '{unknown[0]}'")
+        raise ModuleError(f"module file {path}: unknown key '{unknown[0]}' (a module's keys: "
+                          f"{', '.join(sorted(FIELDS))})")
     for required in ("name", "env"):
         if not isinstance(data.get(required), str) or not data[required]:
             raise ModuleError(f"module file {path}: '{required}' is required")

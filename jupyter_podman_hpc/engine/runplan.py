@@ -11,6 +11,7 @@ own way (exec, streamed into a cell, a kernel process, the launcher).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
@@ -65,9 +66,46 @@ class Site:
         return RunPlan(options, image, command, chosen, self.modules.podman_args(chosen, self.environ), given)
 
     def run_argv(self, plan: RunPlan, extra_options: Sequence[str] = ()) -> list[str]:
-        """``podman run`` of the plan, with ``extra_options`` before the user's."""
+        """``podman run`` of the plan, with ``extra_options`` before the user's; SquashDamaged
+        (one line) when the image would come from a squash file that is no whole squashfs image."""
+        if plan.image:
+            refuse_damaged_squash(self.config, plan.image)
         return self.podman.run_command([*extra_options, *plan.options, plan.image or "", *plan.command],
                                        plan.module_args)
+
+
+def refuse_damaged_squash(config: SiteConfig, ref: str) -> None:
+    """SquashDamaged when the image podman would run for ``ref`` comes from a squashed store and
+    its squash file is damaged: said in one line before podman starts (the mount program refuses
+    it too, but podman wraps its line in two of its own, with the overlay's mount options).
+    An image in the node-local storage is podman's to run: nothing is checked."""
+    from .errors import EngineError
+    from .squashcheck import SquashDamaged, damage
+    from .store import GraphRoot, find_squashed
+
+    names = set(reference.candidate_names(ref))
+    try:
+        local = GraphRoot(config.graph_root)._json("overlay-images/images.json")
+    except (OSError, ValueError):
+        local = []
+    if any(isinstance(r, dict) and names & set(r.get("names") or ()) for r in local):
+        return
+    try:
+        image = find_squashed(config, ref)
+    except EngineError:
+        return  # podman says what is wrong with the store
+    if image is None or not image.squash_file:
+        return
+    try:
+        fd = os.open(image.squash_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        why = damage(fd)
+    finally:
+        os.close(fd)
+    if why:
+        raise SquashDamaged(image.squash_file, why)
 
 
 # shared-run's own flags: how the task enters the node's container (they beat shared_run_exec_mode)

@@ -49,6 +49,34 @@ class SquashChanged(EngineError):
         super().__init__(f"squash file {path} does not match its record: {why}; squash the image again")
 
 
+class SquashDamaged(EngineError):
+    """A squash file is not a whole squashfs image (truncated, overwritten), whatever its record says."""
+
+    def __init__(self, path: str | os.PathLike, why: str):
+        super().__init__(f"squash file {path} is damaged: {why}; squash the image again "
+                         f"(podman-hpc pull or migrate)")
+
+
+# squashfs 4.0's superblock: magic, then bytes_used (the image's length) at offset 40
+_SUPERBLOCK = 48
+_BYTES_USED = slice(40, 48)
+
+
+def damage(fd: int) -> str:
+    """What makes the open file no whole squashfs image ('' when it is one, as far as its
+    superblock tells): not one at all, or shorter than the length its superblock records
+    (a copy or a write that stopped, a full file system). 48 bytes and a stat: cheap enough
+    for every container start and every ``run``."""
+    head = os.pread(fd, _SUPERBLOCK, 0)
+    size = os.fstat(fd).st_size
+    if len(head) < _SUPERBLOCK or head[:4] != b"hsqs":
+        return "it is empty" if size == 0 else "it is not a squashfs image (no squashfs superblock)"
+    wanted = int.from_bytes(head[_BYTES_USED], "little")
+    if wanted > size:
+        return f"it is truncated ({size} of its {wanted} bytes)"
+    return ""
+
+
 def verified_dir(unpack_dir: str, graph_root: str) -> Path:
     """Where a user's node remembers the squash files it has checked: beside the unpacked
     copies (node-local, the user's own), else in the graph root."""
@@ -129,7 +157,11 @@ def recorded(store: str | os.PathLike, layer: str) -> tuple[bool, set[str]]:
 
 def check(fd: int, path: str | os.PathLike, digests: set[str], verified: VerifiedFiles) -> bool:
     """True when the open squash file matches one of ``digests``, False when there are none to
-    match (podman-hpc 1.2.2's images); SquashChanged when it matches none."""
+    match (podman-hpc 1.2.2's images); SquashDamaged when it is no whole squashfs image (said
+    before a digest mismatch: it tells what happened), SquashChanged when it matches none."""
+    why = damage(fd)
+    if why:
+        raise SquashDamaged(path, why)
     if not digests:
         return False
     if verified.digest(fd, path) not in digests:

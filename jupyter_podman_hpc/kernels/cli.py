@@ -87,7 +87,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"installed kernel {kernel.name} ({kernel.display_name}) in {kernel.path}")
         return 0
     if args.action == "list":
-        kernels = kernelspec.list_kernels(args.prefix)
+        problems: list[str] = []
+        kernels = kernelspec.list_kernels(args.prefix, problems)
+        for problem in problems:  # the others are listed all the same
+            print(f"{PROG}: warning: {problem}", file=sys.stderr)
         if args.json:
             print(json.dumps([k.as_dict() for k in kernels], indent=1))
             return 0

@@ -155,21 +155,58 @@ def kernel_json(image: str, *, display_name: str | None = None, modules: Sequenc
     }
 
 
+class BrokenKernelSpec(KernelSpecError):
+    """A kernel.json that cannot be read, or one of ours whose fields make no sense; ``str()``
+    names the file and what is wrong, in one line."""
+
+
 def _read(directory: Path) -> ContainerKernel | None:
-    """The kernelspec in ``directory`` if it is one of ours."""
+    """The kernelspec in ``directory`` if it is one of ours; None for another kind of kernel.
+    BrokenKernelSpec when its kernel.json is not JSON, not an object, or ours with malformed fields."""
+    path = directory / "kernel.json"
     try:
-        spec = json.loads((directory / "kernel.json").read_text())
-    except (OSError, ValueError):
-        return None
-    provisioner = (spec.get("metadata") or {}).get("kernel_provisioner") or {}
+        spec = json.loads(path.read_text())
+    except OSError as err:
+        raise BrokenKernelSpec(f"kernelspec {path} cannot be read: {err.strerror or err}")
+    except ValueError as err:
+        where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
+        raise BrokenKernelSpec(f"kernelspec {path} is not valid JSON{where}: fix or remove it")
+    if not isinstance(spec, dict):
+        raise BrokenKernelSpec(f"kernelspec {path} is not a JSON object: fix or remove it")
+    metadata = spec.get("metadata") or {}
+    provisioner = metadata.get("kernel_provisioner") if isinstance(metadata, dict) else None
     if not isinstance(provisioner, dict) or provisioner.get("provisioner_name") != PROVISIONER_NAME:
         return None
     config = provisioner.get("config") or {}
+    problem = _config_problem(config)
+    if problem:
+        raise BrokenKernelSpec(f"kernelspec {path}: {problem}: install it again "
+                               f"(jupyter podman-hpc kernel install) or remove it")
     return ContainerKernel(
-        name=directory.name, display_name=str(spec.get("display_name", "")), image=str(config.get("image", "")),
+        name=directory.name, display_name=str(spec.get("display_name", "")), image=config["image"],
         modules=[str(m) for m in config.get("modules") or []],
         podman_args=[str(a) for a in config.get("podman_args") or []], path=str(directory),
         pool=config["pool"] if isinstance(config.get("pool"), int) else None, slurm=config.get("slurm") is not False)
+
+
+def _config_problem(config) -> str:
+    """What is wrong with a podman-hpc kernelspec's provisioner config, or ''."""
+    if not isinstance(config, dict):
+        return "metadata.kernel_provisioner.config is not an object"
+    if not isinstance(config.get("image"), str) or not config["image"]:
+        return "it names no image (metadata.kernel_provisioner.config.image)"
+    for key in ("modules", "podman_args"):
+        if not isinstance(config.get(key) or [], list):
+            return f"metadata.kernel_provisioner.config.{key} is not a list"
+    return ""
+
+
+def _ours(directory: Path) -> bool:
+    """Whether ``directory`` holds one of our kernelspecs (a broken one counts: ours to replace)."""
+    try:
+        return _read(directory) is not None
+    except BrokenKernelSpec:
+        return True
 
 
 # --- writing -----------------------------------------------------------------------
@@ -270,7 +307,7 @@ def install(image: str, name: str | None = None, display_name: str | None = None
     try:
         kernels.mkdir(parents=True, exist_ok=True)
         with _locked(kernels):
-            if target.exists() and _read(target) is None:
+            if target.exists() and not _ours(target):
                 raise KernelSpecError(f"a kernel named {name} that is not a podman-hpc kernel exists in "
                                       f"{kernels}: choose another --name")
             staging = _stage(kernels, name, files)
@@ -286,8 +323,12 @@ def install(image: str, name: str | None = None, display_name: str | None = None
     return installed
 
 
-def list_kernels(prefix: str | os.PathLike | None = None) -> list[ContainerKernel]:
-    """The podman-hpc kernelspecs Jupyter sees, one per name (the one Jupyter would use)."""
+def list_kernels(prefix: str | os.PathLike | None = None,
+                 problems: list[str] | None = None) -> list[ContainerKernel]:
+    """The podman-hpc kernelspecs Jupyter sees, one per name (the one Jupyter would use).
+
+    A kernel.json that cannot be read (or one of ours with malformed fields) does not stop the
+    listing: it is left out, and one line naming it and what is wrong goes to ``problems``."""
     found: dict[str, ContainerKernel] = {}
     shadowed: set[str] = set()
     for directory in search_dirs(prefix):
@@ -299,7 +340,13 @@ def list_kernels(prefix: str | os.PathLike | None = None) -> list[ContainerKerne
             name = entry.name.lower()
             if name in found or name in shadowed or not (entry / "kernel.json").is_file():
                 continue
-            kernel = _read(entry)
+            try:
+                kernel = _read(entry)
+            except BrokenKernelSpec as err:
+                shadowed.add(name)  # Jupyter does not take another directory's spec of that name either
+                if problems is not None:
+                    problems.append(str(err))
+                continue
             if kernel is None:
                 shadowed.add(name)  # an ordinary kernel of that name comes first
             else:
@@ -322,7 +369,7 @@ def remove(name: str, prefix: str | os.PathLike | None = None) -> ContainerKerne
     kernels = directory.parent
     try:
         with _locked(kernels):
-            if _read(directory) is None:
+            if not _ours(directory):
                 raise KernelNotFound(f"no podman-hpc kernel named {name} (see `jupyter podman-hpc kernel list`)")
             doomed = Path(tempfile.mkdtemp(prefix=f".podman-hpc-kernel-{name}.", dir=kernels.parent))
             os.rename(directory, doomed / name)  # gone from Jupyter's view in one step

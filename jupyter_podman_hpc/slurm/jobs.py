@@ -127,11 +127,17 @@ class JobRecord:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             raise JobNotFound(f"{path.parent} is not a job directory (no {RECORD})")
-        except (OSError, ValueError) as err:
-            raise JobError(f"cannot read the job record {path}: {err}")
+        except OSError as err:
+            raise JobError(f"cannot read the job record {path}: {err.strerror or err}")
+        except ValueError as err:
+            where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
+            raise JobError(f"job record {path} is not valid JSON{where}, truncated or edited: "
+                           f"its job is not listed (the batch script and logs beside it are kept)")
         known = set(cls.__dataclass_fields__)
         if not isinstance(data, dict) or not {"id", "spec", "submitted"} <= set(data):
-            raise JobError(f"{path} is not a job record")
+            raise JobError(f"job record {path} lacks its id, spec or submit time: its job is not listed")
+        if not isinstance(data["spec"], dict) or not isinstance(data.get("run") or {}, dict):
+            raise JobError(f"job record {path} has a malformed spec or run: its job is not listed")
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
@@ -247,12 +253,14 @@ class Job:
 
     @classmethod
     def list(cls, root: str | Path | None = None, *, client: SlurmClient | None = None,
-             status: bool = True) -> "list[Job]":
+             status: bool = True, problems: "list[str] | None" = None) -> "list[Job]":
         """Every job recorded under ``root``, oldest first.
 
         With ``status``, Slurm is asked about all unfinished jobs at once (one
         squeue, one sacct); if Slurm cannot be reached the jobs are listed
-        without a status (``status(refresh=False)`` then asks again).
+        without a status (``status(refresh=False)`` then asks again). A record
+        that cannot be read (truncated, edited) does not stop the listing: its
+        job is left out and one line naming the record goes to ``problems``.
         """
         client = client or SlurmClient()
         root = Path(root) if root is not None else default_root(client.env)
@@ -262,8 +270,10 @@ class Job:
                 continue
             try:
                 job = cls(directory, client=client)
-            except JobError:
-                continue  # unreadable record: not ours to judge here
+            except JobError as err:
+                if problems is not None:
+                    problems.append(str(err))
+                continue
             if job._recover_job_id():
                 jobs.append(job)
         jobs.sort(key=lambda j: (j.submitted, j.directory.name))

@@ -99,3 +99,11 @@ def test_without_scratch_there_is_no_shared_fallback_store():
     with pytest.raises(ConfigError, match="no squashed image store: SCRATCH is not set"):
         SquashStore(config.squash_dir)
     assert load_config({"SCRATCH": "/scratch/u"}).squash_dir == "/scratch/u/storage"
+
+
+def test_a_yaml_syntax_error_is_one_line_with_its_place(tmp_path):
+    env = config_file(tmp_path, "log_level: error\nulimits: [nofile=1024:1024\nnetwork: host\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(env)
+    assert str(refused.value) == (f"configuration file {tmp_path / 'podman_hpc.yaml'} is not valid YAML: "
+                                  "line 3, column 8: expected ',' or ']', but got ':'")

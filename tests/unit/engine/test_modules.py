@@ -4,7 +4,7 @@ import pytest
 
 from jupyter_podman_hpc.engine.config import SITE_DATA
 from jupyter_podman_hpc.engine.errors import ModuleError
-from jupyter_podman_hpc.engine.modules import PRIVATE_SHM, ModuleSet, Mount, cdi_kind_available, resolve_binds
+from jupyter_podman_hpc.engine.modules import PRIVATE_SHM, ModuleSet, Mount, cdi_kind_available, load_module, resolve_binds
 from jupyter_podman_hpc.engine.private import UnsafeDirectory
 
 
@@ -136,3 +136,12 @@ def test_a_cached_module_set_equals_the_parsed_one_and_follows_changes(site, tmp
     assert ModuleSet.load(site.directory, cache_dir=str(cache)) == first == site
     write_module(tmp_path, "b", "name: b\ncli_arg: beta\nenv: ENABLE_B\nhelp: changed help text\n")
     assert ModuleSet.load(site.directory, cache_dir=str(cache)).by_name("b").help == "changed help text"
+
+
+def test_a_module_file_that_is_not_yaml_is_one_line_with_its_place(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: broken\nenv: X\nbind: [/a:/b\n")
+    with pytest.raises(ModuleError) as refused:
+        load_module(path)
+    assert str(refused.value) == (f"module file {path} is not valid YAML: line 4, column 1: "
+                                  "expected ',' or ']', but got '<stream end>'")

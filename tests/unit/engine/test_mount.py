@@ -15,13 +15,21 @@ LAYER = "2108b300847846c93247b62e64e43dee44ad29772604f104a14cdcdd515c3b1c"
 LINK = "HH27KLVLMHONA4FWTLH3LL54FO"
 
 
+def squash_bytes(body: bytes) -> bytes:
+    """A file that starts as a whole squashfs image does (magic, its length at bytes_used),
+    then ``body``; the mount program refuses a truncated one before anything else."""
+    data = bytearray(b"hsqs" + body.ljust(44, b"\0"))
+    data[40:48] = len(data).to_bytes(8, "little")
+    return bytes(data)
+
+
 def store_with(root, digest="", record=True):
     """A store holding one squashed image (its squash file arbitrary bytes) of LAYER."""
     (root / "overlay" / LAYER / "diff").mkdir(parents=True)
     (root / "overlay" / "l").mkdir()
     (root / "overlay" / "l" / LINK).symlink_to(f"../{LAYER}/diff")
     squash = root / "overlay" / "l" / f"{LINK}.squash"
-    squash.write_bytes(b"hsqs" + os.urandom(4096))
+    squash.write_bytes(squash_bytes(os.urandom(4096)))
     (root / "overlay-images").mkdir()
     image = {"id": "a" * 64, "layer": LAYER, "names": ["localhost/x:1"]}
     if digest:
@@ -100,7 +108,7 @@ def squashed_store(root, layer=TOP, link=TOP_LINK):
     (root / "overlay" / "l").mkdir()
     (root / "overlay" / "l" / link).symlink_to(f"../{layer}/diff")
     squash = root / "overlay" / "l" / f"{link}.squash"
-    squash.write_bytes(b"hsqs")
+    squash.write_bytes(squash_bytes(b""))
     (root / "overlay-images").mkdir()
     image = {"id": "a" * 64, "layer": layer, "names": ["localhost/x:1"], "flags": {SQUASH_DIGEST: "sha256:" + "d" * 64}}
     (root / "overlay-images" / "images.json").write_text(json.dumps([image]))

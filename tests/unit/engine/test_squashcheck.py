@@ -10,7 +10,8 @@ import pytest
 
 from jupyter_podman_hpc.engine import squashcheck
 from jupyter_podman_hpc.engine.records import SQUASH_DIGEST
-from jupyter_podman_hpc.engine.squashcheck import SquashChanged, VerifiedFiles, check, recorded, verified_dir
+from jupyter_podman_hpc.engine.squashcheck import (SquashChanged, SquashDamaged, VerifiedFiles, check, recorded,
+                                                     verified_dir)
 
 LAYER = "2108b300847846c93247b62e64e43dee44ad29772604f104a14cdcdd515c3b1c"
 
@@ -18,7 +19,9 @@ LAYER = "2108b300847846c93247b62e64e43dee44ad29772604f104a14cdcdd515c3b1c"
 @pytest.fixture
 def squash(tmp_path):
     path = tmp_path / "HH27KLVLMHONA4FWTLH3LL54FO.squash"
-    path.write_bytes(b"hsqs" + os.urandom(3 * 2**20))
+    data = bytearray(b"hsqs" + os.urandom(3 * 2**20))
+    data[40:48] = len(data).to_bytes(8, "little")  # the superblock's bytes_used: a whole image
+    path.write_bytes(bytes(data))
     return path
 
 
@@ -98,3 +101,31 @@ def test_the_node_remembers_beside_its_unpacked_copies():
     assert verified_dir("/dev/shm/1001_hpc/unpacked", "/tmp/1001_hpc/storage") == \
         Path("/dev/shm/1001_hpc/squash-verified")
     assert verified_dir("", "/tmp/1001_hpc/storage") == Path("/tmp/1001_hpc/storage/squash-verified")
+
+
+@pytest.mark.parametrize("cut, why", [
+    (2**20, f"it is truncated ({2**20} of its {3 * 2**20 + 4} bytes)"),
+    (0, "it is empty"),
+])
+def test_a_truncated_squash_file_is_refused_as_such_before_its_digest_is_read(tmp_path, squash, reads, cut, why):
+    good = digest_of(squash)
+    os.truncate(squash, cut)  # a copy that stopped, a full file system
+    fd = os.open(squash, os.O_RDONLY)
+    try:
+        with pytest.raises(SquashDamaged) as refused:
+            check(fd, squash, {good}, VerifiedFiles(tmp_path))
+    finally:
+        os.close(fd)
+    assert str(refused.value) == (f"squash file {squash} is damaged: {why}; squash the image again "
+                                  "(podman-hpc pull or migrate)")
+    assert reads == []
+
+
+def test_a_file_that_is_no_squashfs_image_is_refused_without_a_digest_too(tmp_path, squash):
+    squash.write_bytes(b"<html>not found</html>")
+    fd = os.open(squash, os.O_RDONLY)
+    try:
+        with pytest.raises(SquashDamaged, match="it is not a squashfs image"):
+            check(fd, squash, set(), VerifiedFiles(tmp_path))
+    finally:
+        os.close(fd)

@@ -3,6 +3,7 @@
 import json
 import os
 import threading
+from pathlib import Path
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
@@ -187,3 +188,23 @@ def test_unwritable_location_is_a_message(tmp_path):
             kernelspec.install(IMAGE, name="k", prefix=locked)
     finally:
         locked.chmod(0o700)
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"argv": ["python3"', "is not valid JSON (line 1, column 20): fix or remove it"),
+    ("[1, 2]", "is not a JSON object: fix or remove it"),
+    (json.dumps({"metadata": {"kernel_provisioner": {"provisioner_name": "podman-hpc-provisioner",
+                                                      "config": "nonsense"}}}),
+     ": metadata.kernel_provisioner.config is not an object: install it again"),
+])
+def test_a_broken_kernelspec_is_one_problem_and_the_others_are_listed(prefix, text, why):
+    kernelspec.install(IMAGE, name="good", prefix=prefix)
+    broken = kernelspec.install(IMAGE, name="broken", prefix=prefix)
+    (Path(broken.path) / "kernel.json").write_text(text)
+    problems = []
+    assert [k.name for k in kernelspec.list_kernels(prefix, problems)] == ["good"]
+    assert len(problems) == 1 and problems[0].startswith(f"kernelspec {broken.path}/kernel.json") and \
+        why in problems[0], problems
+    assert [k.name for k in kernelspec.list_kernels(prefix)] == ["good"]  # without a list: still no error
+    assert kernelspec.install(IMAGE, name="broken", prefix=prefix).image == IMAGE  # the retry replaces it
+    assert [k.name for k in kernelspec.list_kernels(prefix, problems)] == ["broken", "good"]

@@ -1,0 +1,27 @@
+"""Listing jobs when a job record is damaged: the others are listed, the damaged one is one line."""
+
+import pytest
+
+from jupyter_podman_hpc.slurm.jobs import Job, JobError, JobRecord
+from tests.unit.slurm.test_jobs import StandInSlurm, submit
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda text: text[:len(text) // 2], "is not valid JSON (line "),
+    (lambda text: "", "is not valid JSON (line 1, column 1)"),
+    (lambda text: '{"id": "x", "spec": "nonsense", "submitted": "now"}', "has a malformed spec or run"),
+])
+def test_a_damaged_record_is_one_problem_and_the_other_jobs_are_listed(tmp_path, damage, why):
+    client = StandInSlurm(states=("COMPLETED",))
+    whole, damaged = submit(tmp_path, client=client), submit(tmp_path, client=client)
+    record = damaged.directory / "job.json"
+    text = record.read_text()
+    record.write_text(damage(text))
+    problems = []
+    assert [job.id for job in Job.list(tmp_path / "jobs", client=client, problems=problems)] == [whole.id]
+    assert len(problems) == 1 and problems[0].startswith(f"job record {record} ") and why in problems[0], problems
+    with pytest.raises(JobError) as refused:
+        JobRecord.read(record)
+    assert str(refused.value) == problems[0]
+    record.write_text(text)  # the record whole again
+    assert len(Job.list(tmp_path / "jobs", client=client, problems=problems)) == 2 and len(problems) == 1
