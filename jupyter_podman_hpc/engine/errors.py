@@ -39,6 +39,11 @@ class ToolFailed(EngineError):
     its own, not the request's; the message is the program's."""
 
 
+class StorageFull(EngineError):
+    """A file system the engine writes to (a squashed store) is full or over quota (ENOSPC,
+    EDQUOT); the message names it. Nothing half-written is left visible there."""
+
+
 class ConfigError(InvalidInput):
     """The site configuration or the environment is invalid."""
 

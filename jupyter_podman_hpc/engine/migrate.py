@@ -21,6 +21,7 @@ was changed) is squashed again and replaced.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import reference
-from .errors import EngineError, ImageNotFound, PodmanError
+from .errors import EngineError, ImageNotFound, PodmanError, StorageFull
 from .podman import Podman
 from .private import private_dir
 from .progress import Progress, ProgressCallback, ignore
@@ -89,25 +90,59 @@ def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> Mi
             digest = store.squash_digest_now(link, verified) if recorded else ""
             if digest not in recorded:
                 store.remove_stale_temporaries(link)
-                digest = _squash_into(store, link, podman, image_id, graph, chain, verified, progress)
+                digest = _squash_into(store, link, podman, ref, image_id, graph, chain, verified, progress)
             store.write_skeleton(graph, image_id, chain)
             stored = store.publish(record, chain, digest)
     except OSError as err:
+        if err.errno in _FULL:
+            raise _store_full(store.root, ref) from None
         raise EngineError(f"cannot squash {ref} into {store.root}: {_why(err)}") from None
     progress(Progress("squash", f"squashed {ref}", 1, 1))
     return MigrateResult(stored, squashed=True)
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+# what mksquashfs says when a write fails (it does not say why): the store is full if its file
+# system has less than this left once it gave up
+_FULL_BELOW = 4 << 20
+
+
+def _store_full(root: Path, ref: str, written: int = 0, free: int | None = None) -> StorageFull:
+    if free is None:
+        free = _free_bytes(root)
+    wrote = f" after {written >> 20} MiB of its squash file" if written else ""
+    room = f", {free >> 20} MiB free" if free is not None else ""
+    return StorageFull(f"the squashed store {root} is full (ENOSPC{room}): {ref} was not squashed{wrote}; "
+                       f"nothing of it was kept and the store's other images are unchanged: free space there "
+                       f"(or set squash_dir to another store), then squash it again")
+
+
+def _free_bytes(path: Path | int) -> int | None:
+    """The bytes an unprivileged user may still write on ``path``'s file system (or an open file's)."""
+    try:
+        st = os.fstatvfs(path) if isinstance(path, int) else os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _why(err: OSError) -> str:
     return f"{err.filename}: {err.strerror}" if err.filename else str(err.strerror or err)
 
 
-def _squash_into(store: SquashStore, link: str, podman: Podman, image_id: str, graph: GraphRoot,
+def _squash_into(store: SquashStore, link: str, podman: Podman, ref: str, image_id: str, graph: GraphRoot,
                  chain: list[dict], verified: VerifiedFiles, progress: ProgressCallback) -> str:
     """Squash the image into the store's squash file of ``link``; its sha256."""
     fd, partial = store.new_squash(link)
     try:
-        _make_squash(podman, image_id, graph, chain, partial, progress)
+        try:
+            _make_squash(podman, image_id, graph, chain, partial, progress)
+        except PodmanError as err:
+            # mksquashfs only says "Failed to write to output filesystem": a full store is told as such
+            free = _free_bytes(fd)
+            if free is not None and free < _FULL_BELOW and "mksquashfs" in str(err):
+                raise _store_full(store.root, ref, os.fstat(fd).st_size, free) from None
+            raise
         if os.pread(fd, 4, 0) != SQUASHFS_MAGIC:
             raise EngineError(f"mksquashfs did not write a squashfs image to {partial}")
         digest = sha256_of(fd)
