@@ -262,7 +262,7 @@ class PodmanHPCMagics(Magics):
         return JobSpec(
             image=args.image, command=tuple(args.argv) if args.argv else None,
             python_script=args.script, notebook=args.notebook, args=tuple(args.args),
-            workdir=args.workdir, mode=args.mode, **self._job_fields(args))
+            parameters=dict(args.params), workdir=args.workdir, mode=args.mode, **self._job_fields(args))
 
     def _cmd_submit(self, args: Namespace, cell: str | None):
         from ..slurm import Job as SlurmJob
@@ -285,6 +285,9 @@ class PodmanHPCMagics(Magics):
             print(note)
         print(f"Submitted job {job.id} ({spec.nodes} node(s) x {spec.tasks_per_node} task(s), {spec.mode}) "
               f"in {job.directory}")
+        output = job.output_notebook()
+        if output:
+            print(f"Output notebook (rank 0 writes it as cells run): {output['path']}")
         return Job(job)
 
     @staticmethod
@@ -294,14 +297,28 @@ class PodmanHPCMagics(Magics):
         return SlurmJob.find(job_id, client=SlurmClient())
 
     def _cmd_jobs(self, args: Namespace, cell: str | None):
-        from .jobs import JobList
+        from ..slurm import Job as SlurmJob
+        from ..slurm import SlurmClient
+        from .jobs import Job, JobList
 
         self._no_cell(args, cell)
-        return JobList.load()
+        jobs = []
+        for job in reversed(SlurmJob.list(client=SlurmClient())):
+            try:
+                status = job.status(refresh=False)
+            except EngineError:
+                status = None
+            jobs.append(Job(job, status))
+        return JobList(jobs)
 
     def _cmd_logs(self, args: Namespace, cell: str | None):
         self._no_cell(args, cell)
         job = self._find(args.job_id)
+        output = job.output_notebook()
+        if output:
+            from ..slurm.notebook import describe_progress
+            state = describe_progress(output) or ("not written yet" if not output["exists"] else "")
+            print(f"Output notebook: {output['path']}" + (f" ({state})" if state else ""))
         if args.batch:
             text = job.batch_log()
         else:

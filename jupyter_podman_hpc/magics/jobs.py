@@ -118,6 +118,13 @@ class Job:
     def batch_log(self) -> str:
         return self.job.batch_log()
 
+    @property
+    def output_notebook(self):
+        """The executed notebook of a notebook job (a Path; rank 0 writes it as cells run), else None."""
+        from pathlib import Path
+        info = self.job.output_notebook()
+        return Path(info["path"]) if info else None
+
     def cancel(self) -> None:
         self.job.cancel()
         if self._view is not None:
@@ -241,31 +248,19 @@ class _StatusView:
         return f"<table class='podman-hpc-job'>{row}</table>"
 
 
+def _output(info) -> str:
+    """The output notebook column: its name, and where rank 0 is or which cell failed on which rank."""
+    if not info:
+        return "-"
+    from ..slurm.notebook import describe_progress
+    state = describe_progress(info, short=True)
+    return f"{info['name']} ({state})" if state else info["name"]
+
+
 class JobList(list):
-    """``%podman_hpc jobs``: a list of Job, shown as a table; ``problems`` are the job records
-    that could not be read (one line each, shown above the table)."""
+    """``%podman_hpc jobs``: a list of Job, shown as a table."""
 
-    HEADER = ("JOB ID", "NAME", "STATE", "NODES", "ELAPSED", "SUBMITTED", "IMAGE")
-
-    def __init__(self, jobs=(), problems=()):
-        super().__init__(jobs)
-        self.problems = list(problems)
-
-    @classmethod
-    def load(cls) -> "JobList":
-        """The user's jobs, newest first, with their last known status (one Slurm query)."""
-        from ..engine.errors import EngineError
-        from ..slurm import SlurmClient
-
-        problems: list[str] = []
-        jobs = []
-        for job in reversed(SlurmJob.list(client=SlurmClient(), problems=problems)):
-            try:
-                status = job.status(refresh=False)
-            except EngineError:
-                status = None
-            jobs.append(Job(job, status))
-        return cls(jobs, problems)
+    HEADER = ("JOB ID", "NAME", "STATE", "NODES", "ELAPSED", "SUBMITTED", "IMAGE", "OUTPUT")
 
     def rows(self) -> list[tuple[str, ...]]:
         rows = [self.HEADER]
@@ -275,19 +270,17 @@ class JobList(list):
             rows.append((job.id, job.name, status.state if status else "?",
                          status.nodelist if status and status.nodelist else "-",
                          _clock(status.elapsed) if status else "-",
-                         job.job.submitted[:19].replace("T", " "), spec.get("image", "")))
+                         job.job.submitted[:19].replace("T", " "), spec.get("image", ""),
+                         _output(job.job.output_notebook())))
         return rows
 
     def _repr_pretty_(self, p, cycle) -> None:
         from .display import text_table
-        notes = "".join(f"warning: {problem}\n" for problem in self.problems)
-        p.text(notes + (text_table(self.rows()) if self else "no jobs"))
+        p.text(text_table(self.rows()) if self else "no jobs")
 
     def _repr_html_(self) -> str:
         from .display import html_table
-        notes = "".join(f"<p class='podman-hpc-warning'>warning: {html.escape(problem)}</p>"
-                        for problem in self.problems)
-        return notes + (html_table(self.rows()) if self else "<p>no jobs</p>")
+        return html_table(self.rows()) if self else "<p>no jobs</p>"
 
 
 __all__ = ["Job", "JobList"]

@@ -34,9 +34,10 @@ commands:
   run [options] [module flags] IMAGE [CMD...]
                           podman-hpc run, with the output streamed into the cell
   submit --nodes N --tasks-per-node M [--time T] ... IMAGE [CMD... | --notebook PATH | --script PATH]
-                          submit a Slurm job (--preview: show its batch script only)
+                          submit a Slurm job (--preview: show its batch script only); a notebook
+                          comes back executed as <name>.out.ipynb (--param NAME=VALUE: its parameters)
   jobs                    the jobs submitted from here and their states
-  logs JOBID              each rank's output of a job
+  logs JOBID              each rank's output of a job (and its output notebook)
   cancel JOBID            cancel a job
   cluster start [--nodes N] [--tasks-per-node K] [--module M] ... IMAGE | cluster stop [ID] | cluster list
                           an IPython Parallel cluster of engines in IMAGE, for %%px
@@ -198,6 +199,7 @@ def build_parser() -> Parser:
         "submit",
         usage=_u("%podman_hpc submit --nodes N --tasks-per-node M [--time T] [--partition P] [--account A]\n"
               "                   [--module M ...] [--mode podman-exec|per-process] [--env K=V ...] [--preview]\n"
+              "                   [--param NAME=VALUE ...]\n"
               "                   IMAGE [CMD... | --notebook PATH [ARGS...] | --script PATH [ARGS...]]"),
         description="Submit IMAGE as a Slurm batch job (the same script you would submit by hand); "
                     "returns a Job. --preview shows the script and submits nothing.")
@@ -207,6 +209,10 @@ def build_parser() -> Parser:
     submit.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside the container")
     submit.add_argument("--notebook", metavar="PATH", help="run this notebook on every rank")
     submit.add_argument("--script", metavar="PATH", help="run this Python script on every rank")
+    submit.add_argument("--param", dest="params", action="append", default=[], metavar="NAME=VALUE",
+                        type=_key_value("--param"),
+                        help="a notebook parameter, VALUE a Python literal (e.g. --param alpha=0.5 "
+                             "--param name=\"'x'\"): set after the notebook's cell tagged 'parameters' (repeatable)")
     submit.add_argument("--preview", action="store_true", help="show the batch script, submit nothing")
     submit.add_argument("image", metavar="IMAGE")
     submit.add_argument("argv", nargs=argparse.REMAINDER, metavar="CMD")
@@ -347,6 +353,24 @@ def parse(line: str | Sequence[str]) -> argparse.Namespace:
     return namespace
 
 
+def _leading_params(namespace: argparse.Namespace, words: list[str], parser_: Parser) -> list[str]:
+    """``--param NAME=VALUE`` right after ``--notebook PATH`` is the notebook's parameter (not one of
+    its arguments, which follow): moved to ``params``; the rest returned."""
+    convert = _key_value("--param")
+    while words and words[0].split("=", 1)[0] == "--param":
+        flag, sep, value = words[0].partition("=")
+        if not sep:
+            if len(words) < 2:
+                raise MagicUsageError("--param needs NAME=VALUE", parser_.format_usage())
+            value, words = words[1], words[1:]
+        try:
+            namespace.params.append(convert(value))
+        except argparse.ArgumentTypeError as err:
+            raise MagicUsageError(str(err), parser_.format_usage())
+        words = words[1:]
+    return words
+
+
 def _submit_target(namespace: argparse.Namespace, parser_: Parser) -> None:
     """``IMAGE CMD...``, ``IMAGE --notebook PATH [ARGS...]`` or ``IMAGE --script PATH [ARGS...]``:
     sets ``argv`` (the command), ``notebook``/``script`` and ``args``."""
@@ -365,6 +389,7 @@ def _submit_target(namespace: argparse.Namespace, parser_: Parser) -> None:
         if getattr(namespace, flag[2:]):
             raise MagicUsageError(f"{flag} is given twice", parser_.format_usage())
         setattr(namespace, flag[2:], value)
+        words = _leading_params(namespace, words, parser_)
         namespace.args, words = words, []
     targets = [flag for flag in ("notebook", "script") if getattr(namespace, flag)]
     if len(targets) > 1:

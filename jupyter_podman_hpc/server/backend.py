@@ -140,10 +140,9 @@ class Backend:
         job = Job.submit(spec, self.job_root(), client=SlurmClient(env=self.environ()), config=config)
         return job.as_dict(status=True)
 
-    def jobs(self, problems: list[str] | None = None) -> list[dict]:
-        """The jobs, newest first; an unreadable job record is left out and described in ``problems``."""
+    def jobs(self) -> list[dict]:
         from ..slurm import Job, SlurmClient
-        jobs = Job.list(self.job_root(), client=SlurmClient(env=self.environ()), problems=problems)
+        jobs = Job.list(self.job_root(), client=SlurmClient(env=self.environ()))
         return [job.as_dict() for job in reversed(jobs)]
 
     def _job(self, job_id: str):
@@ -158,6 +157,22 @@ class Backend:
         return {"id": job.id, "ranks": {str(rank): text for rank, text in sorted(job.logs().items())},
                 "errors": {str(rank): text for rank, text in sorted(job.logs("err").items())},
                 "batch": job.batch_log()}
+
+    def output(self, job_id: str) -> dict:
+        """The job's output notebook: where it is, rank 0's progress, and its content."""
+        from ..engine.errors import NotFound
+        from ..slurm.notebook import read_output
+        job = self._job(job_id)
+        info = job.output_notebook()
+        if info is None:
+            raise NotFound(f"job {job.id} did not run a notebook: it has no output notebook")
+        try:
+            content = read_output(info)
+        except FileNotFoundError:
+            raise NotFound(f"job {job.id} has no output notebook yet: rank 0 writes it when the job starts")
+        except (OSError, ValueError) as err:
+            raise NotFound(f"the output notebook of job {job.id} cannot be read: {err}")
+        return {"id": job.id, **info, "content": content}
 
     def cancel(self, job_id: str) -> dict:
         job = self._job(job_id)
@@ -202,10 +217,9 @@ class Backend:
 
     # --- kernels ---------------------------------------------------------------
 
-    def kernels(self, problems: list[str] | None = None) -> list[dict]:
-        """The container kernelspecs; a broken one is left out and described in ``problems``."""
+    def kernels(self) -> list[dict]:
         from ..kernels import kernelspec
-        return [kernel.as_dict() for kernel in kernelspec.list_kernels(problems=problems)]
+        return [kernel.as_dict() for kernel in kernelspec.list_kernels()]
 
     def install_kernel(self, image: str, display_name: str | None, modules: list[str],
                        name: str | None, pool: int | None = None) -> dict:

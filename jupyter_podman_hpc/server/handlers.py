@@ -223,9 +223,7 @@ class JobsHandler(Base):
     @authorized
     @engine_errors
     async def get(self):
-        problems: list[str] = []  # unreadable job records: the others are listed all the same
-        jobs = await self.blocking(self.backend.jobs, problems)
-        self.reply({"jobs": jobs, "problems": problems})
+        self.reply({"jobs": await self.blocking(self.backend.jobs)})
 
     @web.authenticated
     @authorized
@@ -257,6 +255,8 @@ class JobsHandler(Base):
                 v.string_list(spec, key)
         if "environment" in spec:
             v.string_map(spec, "environment")
+        if "parameters" in spec:  # names and Python literals: JobSpec checks them (a 400 naming the bad one)
+            v.string_map(spec, "parameters")
         return spec
 
 
@@ -282,6 +282,16 @@ class JobLogsHandler(Base):
         self.reply(await self.blocking(self.backend.logs, job_id))
 
 
+class JobOutputHandler(Base):
+    """A notebook job's executed notebook (JSON, as rank 0 last wrote it): 404 until it exists."""
+
+    @web.authenticated
+    @authorized
+    @engine_errors
+    async def get(self, job_id):
+        self.reply(await self.blocking(self.backend.output, job_id))
+
+
 class ClustersHandler(Base):
     @web.authenticated
     @authorized
@@ -303,9 +313,7 @@ class KernelsHandler(Base):
     @authorized
     @engine_errors
     async def get(self):
-        problems: list[str] = []  # broken kernelspecs: the others are listed all the same
-        kernels = await self.blocking(self.backend.kernels, problems)
-        self.reply({"kernels": kernels, "problems": problems})
+        self.reply({"kernels": await self.blocking(self.backend.kernels)})
 
     @web.authenticated
     @authorized
@@ -349,6 +357,7 @@ ROUTES = [
     (r"jobs", JobsHandler),
     (r"jobs/([^/]+)", JobHandler),
     (r"jobs/([^/]+)/logs", JobLogsHandler),
+    (r"jobs/([^/]+)/output", JobOutputHandler),
     (r"clusters", ClustersHandler),
     (r"clusters/([0-9a-f]+)", ClusterHandler),
     (r"kernels", KernelsHandler),

@@ -201,18 +201,22 @@ def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
     return info
 
 
-def describe_progress(info: Optional[dict]) -> str:
-    """One line for the magic: where rank 0 is, or which cell failed on which rank."""
+def describe_progress(info: Optional[dict], short: bool = False) -> str:
+    """One line for the magic: where rank 0 is, or which cell failed on which rank (``short``:
+    without the errors' messages, for a table)."""
     if not info or not info.get("progress"):
         return ""
     progress = info["progress"]
     errors = progress.get("errors") or []
     if errors:
+        if short:
+            return "; ".join(f"cell {e.get('cell')} failed on rank {e.get('rank')}" for e in errors)
         return "; ".join(f"cell {e.get('cell')} failed on rank {e.get('rank')}: {e.get('ename')}: {e.get('evalue')}"
                          for e in errors)
     state = progress.get("state")
     if state == "running" and progress.get("cell"):
-        return f"rank 0 is in cell {progress['cell']} of {progress.get('cells')}"
+        return f"cell {progress['cell']}/{progress.get('cells')}" if short else \
+            f"rank 0 is in cell {progress['cell']} of {progress.get('cells')}"
     return state or ""
 
 

@@ -292,6 +292,34 @@ def test_a_4_node_job_runs_to_completed_with_a_live_status_widget(base_kernel, s
     assert f">{job_id}</td>" in cell.result["text/html"]
 
 
+def test_a_notebook_job_names_its_output_notebook_in_submit_logs_and_jobs(base_kernel, stack, tmp_path):
+    import nbformat
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("word = 'default'", metadata={"tags": ["parameters"]}),
+                      nbformat.v4.new_code_cell("import os\nif os.environ['SLURM_PROCID'] == '1':\n"
+                                                "    raise KeyError(word)\nprint(word)")]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "Words.ipynb"
+    nbformat.write(notebook, str(path))
+    cell = base_kernel.execute(f"job = %podman_hpc submit --nodes 2 --time 5 {stack.base_image} "
+                               f"--notebook {path} --param \"word='given'\"")
+    assert cell.ok, cell.show()
+    job_id = re.search(r"Submitted job (\d+)", cell.stdout).group(1)
+    assert re.search(r"Output notebook \(rank 0 writes it as cells run\): /\S+/Words\.out\.ipynb\n", cell.stdout)
+    cell = base_kernel.execute(f"job.wait(timeout={JOB_TIMEOUT}).state, job.output_notebook.name")
+    assert cell.ok and cell.result["text/plain"] == "('FAILED', 'Words.out.ipynb')", cell.show()
+    cell = base_kernel.execute(f"%podman_hpc logs {job_id}")
+    assert cell.ok, cell.show()
+    assert re.match(r"Output notebook: /\S+/Words\.out\.ipynb \(cell 3 failed on rank 1: KeyError: 'given'\)\n"
+                    r"0: given\n", cell.stdout), cell.show()
+    cell = base_kernel.execute("%podman_hpc jobs")
+    assert cell.ok, cell.show()
+    row = next(line for line in cell.result["text/plain"].splitlines() if line.startswith(job_id))
+    assert row.endswith("Words.out.ipynb (cell 3 failed on rank 1)"), row
+    text = short_error(base_kernel.execute(f"%podman_hpc submit {stack.base_image} --notebook {path} --param word=given"))
+    assert "error: parameters: word=given is not a Python literal" in text, text
+
+
 def test_cancel_a_job(base_kernel, stack):
     cell = base_kernel.execute(f"job = %podman_hpc submit --nodes 1 {stack.base_image} sleep 300")
     assert cell.ok, cell.show()

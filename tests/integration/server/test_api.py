@@ -209,6 +209,47 @@ async def test_jobs_preview_submit_status_logs_and_cancel(api, server_hpc, stack
     assert status == 404
 
 
+async def test_a_notebook_job_gives_its_output_notebook_with_the_parameters(api, server_hpc, squashed_base, stack,
+                                                                            job_root, jp_root_dir, monkeypatch):
+    import nbformat
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("size = 1", metadata={"tags": ["parameters"]}),
+                      nbformat.v4.new_code_cell("print('size', size)")]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, str(jp_root_dir / "Sized.ipynb"))
+    keys = ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME")
+    env = {k: squashed_base.env[k] for k in keys}  # the server's store from now on: the one with the base image
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    spec = {"image": stack.base_image, "notebook": "Sized.ipynb", "time": "00:05:00", "environment": env}
+    status, answer = await api("POST", "jobs", body={**spec, "parameters": {"size": "big"}})
+    assert status == 400 and answer["message"].startswith("parameters: size=big is not a Python literal"), answer
+    status, answer = await api("POST", "jobs", body={**spec, "parameters": ["size=2"]})
+    assert status == 400 and answer["message"] == "'parameters' must be an object of strings", answer
+    assert list(job_root.iterdir()) == []
+    status, job = await api("POST", "jobs", body={**spec, "parameters": {"size": "[2, 3]"}})
+    assert status == 201, job
+    assert job["output"]["name"] == "Sized.out.ipynb" and job["run"]["parameters"] == {"size": "[2, 3]"}
+    for _ in range(480):
+        _, current = await api("GET", "jobs", job["id"])
+        if current["status"]["finished"]:
+            break
+        await asyncio.sleep(0.5)
+    assert current["status"]["state"] == "COMPLETED", current
+    assert current["output"]["exists"] and current["output"]["progress"]["state"] == "completed"
+    status, output = await api("GET", "jobs", job["id"], "output")
+    assert status == 200 and output["name"] == "Sized.out.ipynb"
+    cells = nbformat.from_dict(output["content"]).cells
+    nbformat.validate(nbformat.from_dict(output["content"]))
+    assert "".join(cells[1].source).endswith("size = [2, 3]") and cells[2].outputs[0]["text"] == "size [2, 3]\n"
+    _, listed = await api("GET", "jobs")
+    assert next(j for j in listed["jobs"] if j["id"] == job["id"])["output"]["exists"]
+    command_job = {"image": stack.base_image, "command": ["true"], "environment": env}
+    status, other = await api("POST", "jobs", body=command_job)
+    status, answer = await api("GET", "jobs", other["id"], "output")
+    assert status == 404 and "did not run a notebook" in answer["message"]
+
+
 async def test_unsquashed_images_are_refused_for_jobs(api, server_hpc):
     status, answer = await api("POST", "jobs", body={"image": "localhost/never/squashed:1", "command": ["true"]})
     assert status == 404 and "not in the squashed store" in answer["message"]

@@ -66,6 +66,17 @@ def test_submit_a_notebook_after_or_before_the_image(line):
     assert (args.image, args.notebook, args.script, args.argv, args.args) == ("img", "nb.ipynb", None, [], ["a", "b"])
 
 
+def test_submit_a_notebook_with_parameters():
+    args = parse("submit --param alpha=0.5 img --notebook nb.ipynb --param \"name='x y'\" --param=n=2 arg --param b=1")
+    # --param right after --notebook PATH is a parameter; after the notebook's first argument, an argument
+    assert args.params == [("alpha", "0.5"), ("name", "'x y'"), ("n", "2")]
+    assert args.args == ["arg", "--param", "b=1"]
+    with pytest.raises(MagicUsageError, match="--param needs KEY=VALUE, not 'oops'"):
+        parse("submit img --notebook nb.ipynb --param oops")
+    args = parse("submit --param alpha=0.5 --param \"name='x y'\" --notebook nb.ipynb img")
+    assert args.params == [("alpha", "0.5"), ("name", "'x y'")] and args.notebook == "nb.ipynb"
+
+
 def test_submit_a_script_and_preview():
     args = parse("submit --preview img --script run.py --flag")
     assert (args.script, args.args, args.preview, args.argv) == ("run.py", ["--flag"], True, [])
