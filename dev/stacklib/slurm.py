@@ -1,10 +1,13 @@
 """Munge, the accounting database, slurmdbd, slurmctld and four slurmd nodes.
 
 Every daemon runs with the loopback bind shim preloaded (Slurm has no option
-to choose its listening address), and each slurmd has a private /tmp, as a
-real compute node has.
+to choose its listening address), and each slurmd has a private /tmp and a
+private /dev/shm (a tmpfs of its own), as a real compute node has: a copy
+unpacked into one node's /dev/shm is not seen by another, nor by the host (the
+login node), so every node pays its own unpack, as on a cluster.
 """
 
+import hashlib
 import os
 import pwd
 import secrets
@@ -230,12 +233,15 @@ def _checkout_for_nodes() -> str:
 
 # Run inside the node's own mount namespace: the checkout (if under /tmp) is
 # bound aside first, /tmp becomes the node's directory, the checkout is bound
-# back at its path, and / is made shared, as rootless podman expects.
+# back at its path, /dev/shm becomes a tmpfs of the node's own (freed with the
+# namespace, when the node's last process ends: its reboot), and / is made
+# shared, as rootless podman expects.
 _NODE_NAMESPACE = """\
 tmp=$1 node=$2 checkout=$3 aside=$4
 if [ -n "$checkout" ]; then mkdir -p "$aside" && mount --bind "$checkout" "$aside"; fi
 mount --bind "$tmp" /tmp
 if [ -n "$checkout" ]; then mkdir -p "$checkout" && mount --bind "$aside" "$checkout" && umount "$aside"; fi
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
 mount --make-rshared /
 exec slurmd -D -N "$node"
 """
@@ -288,12 +294,14 @@ def slurmd_up(node: str) -> None:
     checkout = _checkout_for_nodes()
     started_with = layout.NODE_ROOT / node / "checkout"
     # a checkout removed and cloned again at the same path is another directory: the
-    # node's bind mount still shows the old one
-    seen = f"{checkout} {_identity(checkout)}"
+    # node's bind mount still shows the old one; a changed namespace script (what a node
+    # has of its own) needs a reboot too
+    script = hashlib.sha256(_NODE_NAMESPACE.encode()).hexdigest()[:12]
+    seen = f"{checkout} {_identity(checkout)} {script}"
     if running_pid(name):
         if started_with.exists() and started_with.read_text() == seen:
             return
-        say(f"restarting slurmd {node}: the checkout it must see moved")
+        say(f"restarting slurmd {node}: the checkout it must see, or its namespace, changed")
         stop_daemon(name)
     tmp = layout.node_tmp(node)
     tmp.mkdir(parents=True, exist_ok=True)

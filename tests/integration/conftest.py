@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -14,7 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_podman_hpc.engine.readpath import CachedCopy
+
 from tests.conftest import Stack, run
+
+# On a node: the copies in the unpack cache (argv[1]), as JSON (each node's /dev/shm is its own).
+_NODE_COPIES = ("import dataclasses, json, sys; from pathlib import Path; "
+                "from jupyter_podman_hpc.engine.readpath import copies; "
+                "print(json.dumps([dataclasses.asdict(c) for c in copies(Path(sys.argv[1]))]))")
 
 
 @dataclass
@@ -79,6 +88,19 @@ class Hpc:
                 return remaining
             time.sleep(1)
 
+    @property
+    def unpack_dir(self) -> Path:
+        return Path(self.env["PODMANHPC_SQUASH_UNPACK_DIR"])
+
+    def unpacked(self, node: str) -> list[CachedCopy]:
+        """The unpack cache's copies on ``node``, least recently used first: a node's /dev/shm
+        is its own, as on a cluster, so they are read there."""
+        out = self.srun("-w", node, sys.executable, "-c", _NODE_COPIES, self.unpack_dir).stdout
+        return [CachedCopy(**copy) for copy in json.loads(out)]
+
+    def exists_on(self, node: str, path: Path | str) -> bool:
+        return self.srun("-w", node, "test", "-e", path, check=False).returncode == 0
+
     def wipe_local_storage(self) -> None:
         """Forget every node-local image on the login side, as on a fresh node.
 
@@ -117,7 +139,7 @@ def make_hpc(stack: Stack, name: str, user: str = "") -> Hpc:
         "PODMANHPC_RUN_ROOT": f"/tmp/{uid}_t{key}",
         "PODMANHPC_CONFIG_HOME": f"/tmp/{uid}_t{key}/config",
         "SQUASH_DIR": str(squash_dir),
-        # node-local copies of squashed images (tmpfs, shared by the fake nodes of this host)
+        # node-local copies of squashed images (tmpfs; each node's /dev/shm is its own)
         "PODMANHPC_SQUASH_UNPACK_DIR": f"/dev/shm/{uid}_t{key}/unpacked",
     })
     hpc = Hpc(stack, env, squash_dir, work, user)
@@ -131,14 +153,14 @@ def cleanup_hpc(hpc: Hpc) -> None:
     root = hpc.env["PODMANHPC_RUN_ROOT"]
     # Plain `podman unshare` (podman's default storage, not the test's) joins the
     # namespace where the test storage's mounts live, without re-creating it.
+    # the node-local copies (each node's tmpfs) go last, once no container uses them
     script = 'podman-hpc rm --all --force --time 0 >/dev/null 2>&1; ' \
-             'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1"\' sh "$1"'
-    hpc.sh("sh", "-c", script, "sh", root, check=False)
-    # --immediate: when another job holds the nodes, leave the (private, /tmp) leftovers rather than hang.
+             'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1" "$2"\' sh "$1" "$2"'
+    unpack = str(hpc.unpack_dir.parent)
+    hpc.sh("sh", "-c", script, "sh", root, unpack, check=False)
+    # --immediate: when another job holds the nodes, leave the (private) leftovers rather than hang.
     hpc.srun(f"-N{len(hpc.stack.nodes)}", "--ntasks-per-node=1", "--immediate=60", "sh", "-c", script, "sh", root,
-             check=False, timeout=180)
-    # the node-local copies (tmpfs, which the fake nodes share), once no container uses them
-    hpc.sh("podman", "unshare", "rm", "-rf", str(Path(hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"]).parent), check=False)
+             unpack, check=False, timeout=180)
     if hpc.user:
         hpc.sh("rm", "-rf", hpc.work, check=False)
     shutil.rmtree(hpc.work, ignore_errors=True)

@@ -4,6 +4,8 @@ import collections
 import ipaddress
 import os
 import uuid
+
+import pytest
 from pathlib import Path
 
 from tests.conftest import run
@@ -72,8 +74,10 @@ def test_registry_round_trips_an_image(stack, tmp_path):
         run(["podman", "rmi", "--ignore", reference], check=False)
 
 
-def test_each_node_has_a_private_tmp(stack):
-    name = f"/tmp/private-{uuid.uuid4().hex}"
+@pytest.mark.parametrize("directory", ["/tmp", "/dev/shm"])
+def test_each_node_has_a_private_tmp_and_dev_shm(stack, directory):
+    """As on a cluster: what one node unpacks into its /dev/shm, another pays for again."""
+    name = f"{directory}/private-{uuid.uuid4().hex}"
     run(["srun", "-N1", "-w", "n1", "touch", name])
     try:
         assert run(["srun", "-N1", "-w", "n1", "test", "-e", name], check=False).returncode == 0

@@ -8,7 +8,6 @@ import dataclasses
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -106,15 +105,14 @@ podman-hpc rm --force --ignore --time 0 "$1" >/dev/null
 def test_killed_podman_and_container_leave_no_mount_or_watcher(squashed_tiny, stack):
     hpc = with_read_path(squashed_tiny, "unpacked")
     node = stack.nodes[0]
-    cache = Path(hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"])
     out = hpc.srun("-w", node, "sh", "-c", KILL_SCRIPT, "sh", f"killed-{os.getpid()}", stack.tiny_image,
-                   str(cache)).stdout
+                   str(hpc.unpack_dir)).stdout
     assert "started" in out
     deadline = time.monotonic() + 30
     while hpc.mounts(node) or watchers(hpc, node):
         assert time.monotonic() < deadline, (hpc.mounts(node), watchers(hpc, node))
         time.sleep(1)
-    assert [in_use(cache, key) for key, _, _ in cache_entries(cache)] == [False]
+    assert [copy.in_use for copy in hpc.unpacked(node)] == [False]
 
 
 def test_fifty_containers_of_three_images_leave_nothing(hpc, stack):
@@ -134,9 +132,10 @@ def test_fifty_containers_of_three_images_leave_nothing(hpc, stack):
     hpc.srun("-w", node, "sh", "-c", script, "sh", *(images * 17)[:50], timeout=900)
     assert hpc.mounts(node) == []
     assert watchers(hpc, node) == []
-    cache = Path(hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"])
-    entries = cache_entries(cache)
-    assert len(entries) == 3 and not any(in_use(cache, key) for key, _, _ in entries)
+    copies = hpc.unpacked(node)
+    # each image's copy, none held; if one is missing, what the mount program fell back to and why
+    assert len(copies) == 3 and not any(copy.in_use for copy in copies), \
+        (copies, hpc.srun("-w", node, "podman-hpc", "infohpc", check=False).stdout)
 
 
 # --- the login-node flow: an image pulled (local AND squashed) or built on the host -------

@@ -4,7 +4,8 @@ node (no SLURM_JOB_ID) does not unpack by default (and has a budget of its own w
 to), a job does and records itself, and the
 next use on the node after that job has ended releases its copy; infohpc lists the copies.
 
-The stack's nodes share the host's /dev/shm, so every test has an unpack cache of its own."""
+Every test has an unpack cache of its own; a node's copies are read on the node (its
+/dev/shm is its own, as on a cluster)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine.readpath import cache_entries, copies, in_use
+from jupyter_podman_hpc.engine.readpath import cache_entries, in_use
 
 from tests.integration.conftest import cleanup_hpc, make_hpc
 
@@ -46,12 +47,14 @@ def store(stack):
 
 
 @pytest.fixture
-def policy(store):
+def policy(store, stack):
     """The store with a fresh unpack cache of this test's own."""
     unpack = f"/dev/shm/{os.getuid()}_p{uuid.uuid4().hex[:8]}/unpacked"
     hpc = dataclasses.replace(store, env={**store.env, "PODMANHPC_SQUASH_UNPACK_DIR": unpack})
     yield hpc
-    hpc.sh("podman", "unshare", "rm", "-rf", str(Path(unpack).parent), check=False)
+    remove = ("podman", "unshare", "rm", "-rf", str(Path(unpack).parent))
+    hpc.sh(*remove, check=False)
+    hpc.srun(f"-N{len(stack.nodes)}", "--ntasks-per-node=1", "--immediate=60", *remove, check=False, timeout=180)
 
 
 def with_env(hpc, **extra: str):
@@ -134,8 +137,9 @@ def test_a_login_node_does_not_unpack_a_job_does_and_its_end_releases_the_copy(p
     out = hpc.srun("-w", node, "sh", "-c", script, "sh", stack.tiny_image).stdout
     job = job_of(out)
     assert f"unpacks into {cache} (in Slurm job {job}): budget " in out and "(squash_unpack_max_mb 10%)" in out
-    [made] = copies(cache)
+    [made] = hpc.unpacked(node)
     assert (made.job, made.node, made.in_use) == (job, node, False)
+    assert cache_entries(cache) == []  # made on the node, not on the login node
     assert f"{made.key} " in out and f", unused, last used 0 min ago, job {job} on {node}: " in out
 
     # the job has ended: the next use on the node, by another job and another image, releases its copy
@@ -145,8 +149,8 @@ def test_a_login_node_does_not_unpack_a_job_does_and_its_end_releases_the_copy(p
                    "sh", image("one")).stdout
     later = job_of(out)
     assert out.split()[-1] == "one" and later != job
-    [kept] = copies(cache)
-    assert kept.key != made.key and kept.job == later and not (cache / made.key).exists()
+    [kept] = hpc.unpacked(node)
+    assert kept.key != made.key and kept.job == later and not hpc.exists_on(node, cache / made.key)
 
     # or a job's last step releases its own copies at once (rootless: no epilog needed)
     out = hpc.srun("-w", node, "sh", "-c", 'echo "job=$SLURM_JOB_ID"; podman-hpc run --rm "$1" cat /two && '
@@ -154,7 +158,7 @@ def test_a_login_node_does_not_unpack_a_job_does_and_its_end_releases_the_copy(p
     last = job_of(out)
     released = [line for line in out.splitlines() if line.endswith(f": released at the end of job {last}")]
     assert len(released) == 1 and "two" in out.split(), out
-    assert [copy for copy in copies(cache) if copy.job == last] == []
+    assert [copy for copy in hpc.unpacked(node) if copy.job == last] == []
     outside = hpc("infohpc", "--release-job", check=False)
     assert outside.returncode == 125 and outside.stderr.strip() == (
         "Error: infohpc --release-job is for the last step of a Slurm job (no SLURM_JOB_ID here)")
