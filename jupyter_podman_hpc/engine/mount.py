@@ -434,7 +434,10 @@ def _squash_lower(squash: Path, target: Path, digests: set[str], settings: ReadP
             except (NoRoom, OSError) as err:
                 _log(f"unpacked copy refused: {err}")
                 note_fallback(state_dir, f"no unpacked copy, {instead} instead: {err}")
-            else:
+                root = None
+            for key, why in copy.removed:  # past their time, or made room: infohpc says which and why
+                note_fallback(state_dir, f"removed unpacked copy {key}: {why}")
+            if root is not None:
                 _log(f"{squash} unpacked at {root}")
                 held.append(copy)
                 return str(root)

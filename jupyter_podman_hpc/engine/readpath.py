@@ -220,6 +220,7 @@ class UnpackedCopy:
         self.ref_path = cache_dir / f"{self.key}.ref"
         self.ref_fd: int | None = None
         self.estimate = st.st_size * UNPACK_ESTIMATE
+        self.removed: list[tuple[str, str]] = []  # (key, why) of the copies acquire() removed
 
     def acquire(self) -> Path:
         """The unpacked tree, made if needed; NoRoom if the node cannot hold it."""
@@ -231,7 +232,7 @@ class UnpackedCopy:
             self.ref_fd = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self.ref_fd, fcntl.LOCK_SH)
             try:
-                sweep(self.cache, self.settings, keep={self.key})
+                self.removed = sweep(self.cache, self.settings, keep={self.key})
                 if not self.root.is_dir():
                     self._make()
                 elif read_meta(self.ref_path).get("job") != (self.settings.job or ""):
@@ -286,6 +287,7 @@ class UnpackedCopy:
         while unused and (used + self.estimate > self.max_bytes or free < self.estimate):
             key, size, _ = unused.pop(0)
             evict(self.cache, key)
+            self.removed.append((key, f"room for {self.squash.name} ({used >> 20} MiB used, {free >> 20} MiB free)"))
             used -= size
             free += size
         if used + self.estimate > self.max_bytes or free < self.estimate:

@@ -84,6 +84,8 @@ def test_unused_copies_are_evicted_oldest_first_and_used_ones_never(tmp_path):
     new.acquire()
     keys = {key for key, _, _ in cache_entries(cache)}
     assert keys == {held.key, new.key}  # b, unused, made room; a, in use, stayed
+    [(key, why)] = new.removed  # for the mount program's note (infohpc)
+    assert key == old.key and why.startswith("room for c.squash (")
     assert (held.root / "etc" / "hello").read_text() == "a"
     new.release()
     held.release()
@@ -219,6 +221,7 @@ def test_unused_copies_idle_past_the_limit_go_at_the_next_use_and_copies_in_use_
     _age(held, 90)  # in use for an hour and a half: stays
     _age(recent, 29)
     newcomer = _made(tmp_path, "new")  # the next mount-program call sweeps
+    assert [key for key, _ in newcomer.removed] == [idle.key]
     assert {key for key, _, _ in cache_entries(cache)} == {held.key, recent.key, newcomer.key}
     assert not idle.root.exists() and (held.root / "etc" / "hello").read_text() == "held"
     settings = ReadPathSettings("auto", str(cache), 1024, 30.0, "")
