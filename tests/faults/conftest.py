@@ -33,6 +33,7 @@ def one_line(text: str) -> str:
     """The only non-empty line of ``text`` (what a user reads); fails with all of it otherwise."""
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) == 1, f"expected one line, got {len(lines)}:\n{text}"
+    print(f"the user reads: {lines[0]}")  # shown by pytest -rP: the line each fault gives
     return lines[0]
 
 

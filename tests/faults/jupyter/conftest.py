@@ -5,4 +5,4 @@ tests/integration/magics, whose fixtures these are."""
 from pytest_jupyter.jupyter_core import *  # noqa: F401,F403 - its fixtures and async test support
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403
 
-from tests.integration.server.conftest import api  # noqa: F401 (fixture)
+from tests.integration.server.conftest import api, job_root, jp_server_config  # noqa: F401 (fixtures)
