@@ -1,0 +1,165 @@
+"""A JupyterHub run as docs/site.md says: from the site environment, with
+examples/hub/jupyterhub_config.py, plus what a test needs on top (ports, a state
+directory, the dummy authenticator, an API token, private Jupyter and podman-hpc
+directories for the user's server).
+
+Shared by the hub's integration test and its browser test.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run
+from tests.integration.kernels.conftest import ENGINE_VARS, free_port, http, stop, wait_http
+
+CHECKOUT = Path(__file__).resolve().parents[3]
+EXAMPLE = CHECKOUT / "examples" / "hub" / "jupyterhub_config.py"
+
+TEST_CONFIG = """\
+c = get_config()  # noqa
+load_subconfig({example!r})
+c.JupyterHub.port = {proxy_port}
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
+c.ConfigurableHTTPProxy.command = [{chp!r}]
+c.ConfigurableHTTPProxy.pid_file = {root!r} + "/proxy.pid"
+c.JupyterHub.db_url = "sqlite:///" + {root!r} + "/hub.sqlite"
+c.JupyterHub.cookie_secret_file = {root!r} + "/cookie_secret"
+c.JupyterHub.pid_file = {root!r} + "/hub.pid"
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = {password!r}
+c.Authenticator.allowed_users = {{{user!r}}}
+c.Authenticator.admin_users = {{{user!r}}}
+c.Spawner.environment.update({server_env!r})
+c.Spawner.notebook_dir = {notebooks!r}
+c.JupyterHub.services = [{{"name": "site-test", "api_token": {token!r}}}]
+c.JupyterHub.load_roles = [{{
+    "name": "site-test",
+    "scopes": ["admin:users", "admin:servers", "access:servers", "list:users", "read:users"],
+    "services": ["site-test"],
+}}]
+"""
+
+
+@dataclass
+class Hub:
+    url: str
+    token: str
+    user: str
+    password: str
+    root: Path
+    log: Path
+    env: dict[str, str]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        return http(method, f"{self.url}/hub/api{path}", self.token, body)
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+    def start_server(self, profile: str, timeout: float = 300) -> str:
+        """Start the user's server with a profile ("node" or "login"); its URL once ready."""
+        status, body = self.api("POST", f"/users/{self.user}/server", {"profile": profile})
+        assert status in (201, 202), f"{body}\n{self.log_tail()}"
+        return self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 300) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            status, model = self.api("GET", f"/users/{self.user}")
+            server = (model.get("servers") or {}).get("")
+            if server and server.get("ready"):
+                return f"{self.url}/user/{self.user}"
+            if time.monotonic() > deadline:
+                pytest.fail(f"the single-user server did not become ready: {model}\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def stop_server(self, timeout: float = 120) -> None:
+        status, body = self.api("DELETE", f"/users/{self.user}/server")
+        assert status in (202, 204), body
+        deadline = time.monotonic() + timeout
+        while True:
+            _, model = self.api("GET", f"/users/{self.user}")
+            if not (model.get("servers") or {}):
+                return
+            assert time.monotonic() < deadline, f"the server did not stop: {model}\n{self.log_tail()}"
+            time.sleep(0.5)
+
+
+def server_jobs(user: str) -> list[tuple[str, str, str]]:
+    """The user's hub server jobs in the queue: (job id, state, node list)."""
+    out = run(["squeue", "--noheader", "--user", user, "--name", f"jupyterhub-{user}",
+               "--format", "%i %T %N"]).stdout
+    return [tuple(line.split(maxsplit=2)) if len(line.split()) == 3 else (*line.split(), "")
+            for line in out.splitlines() if line.strip()]
+
+
+def install_kernel(hub: Hub, site_venv: Path, image: str, name: str, display_name: str, *extra: str) -> None:
+    """The user installs a container kernel with the site environment's CLI, into the Jupyter
+    path the user's server reads (docs/site.md)."""
+    run([site_venv / "bin" / "jupyter", "podman-hpc", "kernel", "install", image, "--name", name,
+         "--display-name", display_name, "--prefix", hub.root / "prefix", *extra], env=hub.env)
+
+
+def start_hub(*, stack, squashed, site_venv: Path, chp: str) -> Hub:
+    """A running hub (stop it with ``stop_hub``); the server's directories on the shared scratch."""
+    root = stack.work_dir("hub")
+    for sub in ("prefix/share/jupyter", "data", "runtime", "config", "notebooks"):
+        (root / sub).mkdir(parents=True)
+    user = stack.user
+    token, password = secrets.token_hex(24), secrets.token_hex(8)
+    proxy_port, hub_port, api_port = free_port(), free_port(), free_port()
+    # the server's settings: the squashed store the test filled and node-local storage of
+    # its own (podman-hpc's variables), and Jupyter directories of its own on the scratch
+    server_env = {name: squashed.env[name] for name in ENGINE_VARS}
+    server_env["PODMANHPC_SQUASH_UNPACK_DIR"] = squashed.env["PODMANHPC_SQUASH_UNPACK_DIR"]
+    server_env.update(JUPYTER_PATH=str(root / "prefix/share/jupyter"), JUPYTER_DATA_DIR=str(root / "data"),
+                      JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"),
+                      JUPYTER_PLATFORM_DIRS="0")
+    (root / "jupyterhub_config.py").write_text(TEST_CONFIG.format(
+        example=str(EXAMPLE), proxy_port=proxy_port, hub_port=hub_port, api_port=api_port, chp=chp,
+        root=str(root), password=password, user=user, server_env=server_env,
+        notebooks=str(root / "notebooks"), token=token))
+    env = {key: value for key, value in squashed.env.items()
+           if not key.startswith("JUPYTER") and key not in ENGINE_VARS}
+    env.update(PATH=f"{site_venv}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+               JPH_HUB_NODE_IP="127.0.0.1", JPH_HUB_PARTITION=stack.partition, JPH_HUB_RUNTIME="0:30:00")
+    env.pop("PYTHONPATH", None)
+    log = root / "hub.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(site_venv / "bin" / "jupyterhub"), "-f", str(root / "jupyterhub_config.py")],
+                                   cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+    hub = Hub(f"http://127.0.0.1:{proxy_port}", token, user, password, root, log, env)
+    hub.process = process  # type: ignore[attr-defined]
+    wait_http(f"{hub.url}/hub/api", 120, process, log)
+    return hub
+
+
+def stop_hub(hub: Hub) -> None:
+    """Stop the user's server if one runs, then the hub; cancel a server job left in the queue."""
+    _, model = hub.api("GET", f"/users/{hub.user}")
+    if (model.get("servers") or {}):
+        try:
+            hub.stop_server()
+        except AssertionError:
+            pass
+    stop(hub.process, timeout=60)  # type: ignore[attr-defined]
+    for job_id, _, _ in server_jobs(hub.user):
+        run(["scancel", job_id], check=False)
+
+
+def timings_note(hub: Hub, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    previous.update(hub.timings)
+    path.write_text(json.dumps(previous, indent=1) + "\n")
