@@ -300,7 +300,7 @@ def pull(config: SiteConfig, ref: str, progress: ProgressCallback = ignore, *,
             finally:
                 response.close()
             if failure is not None:
-                raise PullError(f"cannot pull {ref}: {failure}")
+                raise PullError(f"cannot pull {ref}: {_lost_registry(ref, failure) or failure}")
             if watch.cancelled.is_set():
                 # The stream may end cleanly when cut: trust only an image that is there.
                 image_id = _image_id(api, ref)
@@ -347,6 +347,24 @@ def _image_id(api, ref: str) -> str | None:
 class PullResult:
     image_id: str
     squash: MigrateResult
+
+
+# how a registry that went away (killed, restarted, network lost) ends a pull, in podman's words
+_TRANSPORT_ENDS = ("unexpected EOF", "connection refused", "connection reset by peer", "broken pipe",
+                   "i/o timeout", "no route to host")
+
+
+def _lost_registry(ref: str, failure: str) -> str:
+    """Podman's error as what happened, when the registry stopped answering mid-pull ('' otherwise):
+    podman names the temporary blob file it was writing, not the registry it lost."""
+    end = next((words for words in _TRANSPORT_ENDS if failure.rstrip().endswith(words)), "")
+    if not end:
+        return ""
+    try:
+        registry = reference.parse(ref).domain
+    except EngineError:
+        registry = "the registry"
+    return f"the registry {registry} stopped answering during the pull ({end}): pull again once it answers"
 
 
 def pull_and_squash(config: SiteConfig, ref: str, progress: ProgressCallback = ignore, *,

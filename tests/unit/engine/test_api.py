@@ -191,3 +191,19 @@ def test_stream_hands_read_errors_to_the_caller_and_survives_interruptions():
     stream = api._Stream(Response(fail=False))
     assert next(iter(stream)) == {"stream": "a"}  # the caller stops reading here...
     assert stream.drain(timeout=5)                # ...and the rest is read to its end
+
+
+@pytest.mark.parametrize("failure, said", [
+    ('writing blob: storing blob to file "/var/tmp/storage1/2": happened during read: unexpected EOF',
+     "cannot pull 127.0.0.1:5999/team/x:1: the registry 127.0.0.1:5999 stopped answering during the pull "
+     "(unexpected EOF): pull again once it answers"),
+    ("initializing source docker://127.0.0.1:5999/team/x:1: pinging container registry 127.0.0.1:5999: "
+     "Get \"http://127.0.0.1:5999/v2/\": dial tcp 127.0.0.1:5999: connect: connection refused",
+     "cannot pull 127.0.0.1:5999/team/x:1: the registry 127.0.0.1:5999 stopped answering during the pull "
+     "(connection refused): pull again once it answers"),
+    ("reading manifest 1 in 127.0.0.1:5999/team/x: manifest unknown", None),
+])
+def test_a_registry_lost_mid_pull_is_said_as_such(failure, said):
+    ref = "127.0.0.1:5999/team/x:1"
+    lost = api._lost_registry(ref, failure)
+    assert (f"cannot pull {ref}: {lost}" if lost else None) == said
