@@ -37,6 +37,13 @@ def one_line(text: str) -> str:
     return lines[0]
 
 
+def own_mounts(hpc: Hpc) -> list[str]:
+    """``hpc.mounts()`` of this test's storage only: other people's tests and benchmarks of the
+    same user share podman's namespace, and their fuse-overlayfs mounts are theirs to remove."""
+    ours = (hpc.env["PODMANHPC_RUN_ROOT"], str(hpc.squash_dir), hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"])
+    return [line for line in hpc.mounts() if any(path in line for path in ours)]
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -15,7 +15,7 @@ import pytest
 
 from jupyter_podman_hpc.engine.config import SITE_DATA
 from tests.conftest import run
-from tests.faults.conftest import one_line
+from tests.faults.conftest import one_line, own_mounts
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -38,14 +38,14 @@ def test_a_truncated_squash_file_is_one_line_naming_it_and_a_new_squash_runs(hpc
     line = one_line(result.stderr)
     assert str(squash) in line and f"is damaged: it is truncated ({size // 2} of its " in line, line
     assert "mount_data" not in line
-    assert hpc.mounts() == []
+    assert own_mounts(hpc) == []
     assert hpc("ps", "-a", "--format", "{{.Names}}").stdout.strip() == ""
 
     hpc("pull", stack.tiny_image)  # what the line says: squash it again
     hpc.wipe_local_storage()
     assert squash.stat().st_size == size
     assert hpc("run", "--rm", stack.tiny_image, "cat", "/etc/os-release").stdout.startswith('NAME="jph tiny"')
-    assert hpc.mounts() == []
+    assert own_mounts(hpc) == []
 
 
 def test_a_podman_hpc_yaml_with_a_syntax_error_is_one_line_with_its_place(hpc, stack):
