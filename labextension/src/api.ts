@@ -103,6 +103,34 @@ export interface IJob {
   spec: { [key: string]: any };
   run: { [key: string]: any } | null;
   status: IJobStatus | null;
+  /** A notebook job's executed notebook (slurm/notebook.py `output_info`); null for other jobs. */
+  output?: IJobOutput | null;
+}
+
+/** Rank 0's progress through a notebook (nbrunner.py `progress_of`). */
+export interface INotebookProgress {
+  state: string | null;
+  /** The cell rank 0 is in (1-based, all cells counted), while it runs. */
+  cell: number | null;
+  cells: number;
+  updated: string | null;
+  errors: { rank: number; cell: number; ename: string; evalue: string; node?: string }[];
+}
+
+/** Where a notebook job's output notebook is, and rank 0's progress. */
+export interface IJobOutput {
+  name: string;
+  path: string;
+  exists: boolean;
+  size: number | null;
+  modified: number | null;
+  progress: INotebookProgress | null;
+}
+
+/** GET jobs/{id}/output: the output notebook as rank 0 last wrote it. */
+export interface IJobOutputContent extends IJobOutput {
+  id: string;
+  content: any;
 }
 
 /** slurm/cluster.py `Cluster.as_dict`: a running interactive cluster. */
@@ -140,6 +168,8 @@ export interface IJobSpec {
   account: string | null;
   modules: string[];
   mode: string;
+  /** The notebook's parameters: names to Python literals (checked by the server). */
+  parameters?: { [name: string]: string };
 }
 
 /** A site module (engine/modules.py `Module.describe`). */
@@ -322,6 +352,8 @@ export const api = {
     requestAPI<IJob>(`jobs/${segment(id)}`, { method: 'DELETE' }),
   jobLogs: (id: string): Promise<IJobLogs> =>
     requestAPI<IJobLogs>(`jobs/${segment(id)}/logs`),
+  jobOutput: (id: string): Promise<IJobOutputContent> =>
+    requestAPI<IJobOutputContent>(`jobs/${segment(id)}/output`),
 
   clusters: async (): Promise<ICluster[]> =>
     (await requestAPI<{ clusters: ICluster[] }>('clusters')).clusters,

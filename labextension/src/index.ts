@@ -25,6 +25,7 @@ import {
   showDialog,
   showErrorMessage
 } from '@jupyterlab/apputils';
+import { IEditorServices } from '@jupyterlab/codeeditor';
 import { PageConfig } from '@jupyterlab/coreutils';
 import { DocumentRegistry } from '@jupyterlab/docregistry';
 import { IFileBrowserFactory } from '@jupyterlab/filebrowser';
@@ -34,6 +35,7 @@ import {
   NotebookActions,
   NotebookPanel
 } from '@jupyterlab/notebook';
+import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { buildIcon, ToolbarButton } from '@jupyterlab/ui-components';
 import { DisposableDelegate, IDisposable } from '@lumino/disposable';
@@ -43,6 +45,7 @@ import { IJob } from './api';
 import { askBuild, CONTAINERFILE_PATTERN, isContainerfile } from './build';
 import { containersIcon, scaleIcon } from './icons';
 import { openJobLogs } from './logs';
+import { openJobOutput } from './output';
 import { ContainersPanel, PANEL_ID } from './panel';
 import { runAtScale } from './runAtScale';
 import { DEFAULT_SETTINGS, ISettings, PLUGIN_ID, Settings } from './settings';
@@ -119,7 +122,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     INotebookTracker,
     IFileBrowserFactory,
     IToolbarWidgetRegistry,
-    ILayoutRestorer
+    ILayoutRestorer,
+    IRenderMimeRegistry,
+    IEditorServices
   ],
   activate: (
     app: JupyterFrontEnd,
@@ -128,7 +133,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     notebooks: INotebookTracker | null,
     browsers: IFileBrowserFactory | null,
     toolbarRegistry: IToolbarWidgetRegistry | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    rendermime: IRenderMimeRegistry | null,
+    editorServices: IEditorServices | null
   ) => {
     const settings = new Settings();
     if (settingRegistry) {
@@ -201,6 +208,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
         openJobLogs(app.shell, job, settings.current.refreshInterval);
       },
       openDirectory: job => void openDirectory(job),
+      openOutput: job => {
+        if (!rendermime || !editorServices) {
+          void showErrorMessage('Cannot open the output notebook', 'This JupyterLab has no notebook renderers.');
+          return;
+        }
+        openJobOutput(app.shell, job, { rendermime, editorServices }, settings.current.refreshInterval);
+      },
       kernelInstalled: async () => {
         await app.serviceManager.kernelspecs.refreshSpecs();
       },

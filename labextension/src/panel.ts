@@ -7,7 +7,9 @@
  *   the tasks of pulls and squashes with live progress.
  * - Builds (POST images/build): live log and step progress, Cancel.
  * - Jobs (GET jobs every refreshInterval seconds): state badges, nodes,
- *   elapsed time, exit code; logs, cancel (DELETE jobs/{id}), directory.
+ *   elapsed time, exit code, the cell rank 0 of a notebook job is in (or
+ *   which cell failed on which rank); logs, "Open output" (the output
+ *   notebook, read-only), cancel (DELETE jobs/{id}), directory.
  * - Clusters (clusters.ts): running interactive clusters, their engines, Stop.
  *
  * Rows are keyed by id and updated in place, so polling neither flickers
@@ -43,6 +45,7 @@ import { ClustersSection } from './clusters';
 import { containersIcon } from './icons';
 import { KernelForm } from './kernelForm';
 import { jobLabel } from './logs';
+import { describeProgress } from './output';
 import { Settings } from './settings';
 import { TaskView } from './taskview';
 import {
@@ -62,6 +65,8 @@ export interface IPanelOptions {
   settings: Settings;
   /** Open the logs viewer of a job. */
   openLogs: (job: IJob) => void;
+  /** Open the output notebook of a notebook job (read-only). */
+  openOutput: (job: IJob) => void;
   /** Show a job's directory (in the file browser when it is inside the server root). */
   openDirectory: (job: IJob) => void;
   /** A kernelspec was installed: make the Launcher show it. */
@@ -435,6 +440,8 @@ class JobRow {
   private _elapsed: HTMLElement;
   private _exit: HTMLElement;
   private _cancel: HTMLButtonElement;
+  private _progress: HTMLElement;
+  private _openOutput: HTMLButtonElement;
 
   constructor(job: IJob, section: JobsSection) {
     this.job = job;
@@ -443,6 +450,11 @@ class JobRow {
     this._nodes = h('span', { class: 'jp-PodmanHpc-jobNodes' });
     this._elapsed = h('span', { class: 'jp-PodmanHpc-jobElapsed', title: 'Elapsed time' });
     this._exit = h('span', { class: 'jp-PodmanHpc-jobExit', title: 'Exit code' });
+    this._progress = h('div', { class: 'jp-PodmanHpc-jobProgress', title: 'The output notebook: rank 0’s progress' });
+    this._openOutput = button('Open output', () => section.output(this.job), {
+      className: 'jp-PodmanHpc-jobOutput',
+      title: 'Open the executed notebook (read-only; refreshed while the job runs)'
+    });
     this._cancel = button('Cancel', () => void section.cancel(this.job), { className: 'jp-PodmanHpc-cancelJob' });
     this.node = h(
       'li',
@@ -455,10 +467,12 @@ class JobRow {
         h('span', { class: 'jp-PodmanHpc-jobId' }, `#${job.id}`)
       ),
       h('div', { class: 'jp-PodmanHpc-jobMeta' }, this._nodes, this._elapsed, this._exit),
+      this._progress,
       h(
         'div',
         { class: 'jp-PodmanHpc-actions' },
         button('Logs', () => section.logs(this.job), { className: 'jp-PodmanHpc-jobLogs', title: `Show the output of each rank of job ${job.id}` }),
+        this._openOutput,
         this._cancel,
         button('Directory', () => section.directory(this.job), {
           className: 'jp-PodmanHpc-jobDirectory',
@@ -489,6 +503,12 @@ class JobRow {
     setText(this._exit, exit);
     this._exit.classList.toggle('jp-mod-error', !!status?.finished && status.exit_code !== 0);
     this._cancel.disabled = !!status?.finished;
+    const output = job.output;
+    this._openOutput.hidden = !output;
+    this._openOutput.disabled = !output?.exists;
+    this._progress.hidden = !output;
+    setText(this._progress, output ? `${output.name}: ${describeProgress(output)}` : '');
+    this._progress.classList.toggle('jp-mod-error', !!output?.progress?.errors?.length);
   }
 }
 
@@ -611,6 +631,10 @@ export class JobsSection extends PanelWithToolbar {
 
   logs(job: IJob): void {
     this._options.openLogs(job);
+  }
+
+  output(job: IJob): void {
+    this._options.openOutput(job);
   }
 
   directory(job: IJob): void {

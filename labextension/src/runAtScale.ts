@@ -256,6 +256,23 @@ export class RunAtScaleForm extends Widget {
     mode.value = defaults.mode || 'podman-exec';
     this._addField(slurmRow, 'mode', 'Mode', mode);
 
+    // papermill's convention: injected after the notebook's cell tagged "parameters"
+    const parameters = h('textarea', {
+      name: 'parameters',
+      class: 'jp-mod-styled jp-PodmanHpc-parameters',
+      rows: '2',
+      placeholder: "alpha=0.5\nname='run 2'",
+      spellcheck: 'false'
+    }) as unknown as HTMLInputElement;
+    this._addField(
+      slurmRow,
+      'parameters',
+      'Parameters',
+      parameters,
+      h('div', { class: 'jp-PodmanHpc-hint' },
+        'One NAME=VALUE per line, VALUE a Python literal; set after the cell tagged “parameters”.')
+    );
+
     // run as a batch job, or as an interactive cluster of engines for this notebook's kernel
     const runAs = h('select', { name: 'run_as', class: 'jp-mod-styled' });
     runAs.append(h('option', { value: 'batch' }, 'Batch job'));
@@ -349,6 +366,7 @@ export class RunAtScaleForm extends Widget {
   spec(): IJobSpec {
     const value = (name: string) => this._fields[name].control.value.trim();
     const gpus = wholeNumber(value('gpus_per_node')) ?? 0;
+    const { params } = this._parameters();
     return {
       image: value('image'),
       notebook: this._options.notebookPath,
@@ -361,8 +379,28 @@ export class RunAtScaleForm extends Widget {
       modules: [...this._modules.values()]
         .filter(m => m.input.checked)
         .map(m => m.module.name),
-      mode: value('mode')
+      mode: value('mode'),
+      ...(Object.keys(params).length ? { parameters: params } : {})
     };
+  }
+
+  /** The Parameters field as NAME=VALUE lines (the server checks the values are Python literals). */
+  private _parameters(): { params: { [name: string]: string }; error: string } {
+    const params: { [name: string]: string } = {};
+    let error = '';
+    for (const line of this._fields['parameters'].control.value.split('\n')) {
+      if (!line.trim()) {
+        continue;
+      }
+      const at = line.indexOf('=');
+      const name = at > 0 ? line.slice(0, at).trim() : '';
+      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) {
+        error ||= `Not NAME=VALUE: ${line.trim()}`;
+        continue;
+      }
+      params[name] = line.slice(at + 1).trim();
+    }
+    return { params, error };
   }
 
   /** Show the batch script the server would submit. */
@@ -497,6 +535,10 @@ export class RunAtScaleForm extends Widget {
     const account = value('account');
     if (account && !SLURM_NAME.test(account)) {
       errors.account = 'Letters, digits and _ . + @ : - only.';
+    }
+    const parameterError = this._parameters().error;
+    if (parameterError) {
+      errors.parameters = parameterError;
     }
 
     // modules: conflicts disable, per-process excludes modules that need one container per node

@@ -1,7 +1,9 @@
 """The extension's features in a real browser against JupyterLab on the cluster-in-a-box.
 
-- "Run at scale": a notebook submitted on 4 nodes x 2 tasks reaches COMPLETED
-  and its logs viewer shows 8 ranks; a form with 0 nodes cannot be submitted.
+- "Run at scale": a notebook submitted on 4 nodes x 2 tasks with a parameter
+  reaches COMPLETED, its logs viewer shows 8 ranks, and "Open output" shows the
+  executed notebook with its image and the parameter's value; a form with 0
+  nodes cannot be submitted.
 - The Containers panel: a pull from the local registry shows progress and the
   image appears squashed; a build from a Containerfile in the file browser
   shows its log and the new image; "Make kernel" puts a kernel in the Launcher.
@@ -28,6 +30,9 @@ from tests.integration.conftest import cleanup_hpc, make_hpc
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 RANK_CODE = 'import os\nprint("rank", os.environ["SLURM_PROCID"])'
+PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+FIGURE_CODE = ("import base64\nfrom IPython.display import Image, display\n"
+               f"display(Image(data=base64.b64decode({PNG_B64!r})))\nprint('colour is', colour)")
 JOB_TIMEOUT = 480_000  # ms: the 4 nodes may be busy with other jobs first
 TASK_TIMEOUT = 240_000  # ms: a pull or build, then its squash
 
@@ -41,7 +46,8 @@ def run_at_scale_notebook(root: Path) -> str:
     """
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_markdown_cell("# Run at scale: every rank says who it is"),
-                      nbformat.v4.new_code_cell(RANK_CODE)]
+                      nbformat.v4.new_code_cell("colour = 'red'", metadata={"tags": ["parameters"]}),
+                      nbformat.v4.new_code_cell(RANK_CODE), nbformat.v4.new_code_cell(FIGURE_CODE)]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     name = "run-at-scale-ranks.ipynb"
     nbformat.write(notebook, root / name)
@@ -83,6 +89,7 @@ def test_run_at_scale_4_nodes_x_2_tasks(page, console, stack_lab, artifacts):
     dialog.locator('input[name="nodes"]').fill("4")
     dialog.locator('input[name="tasks_per_node"]').fill("2")
     assert "4 nodes × 2 tasks = 8 ranks" in dialog.locator(".jp-PodmanHpc-summary").inner_text()
+    dialog.locator('textarea[name="parameters"]').fill("colour='blue'")
 
     dialog.locator(".jp-PodmanHpc-previewButton").click()
     script = dialog.locator(".jp-PodmanHpc-script")
@@ -131,9 +138,22 @@ def test_run_at_scale_4_nodes_x_2_tasks(page, console, stack_lab, artifacts):
     assert ranks.count() == 8, logs.inner_text()
     assert [ranks.nth(i).get_attribute("data-rank") for i in range(8)] == [str(i) for i in range(8)]
     for rank in range(8):
-        assert ranks.nth(rank).locator(".jp-PodmanHpc-rankOut").inner_text().strip() == f"rank {rank}"
+        assert ranks.nth(rank).locator(".jp-PodmanHpc-rankOut").inner_text().strip().startswith(f"rank {rank}\n")
     assert logs.locator(".jp-PodmanHpc-state").inner_text() == "COMPLETED"
     page.screenshot(path=str(artifacts / "job-logs-viewer.png"))
+
+    # the output notebook, read-only: the image and the parameter given in the dialog
+    assert "completed" in completed.locator(".jp-PodmanHpc-jobProgress").inner_text()
+    completed.locator(".jp-PodmanHpc-jobOutput").click()
+    output = page.locator(f"#jp-PodmanHpc-output-main-{job_id}")
+    output.wait_for(state="visible", timeout=30_000)
+    image = output.locator(".jp-OutputArea-output img")
+    image.wait_for(state="visible", timeout=30_000)
+    assert image.get_attribute("src").startswith("data:image/png;base64,")
+    assert "colour is blue" in output.locator(".jp-OutputArea").last.inner_text()
+    assert "colour = 'blue'" in output.inner_text()  # the injected cell
+    assert output.locator(".jp-PodmanHpc-outputStatus").inner_text() == "COMPLETED · completed"
+    page.screenshot(path=str(artifacts / "job-output-notebook.png"))
 
     # the job directory is on the scratch, outside the server root: its path is shown
     completed.locator(".jp-PodmanHpc-jobDirectory").click()

@@ -1,0 +1,152 @@
+/**
+ * A notebook job's output notebook (GET jobs/{id}/output), shown read-only
+ * in the main area: JupyterLab's own notebook view (a StaticNotebook: no
+ * kernel, no editing, no saving) with every output rendered by the Lab's
+ * renderers. While the job runs it is fetched again every refresh interval
+ * when rank 0 has rewritten it, as its cells complete; a header says which
+ * cell rank 0 is in, or which cell failed on which rank.
+ */
+
+import { MainAreaWidget } from '@jupyterlab/apputils';
+import { IEditorServices } from '@jupyterlab/codeeditor';
+import { NotebookModel, StaticNotebook } from '@jupyterlab/notebook';
+import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
+import { refreshIcon } from '@jupyterlab/ui-components';
+import { Poll } from '@lumino/polling';
+import { Panel, Widget } from '@lumino/widgets';
+
+import { api, IJob, IJobOutput } from './api';
+import { scaleIcon } from './icons';
+import { button, h, messageOf, setText } from './util';
+
+/** One line on rank 0's progress: where it is, or which cell failed on which rank. */
+export function describeProgress(output: IJobOutput | null | undefined): string {
+  const progress = output?.progress;
+  if (!progress) {
+    return output && !output.exists ? 'not started' : '';
+  }
+  if (progress.errors?.length) {
+    return progress.errors.map(e => `cell ${e.cell} failed on rank ${e.rank}: ${e.ename}`).join('; ');
+  }
+  if (progress.state === 'running' && progress.cell) {
+    return `running cell ${progress.cell} of ${progress.cells}`;
+  }
+  return progress.state ?? '';
+}
+
+export interface IOutputServices {
+  rendermime: IRenderMimeRegistry;
+  editorServices: IEditorServices;
+}
+
+export class OutputNotebookView extends Panel {
+  private _jobId: string;
+  private _header: HTMLElement;
+  private _status: HTMLElement;
+  private _notebook: StaticNotebook;
+  private _poll: Poll;
+  private _modified: number | null = null;
+  private _finished = false;
+
+  constructor(job: IJob, services: IOutputServices, refreshInterval: number) {
+    super();
+    this._jobId = job.id;
+    this.addClass('jp-PodmanHpc-output');
+    this._status = h('span', { class: 'jp-PodmanHpc-outputStatus', role: 'status', 'aria-live': 'polite' });
+    this._header = h(
+      'div',
+      { class: 'jp-PodmanHpc-outputHeader' },
+      h('span', { class: 'jp-PodmanHpc-outputTitle' }, `${job.output?.name ?? 'output'} · job ${job.id} (read-only)`),
+      this._status,
+      button('Refresh', () => void this.refresh(), { icon: refreshIcon, iconOnly: true })
+    );
+    this.addWidget(new Widget({ node: this._header }));
+    this._notebook = new StaticNotebook({
+      rendermime: services.rendermime,
+      mimeTypeService: services.editorServices.mimeTypeService,
+      contentFactory: new StaticNotebook.ContentFactory({
+        editorFactory: services.editorServices.factoryService.newInlineEditor
+      }),
+      notebookConfig: { ...StaticNotebook.defaultNotebookConfig, windowingMode: 'none' }
+    });
+    this._notebook.addClass('jp-PodmanHpc-outputNotebook');
+    this._notebook.model = new NotebookModel();
+    this.addWidget(this._notebook);
+    this._poll = new Poll({
+      factory: () => this._refresh(),
+      frequency: { interval: Math.max(1, refreshInterval) * 1000, backoff: true, max: 60_000 },
+      standby: () => this._finished || 'when-hidden',
+      name: `jupyter-podman-hpc:output-${job.id}`
+    });
+  }
+
+  /** Fetch the job and, if rank 0 rewrote it, its output notebook. */
+  async refresh(): Promise<void> {
+    try {
+      await this._refresh();
+    } catch {
+      // shown in the header
+    }
+  }
+
+  private async _refresh(): Promise<void> {
+    let job: IJob;
+    try {
+      job = await api.job(this._jobId);
+    } catch (error) {
+      setText(this._status, messageOf(error));
+      throw error;
+    }
+    this._finished = !!job.status?.finished;
+    const output = job.output;
+    const state = describeProgress(output);
+    setText(this._status, [job.status?.state, state].filter(Boolean).join(' · '));
+    this.node.dataset.state = output?.progress?.state ?? '';
+    if (!output?.exists || output.modified === this._modified) {
+      return;
+    }
+    const fetched = await api.jobOutput(this._jobId);
+    this._modified = fetched.modified;
+    const model = this._notebook.model as NotebookModel;
+    model.fromJSON(fetched.content);
+    model.dirty = false;
+    for (const cell of this._notebook.widgets) {
+      cell.readOnly = true;
+    }
+  }
+
+  dispose(): void {
+    this._poll.dispose();
+    super.dispose();
+  }
+}
+
+const openWidgets = new Map<string, MainAreaWidget<OutputNotebookView>>();
+
+/** Open (or show again) the output notebook of a job. */
+export function openJobOutput(
+  shell: { add: (widget: Widget, area: string) => void; activateById: (id: string) => void },
+  job: IJob,
+  services: IOutputServices,
+  refreshInterval: number
+): MainAreaWidget<OutputNotebookView> {
+  const id = `jp-PodmanHpc-output-main-${job.id}`;
+  const widget = openWidgets.get(id);
+  if (widget && !widget.isDisposed) {
+    shell.activateById(id);
+    void widget.content.refresh();
+    return widget;
+  }
+  const content = new OutputNotebookView(job, services, refreshInterval);
+  const main = new MainAreaWidget({ content });
+  main.id = id;
+  main.title.label = job.output?.name ?? `Job ${job.id} output`;
+  main.title.caption = `The output notebook of job ${job.id}, read-only (${job.output?.path ?? job.directory})`;
+  main.title.icon = scaleIcon;
+  main.title.closable = true;
+  openWidgets.set(id, main);
+  main.disposed.connect(() => openWidgets.delete(id));
+  shell.add(main, 'main');
+  shell.activateById(id);
+  return main;
+}
