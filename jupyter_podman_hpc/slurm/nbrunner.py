@@ -30,6 +30,7 @@ import linecache
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -105,6 +106,15 @@ def bundle(data):
 
 # --- the output notebook ------------------------------------------------------------------------
 
+def locked(method):
+    """Rank 0's notebook is changed by the cells (main thread) and written by the flusher too."""
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    run.__name__, run.__doc__ = method.__name__, method.__doc__
+    return run
+
+
 class Recorder:
     """Rank 0's executed notebook: the cells' outputs as they come, written to disk as they change."""
 
@@ -121,6 +131,11 @@ class Recorder:
         self.clear_pending = False
         self.writing = False
         self.stop_signal = None      # a SIGTERM that came during a write, handled once it is done
+        self.write_failed = False
+        self.lock = threading.RLock()
+        self.dirty = False           # outputs not written yet (the flusher writes them within a second)
+        self.disabled = False        # in a process the cells forked: not the recorder
+        os.register_at_fork(after_in_child=self.forget)
         for cell in notebook["cells"]:
             if cell.get("cell_type") == "code":
                 cell["outputs"], cell["execution_count"] = [], None
@@ -130,9 +145,21 @@ class Recorder:
             "job_id": os.environ.get("SLURM_JOB_ID", ""), "errors": []}
         self.code_cells = [i for i, c in enumerate(notebook["cells"]) if c.get("cell_type") == "code"]
 
+    def forget(self):
+        self.disabled, self.lock = True, threading.RLock()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def flush_forever(self):
+        """A daemon thread: output a cell printed while it goes on running reaches the disk within a second."""
+        while True:
+            time.sleep(WRITE_EVERY / 2)
+            if self.dirty and not self.disabled and time.monotonic() - self.last_write >= WRITE_EVERY:
+                self.write()
+
     # outputs of the running cell
+    @locked
     def add(self, output):
-        if self.cell is None:
+        if self.cell is None or self.disabled:
             return
         if self.clear_pending:
             self.outputs, self.clear_pending = [], False
@@ -143,6 +170,7 @@ class Recorder:
                 output = None
         if output is not None:
             self.outputs.append(output)
+        self.dirty = True
         if time.monotonic() - self.last_write >= WRITE_EVERY:
             self.write()
 
@@ -160,6 +188,7 @@ class Recorder:
     def error(self, ename, evalue, lines):
         self.add({"output_type": "error", "ename": ename, "evalue": evalue, "traceback": list(lines)})
 
+    @locked
     def clear(self, wait=False):
         if wait:
             self.clear_pending = True
@@ -170,6 +199,7 @@ class Recorder:
         return any(o["output_type"] == "error" for o in self.outputs)
 
     # cells
+    @locked
     def start(self, index, count):
         self.cell, self.outputs, self.started = index, [], time.monotonic()
         cell = self.notebook["cells"][index]
@@ -181,6 +211,7 @@ class Recorder:
         self.meta["cell"] = index
         self.write()
 
+    @locked
     def end(self, status):
         cell = self.notebook["cells"][self.cell]
         cell["outputs"] = self.outputs + self.extra.get(self.cell, [])
@@ -189,6 +220,7 @@ class Recorder:
         self.cell, self.outputs = None, []
         self.write()
 
+    @locked
     def stopped(self, signame):
         """The job is being stopped: say so at the running cell, and write a last time."""
         if self.cell is not None:
@@ -200,10 +232,11 @@ class Recorder:
         self.cell = None
         self.write()
 
+    @locked
     def write(self, state=None):
-        if self.writing:
+        if self.writing or self.disabled:
             return
-        self.writing = True
+        self.writing, self.dirty = True, False
         try:
             if state:
                 self.meta["state"] = state
@@ -218,8 +251,13 @@ class Recorder:
                                    + self.extra.get(self.cell, []))
             self.meta["cell"] = self.cell
             self.meta["updated"] = now()
-            write_json(self.plan.output, self.notebook)
-            write_json(self.plan.progress, progress_of(self.notebook, self.plan))
+            try:
+                write_json(self.plan.output, self.notebook)
+                write_json(self.plan.progress, progress_of(self.notebook, self.plan))
+            except OSError as err:  # a full or gone file system must not stop the computation
+                if not self.write_failed:
+                    sys.__stderr__.write("nbrunner: cannot write the output notebook: %s\n" % err)
+                self.write_failed = True
             self.last_write = time.monotonic()
         finally:
             self.writing = False
@@ -473,6 +511,7 @@ def run(plan_path, args):
     if recorder is not None:
         signal.signal(signal.SIGTERM, recorder.on_signal)  # scancel, or the time limit
         recorder.write()
+        threading.Thread(target=recorder.flush_forever, name="nbrunner-flush", daemon=True).start()
     sys.stdout = Tee(sys.stdout, "stdout", recorder)
     sys.stderr = Tee(sys.stderr, "stderr", recorder)
     runner = make_runner(plan, recorder)

@@ -165,6 +165,14 @@ def test_sigterm_keeps_the_completed_cells_and_marks_the_running_one(tmp_path):
     assert not [p for p in directory.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_process_a_cell_forks_prints_to_the_log_only(tmp_path):
+    directory = job(tmp_path, ["import os, time\npid = os.fork()\nif pid == 0:\n    print('child', flush=True)\n"
+                               "    time.sleep(0.2)\n    os._exit(0)\nos.waitpid(pid, 0)\nprint('parent')"])
+    code, out, err = rank(directory, 0)
+    assert code == 0 and "child\n" in out, err
+    assert output(directory).cells[1].outputs == [{"output_type": "stream", "name": "stdout", "text": "parent\n"}]
+
+
 def test_without_ipython_cells_run_as_plain_python(tmp_path):
     if not Path(BARE_PYTHON).exists():
         pytest.skip("no Debian python3")
