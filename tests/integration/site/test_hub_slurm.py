@@ -116,3 +116,13 @@ def test_login_profile_runs_the_server_on_the_hub_host(hub, squashed_base, stack
         assert time.monotonic() < deadline, "the login-node kernel's container outlived its server"
         time.sleep(1)
     print(json.dumps(hub.timings))
+
+
+def test_a_node_checks_out_with_infohpc(squashed_base, site_venv, stack):
+    """docs/site.md, "Checking a node": infohpc of the site environment, run on a node."""
+    info = squashed_base.srun("-N1", f"{site_venv}/bin/podman-hpc", "infohpc").stdout
+    assert info.startswith("podman-hpc version: "), info
+    assert "in Slurm job " in info, info  # the read path's policy for a job on a node
+    site_packages = next((site_venv / "lib").glob("python3*/site-packages"))
+    assert f"modules ({site_packages}/jupyter_podman_hpc/engine/site/modules.d):" in info, info
+    assert f"mount_program (default): {site_venv}/bin/podman-hpc-mount" in info, info
