@@ -251,19 +251,38 @@ class PrivateStorage:
 
     def __init__(self, tag: str):
         self.root = f"/tmp/{os.getuid()}_bench-{tag}"
+        # unpacked copies of its own too (each node's /dev/shm), so that they can be dropped
+        self.unpack_root = f"/dev/shm/{os.getuid()}_bench-{tag}"
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         return {**(base if base is not None else store_env()), "PODMANHPC_GRAPH_ROOT": f"{self.root}/storage",
-                "PODMANHPC_RUN_ROOT": self.root, "PODMANHPC_CONFIG_HOME": f"{self.root}/config"}
+                "PODMANHPC_RUN_ROOT": self.root, "PODMANHPC_CONFIG_HOME": f"{self.root}/config",
+                "PODMANHPC_SQUASH_UNPACK_DIR": f"{self.unpack_root}/unpacked"}
 
     def remove(self, nodes: bool = True) -> None:
         # podman's own `unshare` joins the namespace where the storage's mounts live
         script = ('podman-hpc rm --all --force --time 0 >/dev/null 2>&1; '
-                  'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1"\' sh "$1"')
+                  'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1" "$2"\' '
+                  'sh "$1" "$2"')
         env = self.env()
-        subprocess.run(["sh", "-c", script, "sh", self.root], env=env, capture_output=True, check=False)
-        if not nodes:
-            return
-        count = len(os.environ.get("STACK_NODES", "n1 n2 n3 n4").split())
-        subprocess.run(["srun", f"-N{count}", "--ntasks-per-node=1", "sh", "-c", script, "sh", self.root],
-                       env=env, capture_output=True, check=False, timeout=600)
+        subprocess.run(["sh", "-c", script, "sh", self.root, self.unpack_root], env=env, capture_output=True,
+                       check=False)
+        if nodes:
+            _on_every_node(["sh", "-c", script, "sh", self.root, self.unpack_root], env)
+
+
+def _on_every_node(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    count = len(os.environ.get("STACK_NODES", "n1 n2 n3 n4").split())
+    subprocess.run(["srun", f"-N{count}", "--ntasks-per-node=1", *argv], env=env, capture_output=True,
+                   check=False, timeout=600)
+
+
+# The podman-exec configuration on nodes that have not unpacked the image yet: a job's first step on a
+# fresh node (each node of the stack has its own /dev/shm, as on a cluster). Not timed: dropping the copies.
+FRESH_NODE = "podman-exec, fresh node"
+
+
+def forget_unpacked(env: Mapping[str, str]) -> None:
+    """Every node drops the unpacked copies of ``env``'s cache (its own unpack directory), so that the
+    next step pays the unpack on each of its nodes."""
+    _on_every_node(["podman", "unshare", "rm", "-rf", env["PODMANHPC_SQUASH_UNPACK_DIR"]], env)

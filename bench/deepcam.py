@@ -11,6 +11,8 @@ Configurations, every one under ``srun --kill-on-bad-exit=1``:
 
 - ``bare``: the host's ``/usr/bin/python3`` with Debian's python3-torch;
 - ``podman-exec``: ``podman-hpc shared-run ... IMAGE python3 ...``;
+- ``podman-exec, fresh node``: the same after every node dropped its unpacked copy of IMAGE (not
+  timed): a job's first step on its nodes, each paying its own unpack (``container_start_seconds``);
 - ``per-process``: ``podman-hpc run --rm ... IMAGE python3 ...``;
 
 where IMAGE is the base image plus the same Debian packages
@@ -49,10 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from common import BenchError, Failure, PrivateStorage, Sample, alternating, ensure_image, timed
+from common import (FRESH_NODE, BenchError, Failure, PrivateStorage, Sample, alternating, ensure_image,
+                    forget_unpacked, timed)
 
 BENCHMARK = "deepcam"
-CONFIGS = ["bare", "podman-exec", "per-process"]
+CONFIGS = ["bare", "podman-exec", FRESH_NODE, "per-process"]
 FULL_SIZES = [(1, 1), (2, 1), (4, 1), (4, 2)]
 SMOKE_SIZES = [(2, 1)]  # two ranks on two nodes: the gloo rendezvous across nodes is exercised
 PHASES = ["container_start_seconds", "startup_seconds", "loop_seconds"]
@@ -144,7 +147,7 @@ def command(setup: Setup, config: str, nodes: int, per_node: int, problem: Probl
     mount = ["-v", f"{setup.work}:{setup.work}:ro", "-w", str(setup.work)]
     if config == "bare":
         return [*srun, *app]
-    if config == "podman-exec":
+    if config in ("podman-exec", FRESH_NODE):
         return [*srun, "podman-hpc", "shared-run", *mount, setup.image, *app]
     if config == "per-process":
         return [*srun, "podman-hpc", "run", "--rm", *mount, setup.image, *app]
@@ -184,6 +187,8 @@ def wait_for_idle_nodes(timeout: float = 120) -> None:
 
 def run_once(setup: Setup, config: str, nodes: int, per_node: int, problem: Problem) -> Phases:
     argv = command(setup, config, nodes, per_node, problem)
+    if config == FRESH_NODE:
+        forget_unpacked(setup.env)
     wait_for_idle_nodes()
     started = time.time()
     step, result = timed(argv, setup.env, timeout=900, cwd=str(setup.work))

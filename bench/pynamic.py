@@ -19,8 +19,9 @@ libraries. This one generates (deterministically, from a ``Workload``):
 
 Every rank runs ``python3 -E -B driver.py`` (no PYTHON* variables, no byte
 code written). Configurations: ``bare`` (the host's /usr/bin/python3),
-``podman-exec`` (joining), ``podman-exec --no-join`` (podman exec) and ``per-process`` (the base image's
-python3). Metrics: ``step_seconds``, the wall time of the whole ``srun``
+``podman-exec`` (joining), ``podman-exec, fresh node`` (the same, after every node dropped its unpacked
+copy of the image: a job's first step on a node, unpack included), ``podman-exec --no-join`` (podman
+exec) and ``per-process`` (the base image's python3). Metrics: ``step_seconds``, the wall time of the whole ``srun``
 (the start-up cost a user sees), and the slowest rank's ``import_seconds``
 and ``visit_seconds``.
 
@@ -54,11 +55,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from common import (BenchError, Failure, PrivateStorage, Sample, alternating, bench_root, content_key,
-                    ensure_image, locked, timed)
+from common import (FRESH_NODE, BenchError, Failure, PrivateStorage, Sample, alternating, bench_root, content_key,
+                    ensure_image, forget_unpacked, locked, timed)
 
 BENCHMARK = "pynamic"
-CONFIGS = ["bare", "podman-exec", "podman-exec --no-join", "per-process"]
+CONFIGS = ["bare", "podman-exec", FRESH_NODE, "podman-exec --no-join", "per-process"]
 VARIANTS = ["in image", "bind-mounted"]
 FULL_SIZES = [(1, 1), (4, 2)]
 SMOKE_SIZES = [(1, 1)]
@@ -245,7 +246,7 @@ def command(setup: Setup, config: str, variant: str, nodes: int, per_node: int) 
         mount, driver = ["-v", f"{directory}:{directory}:ro"], f"{directory}/driver.py"
     image = setup.image
     app = [PYTHON, "-E", "-B", driver]
-    if config == "podman-exec":
+    if config in ("podman-exec", FRESH_NODE):
         return [*srun, "podman-hpc", "shared-run", *mount, image, *app]
     if config == "podman-exec --no-join":
         return [*srun, "podman-hpc", "shared-run", "--no-join", *mount, image, *app]
@@ -256,6 +257,8 @@ def command(setup: Setup, config: str, variant: str, nodes: int, per_node: int) 
 
 def run_once(setup: Setup, config: str, variant: str, nodes: int, per_node: int) -> tuple[float, float, float]:
     """(step wall seconds, slowest import, slowest visit) of one run, in which every rank must finish."""
+    if config == FRESH_NODE:
+        forget_unpacked(setup.env)
     seconds, result = timed(command(setup, config, variant, nodes, per_node), setup.env, timeout=1800)
     ranks = RESULT.findall(result.stdout)
     label = f"pynamic {config} ({variant}) {nodes}x{per_node}"
