@@ -1,8 +1,10 @@
 """JupyterHub on the login node with examples/hub/jupyterhub_config.py, from the site
 environment (the installed wheel): the "node" profile starts the user's server as a
 Slurm job on one of the nodes (batchspawner's SlurmSpawner), whose container kernel runs
-there; the "login" profile starts it on the host. Stopping the server cancels its job and
-leaves no container on its node. The time from "start my server" to a kernel's first
+there, and from which a 2-node interactive cluster (`%podman_hpc cluster start --nodes 2`)
+gets two of the other nodes (whole-node allocation: one node for the server, the rest for
+its jobs); the "login" profile starts it on the host. Stopping the server cancels its job
+and leaves no container on its node. The time from "start my server" to a kernel's first
 reply is measured for both profiles in the same run (tests/artifacts/hub-start-times.json).
 """
 
@@ -86,6 +88,23 @@ def test_node_profile_runs_the_server_as_a_slurm_job(hub, squashed_base, stack, 
         in ps.splitlines(), ps
     watcher = f"{site_venv}/bin/python -m jupyter_podman_hpc.kernels.orphans "
     assert any(line.startswith(watcher) and f"podman-hpc-kernel-{kernel_id}" in line for line in ps.splitlines()), ps
+
+    # from inside the server's job: a 2-node job (an interactive cluster) on the other nodes
+    status, python = http("POST", f"{user_url}/api/kernels", hub.token, {"name": "python3"})
+    assert status == 201, python
+    port = hub.url.rsplit(":", 1)[1]
+    ws_url = f"ws://127.0.0.1:{port}/user/{hub.user}/api/kernels/{python['id']}/channels"
+    code = ("%load_ext jupyter_podman_hpc\n"
+            f"cluster = %podman_hpc cluster start --nodes 2 --time 10 {stack.base_image}\n"
+            "import os\n"
+            "print('engine nodes', sorted(set(cluster.client()[:].apply_sync("
+            "lambda: __import__('os').environ['SLURMD_NODENAME']))))\n"
+            "%podman_hpc cluster stop\n")
+    reply, out = asyncio.run(execute_over_websocket(ws_url, hub.token, code, timeout=240))
+    assert reply["status"] == "ok", f"{reply}\n{out}"
+    assert "2/2 engines registered" in out and "Stopped cluster " in out, out
+    engine_nodes = eval(out.split("engine nodes ", 1)[1].splitlines()[0])  # noqa: S307 - a list of str
+    assert len(engine_nodes) == 2 and node not in engine_nodes and set(engine_nodes) <= set(stack.nodes), out
 
     hub.stop_server()
     deadline = time.monotonic() + 60
