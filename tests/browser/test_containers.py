@@ -166,6 +166,44 @@ def test_run_at_scale_4_nodes_x_2_tasks(page, console, stack_lab, artifacts):
     assert console.errors == [], f"console errors:\n{console}"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_running_notebook_job_shows_its_cell_and_its_output_notebook_fills_in(page, console, stack_lab,
+                                                                                artifacts):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("print('first cell')"),
+                      nbformat.v4.new_code_cell("import time\nprint('second cell waits', flush=True)\ntime.sleep(25)"),
+                      nbformat.v4.new_code_cell("print('third cell')")]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    name = f"live-{uuid.uuid4().hex[:6]}.ipynb"
+    nbformat.write(notebook, stack_lab.root_dir / name)
+    open_notebook(page, stack_lab, console, name)
+    dialog = open_dialog(page)
+    dialog.locator('select[name="image"]').select_option(stack_lab.stack.base_image)
+    dialog.locator('input[name="nodes"]').fill("1")
+    dialog.locator('input[name="tasks_per_node"]').fill("1")
+    dialog.locator(".jp-PodmanHpc-submitButton").click()
+    dialog.wait_for(state="detached", timeout=60_000)
+    panel = page.locator(PANEL)
+    row = panel.locator(".jp-PodmanHpc-job.jp-mod-selected")
+    row.wait_for(state="visible", timeout=30_000)
+    job_id = row.get_attribute("data-job-id")
+    # while it runs: the panel says which cell rank 0 is in, and the output notebook has what it did so far
+    progress = row.locator(".jp-PodmanHpc-jobProgress", has_text="running cell 2 of 3")
+    progress.wait_for(state="visible", timeout=JOB_TIMEOUT)
+    row.locator(".jp-PodmanHpc-jobOutput").click()
+    output = page.locator(f"#jp-PodmanHpc-output-main-{job_id}")
+    output.locator(".jp-OutputArea", has_text="second cell waits").wait_for(state="visible", timeout=30_000)
+    assert "running cell 2 of 3" in output.locator(".jp-PodmanHpc-outputStatus").inner_text()
+    assert output.locator(".jp-OutputArea", has_text="third cell").count() == 0
+    assert output.locator(".jp-OutputArea", has_text="had not finished it").count() == 1  # the running cell's note
+    page.screenshot(path=str(artifacts / "job-output-running.png"))
+    # it fills in by itself as the job goes on
+    output.locator(".jp-OutputArea", has_text="third cell").wait_for(state="visible", timeout=120_000)
+    output.locator(".jp-PodmanHpc-outputStatus", has_text="COMPLETED").wait_for(state="visible", timeout=60_000)
+    assert console.errors == [], f"console errors:\n{console}"
+
+
 def test_a_form_with_0_nodes_cannot_be_submitted(page, console, stack_lab, artifacts):
     name = small_notebook(stack_lab.root_dir, f"form-{uuid.uuid4().hex[:6]}.ipynb")
     posts = []  # POST jobs (preview or submit): none may be sent
