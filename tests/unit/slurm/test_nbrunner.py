@@ -143,8 +143,14 @@ def test_sigterm_keeps_the_completed_cells_and_marks_the_running_one(tmp_path):
                                "print('never')"])
     process = rank(directory, 0, wait=False)
     deadline = time.monotonic() + 60
-    while "sleeping" not in (directory / "nb.out.ipynb").read_text() if (directory / "nb.out.ipynb").exists() \
-            else True:
+
+    def printed():  # what the sleeping cell printed, once rank 0 wrote it
+        try:
+            outputs = json.loads((directory / "nb.out.ipynb").read_text())["cells"][2]["outputs"]
+        except (OSError, ValueError):
+            return ""
+        return "".join(o.get("text", "") for o in outputs)
+    while "sleeping\n" not in printed():
         assert time.monotonic() < deadline, process.stderr.read() if process.poll() is not None else ""
         time.sleep(0.1)
     # while it runs: the cell is marked running, its output so far is there
