@@ -181,8 +181,9 @@ def target(spec, staging: Path, directory: Path) -> tuple[RunTarget, dict]:
 def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
     """A notebook job's output notebook: its path, whether rank 0 has written it yet, and
     its progress (the cell rank 0 is in, the errors of every rank so far); None for other jobs."""
-    if run.get("kind") != "notebook" or not run.get("output"):
-        return None
+    name = run.get("output")
+    if run.get("kind") != "notebook" or not isinstance(name, str) or "/" in name or name.startswith("."):
+        return None  # not a notebook job (or a record this version did not write: a name, never a path)
     directory = Path(directory)
     path = directory / run["output"]
     info: dict = {"name": run["output"], "path": str(path), "exists": False, "size": None, "modified": None,

@@ -120,6 +120,8 @@ def test_good_parameters_are_kept_as_written():
 def test_output_info_reads_the_progress_rank_0_wrote(tmp_path):
     run = {"kind": "notebook", "output": "a.out.ipynb"}
     assert output_info(tmp_path, {"kind": "command"}) is None
+    assert output_info(tmp_path, {"kind": "notebook", "output": "../../etc/passwd"}) is None
+    assert output_info(tmp_path, {"kind": "notebook"}) is None  # a notebook job of an older version
     info = output_info(tmp_path, run)
     assert (info["name"], info["exists"], info["progress"]) == ("a.out.ipynb", False, None)
     assert describe_progress(info) == ""
