@@ -1,6 +1,9 @@
 """The node-level launcher on the 4-node cluster: podman-exec (shared-run) and per-process."""
 
+import os
+import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -151,3 +154,69 @@ def normalized(text):
             line = line.split("=", 1)[0] + "=..."
         lines.append(line)
     return sorted(lines)
+
+
+@pytest.mark.parametrize("signal", ["TERM", "KILL"])
+@pytest.mark.parametrize("mode", ["--join", "--no-join"])
+def test_every_task_reports_a_command_killed_by_signal_n_as_128_plus_n(squashed_tiny, stack, mode, signal):
+    """The node's first task and the others carry out their plans the one same way."""
+    hpc = squashed_tiny
+    script = (f'podman-hpc shared-run {mode} {stack.tiny_image} sh -c "sleep 1; kill -{signal} \\$\\$"; '
+              'echo "task $SLURM_LOCALID $?"')
+    result = hpc.srun("-N1", "-n4", "sh", "-c", script, timeout=180)
+    code = {"TERM": 143, "KILL": 137}[signal]
+    assert sorted(result.stdout.splitlines()) == [f"task {task} {code}" for task in range(4)], result.stderr
+    assert hpc.leftovers() == {}
+
+
+def _processes(marker: str) -> dict[int, tuple[int, list[str]]]:
+    """This user's processes whose command ends with ``sleep MARKER``: pid -> (parent, argv)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().decode(errors="replace").split("\0")[:-1]
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rpartition(")")[2].split()[1])
+            if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+                continue
+        except (OSError, ValueError):
+            continue
+        if argv[-2:] == ["sleep", marker]:
+            found[int(entry)] = (parent, argv)
+    return found
+
+
+def _tasks_podman(marker: str) -> tuple[list[int], int]:
+    """The podman processes the tasks started (rootless podman re-executes itself: not that
+    child), and how many containers run the command."""
+    found = _processes(marker)
+    podman = {pid for pid, (_, argv) in found.items() if os.path.basename(argv[0]) == "podman"}
+    return sorted(pid for pid in podman if found[pid][0] not in podman), len(
+        [pid for pid, (_, argv) in found.items() if argv == ["sleep", marker]])
+
+
+@pytest.mark.parametrize("mode", [("shared-run", "--no-join"), ("run", "--rm")])
+def test_every_task_whose_podman_is_killed_reports_137(squashed_tiny, stack, mode):
+    """SIGKILL to podman itself (exec, or run in per-process mode): 128 + 9 for every task, the
+    node's first too (it returned subprocess's -9, which the shell saw as 247)."""
+    hpc = squashed_tiny
+    marker = str(600 + uuid.uuid4().int % 300)
+    script = f'podman-hpc {mode[0]} {mode[1]} {stack.tiny_image} sleep {marker}; echo "task $SLURM_LOCALID $?"'
+    argv, env = hpc.command(["srun", "-N1", "-n3", "sh", "-c", script])
+    step = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _tasks_podman(marker)[1] < 3 and time.monotonic() < deadline and step.poll() is None:
+            time.sleep(0.2)  # until every task's container runs its command
+        killed, running = _tasks_podman(marker)
+        assert len(killed) == 3 and running == 3, _processes(marker)
+        for pid in killed:
+            os.kill(pid, 9)
+        out, err = step.communicate(timeout=120)
+    finally:
+        if step.poll() is None:
+            step.kill()
+            step.wait()
+    assert sorted(out.splitlines()) == [f"task {task} 137" for task in range(3)], err
+    assert hpc.leftovers() == {}
