@@ -363,8 +363,8 @@ def _leading_params(namespace: argparse.Namespace, words: list[str], parser_: Pa
             if len(words) < 2:
                 raise MagicUsageError("--param needs NAME=VALUE", parser_.format_usage())
             value, words = words[1], words[1:]
-        try:
-            namespace.params.append(convert(value))
+        try:  # a new list: the one there may be the parser's default, shared by every parse
+            namespace.params = [*namespace.params, convert(value)]
         except argparse.ArgumentTypeError as err:
             raise MagicUsageError(str(err), parser_.format_usage())
         words = words[1:]

@@ -73,6 +73,8 @@ def test_submit_a_notebook_with_parameters():
     assert args.args == ["arg", "--param", "b=1"]
     with pytest.raises(MagicUsageError, match="--param needs KEY=VALUE, not 'oops'"):
         parse("submit img --notebook nb.ipynb --param oops")
+    assert parse("submit img --notebook nb.ipynb --param a=1").params == [("a", "1")]
+    assert parse("submit img true").params == []  # nothing left over from the parses before
     args = parse("submit --param alpha=0.5 --param \"name='x y'\" --notebook nb.ipynb img")
     assert args.params == [("alpha", "0.5"), ("name", "'x y'")] and args.notebook == "nb.ipynb"
 
