@@ -9,6 +9,7 @@ Shared by the hub's integration test and its browser test.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import time
@@ -156,6 +157,9 @@ def stop_hub(hub: Hub) -> None:
     stop(hub.process, timeout=60)  # type: ignore[attr-defined]
     for job_id, _, _ in server_jobs(hub.user):
         run(["scancel", job_id], check=False)
+    # the server jobs' logs the example's batch script writes to the user's home
+    for job_id in re.findall(r"Job submitted\. output: (\d+)", hub.log.read_text(errors="replace")):
+        (Path.home() / f".jupyterhub-slurm-{job_id}.log").unlink(missing_ok=True)
 
 
 def timings_note(hub: Hub, path: Path) -> None:
