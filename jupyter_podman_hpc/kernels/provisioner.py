@@ -9,26 +9,11 @@ A kernelspec selects it with::
 Launching runs the kernelspec's ``argv`` (the image's ipykernel) with
 ``podman-hpc run`` semantics, through the engine's ``Podman`` command
 builder: the site's storage settings and squashed store, the site modules
-named in ``modules``, and for a kernel:
-
-- ``--network host``: the kernel binds the ZeroMQ ports Jupyter chose, on
-  the host's loopback;
-- the connection file's directory, ``$HOME`` and the kernel's working
-  directory mounted at the same paths, ``HOME`` and the working directory
-  set as on the host;
-- the user's uid: rootless podman maps the container's root to the user, so
-  what the kernel writes to ``$HOME`` belongs to the user on the host.
-  ``--userns=keep-id`` (the user's uid inside the container too) is used
-  when the image runs from its node-local layers (``keep_id: "auto"``): in
-  node-local storage and not squashed in the user's own store (the mount
-  program reads such an image from its squash file). From a squash file it
-  cannot work on hosts like ours: fuse-overlayfs with uid mapping over a
-  squashfuse lower layer fails every copy-up with EOPNOTSUPP ("creating
-  /etc/mtab symlink: operation not supported", podman-hpc's issue #83).
-  Slurm inside works either way (the uid shim, ``engine/hostslurm.py``);
-- ``--init`` (catatonit as PID 1: signals forwarded, zombies reaped),
-  ``--pull never``, ``--rm``, the name ``podman-hpc-kernel-<kernel id>``
-  and labels naming the kernel, its owner process and the host.
+named in ``modules`` (and ``slurm`` where the host has Slurm: ``slurm``
+false opts out; ``engine/hostslurm.py``). The container's command line
+(network, mounts, user namespace, environment, the boot program) is
+``container.py``'s. With a pool size (``pool``), a start adopts a
+container of the kernelspec's pool (``pool.py``) when one can serve it.
 
 The provisioner keeps the attached ``podman run`` as the kernel's process:
 it lives exactly as long as the container, so ``poll()`` is the container's
@@ -36,13 +21,6 @@ state without asking podman, and the kernel's stderr reaches the server's
 log. ``launch_kernel`` returns once the kernel has opened its ports, and
 fails fast, with a message for the user, when the container exits first
 (image missing, no ipykernel in it, ...).
-
-An argv of ``python -m ipykernel_launcher`` runs ``boot.py`` (mounted
-read-only) instead: the same kernel, plus the ``%load_ext`` guard and the
-warm pool's waiting mode. With a pool size (``pool``), a start adopts a
-container of the kernelspec's pool (``pool.py``) when one can serve it.
-The site's ``slurm`` module is added where the host has Slurm (``slurm``
-false opts out; ``engine/hostslurm.py``).
 
 Interrupts: kernelspecs we write use ``interrupt_mode: message`` (ipykernel
 signals itself inside the container); ``signal`` mode works too: SIGINT is
@@ -55,11 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import fnmatch
 import hashlib
 import json
 import os
-import pwd
 import re
 import signal
 import subprocess
@@ -78,19 +54,12 @@ from ..engine import EngineError, hostslurm, reference
 from ..engine.modules import ModuleSet
 from ..engine.runplan import Site
 from ..engine.podman import Podman, error_message
-from ..engine.store import SquashStore
 from . import orphans, pool as pools
 from .boot import READY_LINE
+from .container import KernelContainer, KernelStartError, home, outermost
 
 STDERR_TAIL = 40  # lines of the container's stderr kept for error messages
-BOOT = Path(__file__).resolve().with_name("boot.py")  # mounted into the container, read-only
-BOOT_IN_CONTAINER = "/opt/podman-hpc/kernel_boot.py"
 POLL_SECONDS = 0.01  # how often a starting kernel's heartbeat port is tried (a loopback connect)
-
-
-class KernelStartError(EngineError):
-    """A kernel could not start; ``str()`` is the message for the user (the
-    server extension hands it to jupyter_server as an HTTP error)."""
 
 
 class PodmanHPCProvisioner(LocalProvisioner):
@@ -125,7 +94,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
     _drain: threading.Thread | None = None
     _watchdog: subprocess.Popen | None = None
     _podman: Podman | None = None
-    _module_args: list[str]
+    _container: KernelContainer | None = None
     _settings: dict[str, Any]
     _lost_check = float("-inf")  # monotonic time may be below 1 s on a fresh boot
     _lost_running = False
@@ -144,7 +113,6 @@ class PodmanHPCProvisioner(LocalProvisioner):
         except TraitError as err:
             raise KernelStartError(f"invalid kernel_provisioner config in the kernelspec: {err}".splitlines()[0])
         self._stderr_tail = collections.deque(maxlen=STDERR_TAIL)
-        self._module_args = []
 
     # --- starting ---------------------------------------------------------------
 
@@ -158,7 +126,11 @@ class PodmanHPCProvisioner(LocalProvisioner):
             names = list(self.modules)
             if self._wants_slurm(site_modules, names):
                 names.append(hostslurm.MODULE)  # podman_args builds its uid shim
-            self._module_args = site_modules.podman_args(site_modules.select(names), os.environ)
+            self._container = KernelContainer(
+                self._podman, self.image, site_modules.podman_args(site_modules.select(names), os.environ),
+                list(self.podman_args), list(self.kernel_spec.argv) if self.kernel_spec else [],
+                dict(self.kernel_spec.env) if self.kernel_spec else {}, list(self.pass_env), self.init,
+                self.keep_id)
         except EngineError as err:
             raise KernelStartError(f"cannot start a kernel in image {self.image}: {err}")
 
@@ -195,155 +167,27 @@ class PodmanHPCProvisioner(LocalProvisioner):
         self.container_name = "podman-hpc-kernel-" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(self.kernel_id))
         return await super().pre_launch(**kwargs)
 
-    def _container_argv(self, cmd: Sequence[str]) -> list[str]:
-        """The kernel command as the image must see it.
-
-        KernelManager replaces a leading "python3" with the server's own
-        interpreter; inside the image it must stay the image's python3.
-        """
-        argv = list(cmd)
-        spec_argv = list(self.kernel_spec.argv) if self.kernel_spec else []
-        if argv and spec_argv and argv[0] == sys.executable and spec_argv[0] != sys.executable:
-            argv[0] = spec_argv[0]
-        return argv
-
-    def _use_keep_id(self) -> bool:
-        if isinstance(self.keep_id, bool):
-            return self.keep_id
-        value = self.keep_id.strip().lower()
-        if value in ("true", "yes", "1", "on"):
-            return True
-        if value in ("false", "no", "0", "off"):
-            return False
-        if value != "auto":
-            raise KernelStartError(f"keep_id must be 'auto', 'true' or 'false', not {self.keep_id!r}")
-        return self._runs_from_local_layers()
-
-    def _runs_from_local_layers(self) -> bool:
-        """Whether the container's root will be the image's node-local layers: the graph root holds
-        the image (podman then uses that copy) and the user's own store has no squashed copy of it
-        (which the mount program reads instead, ``engine/mount.py``)."""
-        local = self._local_image_id()
-        if not local:
-            return False
-        try:
-            squashed = SquashStore(self._podman.config.squash_dir).images()
-        except EngineError:  # no squashed store (no SCRATCH): the local layers
-            return True
-        return not any(image.id == local for image in squashed)
-
-    def _local_image_id(self) -> str:
-        """The id of the image in the node-local graph root, or ''."""
-        assert self._podman is not None
-        path = Path(self._podman.config.graph_root) / "overlay-images" / "images.json"
-        try:
-            records = json.loads(path.read_text() or "[]")
-        except (OSError, ValueError):
-            return ""
-        if reference.is_image_id(self.image):
-            prefix = self.image.removeprefix("sha256:")
-            found = [r for r in records if str(r.get("id", "")).startswith(prefix)]
-        else:
-            names = set(reference.candidate_names(self.image))
-            found = [r for r in records if names & set(r.get("names") or ())]
-        return str(found[0].get("id", "")) if found else ""
-
-    def _mounts(self, cwd: str | None) -> list[str]:
-        """Host paths the kernel needs, each mounted at the same path."""
-        wanted = [_home()]
-        connection_file = getattr(self.parent, "connection_file", "") if self.parent else ""
-        connection_file = os.path.realpath(connection_file) if connection_file else ""
-        if connection_file and self.connection_info.get("transport", "tcp") == "ipc":
-            wanted.append(os.path.dirname(connection_file))  # the sockets live beside it
-        if cwd:
-            wanted.append(os.path.realpath(cwd))
-        chosen = _outermost(wanted)
-        args = _volumes(chosen)
-        if connection_file and not any(connection_file.startswith(c + "/") for c in chosen):
-            # a tcp kernel needs just the file (often in /tmp: do not share all of it);
-            # ipykernel rewrites it in place once bound
-            args += _volumes([connection_file])
-        return args
-
-    def _environment(self, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        """``--env NAME`` options and the podman process's environment that holds the values.
-
-        Values stay out of podman's command line (a kernelspec's env may hold secrets).
-        """
-        assert self._podman is not None
-        names = {"HOME"} | set(self.kernel_spec.env if self.kernel_spec else {})
-        names |= {name for name in env if any(fnmatch.fnmatchcase(name, p) for p in self.pass_env)}
-        names.discard("JPY_PARENT_PID")  # ipykernel would watch a pid of another namespace
-        names.discard("JPY_API_TOKEN")  # JupyterHub's token for the server, not for images
-        podman_env = dict(self._podman.env)
-        for name in names:
-            if name in env:
-                podman_env[name] = env[name]
-        podman_env.setdefault("HOME", _home())
-        args: list[str] = []
-        for name in sorted(names):
-            if name in podman_env:
-                args += ["--env", name]
-        return args, podman_env
-
-    def _run_options(self, name: str, labels: dict[str, str]) -> list[str]:
-        """The ``podman run`` options every kernel container of this kernelspec gets."""
-        assert self._podman is not None
-        options = ["--rm", "--replace", "--name", name, "--pull", "never"]
-        if self.init:
-            options.append("--init")
-        for key, value in labels.items():
-            options += ["--label", f"{key}={value}"]
-        networks = _networks([*self._podman.run_defaults(), *self._module_args, *self.podman_args])
-        if any(n != "host" for n in networks):
-            raise KernelStartError(f"a kernel needs the host network (its ZeroMQ ports), but --network "
-                                   f"{next(n for n in networks if n != 'host')} is set by the site "
-                                   "configuration, a module or podman_args")
-        if not networks:
-            options += ["--network", "host"]
-        if self._use_keep_id():
-            options += ["--userns", "keep-id"]
-        return options
-
-    def _boots(self, argv: Sequence[str]) -> bool:
-        """Whether ``argv`` is ipykernel's launcher, which boot.py replaces (see boot.py)."""
-        return len(argv) >= 3 and list(argv[1:3]) == ["-m", "ipykernel_launcher"] and _mountable(str(BOOT))
-
     def build_command(self, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> tuple[list[str], dict[str, str]]:
         """The ``podman run`` command line of the kernel container and podman's environment."""
-        assert self._podman is not None
-        options = self._run_options(self.container_name, orphans.labels(str(self.kernel_id)))
-        options += self._mounts(cwd)
-        workdir = os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else _home()
-        options += ["--workdir", workdir]
-        env_args, podman_env = self._environment(env)
-        options += env_args
-        kernel_argv = self._container_argv(cmd)
-        self._program = kernel_argv[0] if kernel_argv else ""
-        if self._boots(kernel_argv):
-            options += _volumes([str(BOOT)], BOOT_IN_CONTAINER)
-            kernel_argv = [kernel_argv[0], BOOT_IN_CONTAINER, *kernel_argv[3:]]
-        argv = self._podman.run_command([*options, *self.podman_args, self.image, *kernel_argv], self._module_args)
+        assert self._container is not None, "pre_launch was not called"
+        connection_file = getattr(self.parent, "connection_file", "") if self.parent else ""
+        argv, podman_env = self._container.kernel_command(
+            self.container_name, orphans.labels(str(self.kernel_id)), cmd, env, cwd, connection_file,
+            self.connection_info.get("transport", "tcp"))
+        self._program = self._container.argv_in_image(cmd)[0] if cmd else ""
         return argv, podman_env
 
     def build_pool_command(self, name: str, env: dict[str, str], dirs: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         """``podman run`` of a pooled container: boot.py waiting for its kernel (see pool.py)."""
-        assert self._podman is not None and self.kernel_spec is not None
-        options = self._run_options(name, orphans.pool_labels(self._pool_name()))
-        options += ["--interactive", *_volumes(_outermost([_home(), *dirs])), "--workdir", _home()]
-        env_args, podman_env = self._environment(env)
-        options += env_args + _volumes([str(BOOT)], BOOT_IN_CONTAINER)
-        python = self._container_argv(self.kernel_spec.argv)[0]
-        argv = self._podman.run_command([*options, *self.podman_args, self.image, python, BOOT_IN_CONTAINER,
-                                         "--pool"], self._module_args)
-        return argv, podman_env
+        assert self._container is not None
+        return self._container.pool_command(name, orphans.pool_labels(self._pool_name()), env, dirs)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         assert self._podman is not None, "pre_launch was not called"
         env = dict(kwargs.get("env") or os.environ)
         cwd = kwargs.get("cwd")
         pool = self._pool(cmd, cwd)
-        entry = pool.take(cwd or _home()) if pool is not None else None
+        entry = pool.take(cwd or home()) if pool is not None else None
         if entry is not None and self._hand_over(entry, cmd, env, cwd):
             self.log.info("podman-hpc: kernel %s adopts pooled container %s (image %s)", self.kernel_id,
                           entry.name, self.image)
@@ -388,7 +232,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
         self.container_name = entry.name
         self.process = entry.process
         self.pid = self.pgid = entry.process.pid
-        self.cwd = cwd or _home()
+        self.cwd = cwd or home()
         self._stderr_tail, self._drain, self._watchdog = entry.tail, entry.drain, entry.watchdog
         self._lost_running = False
 
@@ -405,7 +249,9 @@ class PodmanHPCProvisioner(LocalProvisioner):
 
     def _pool(self, cmd: Sequence[str], cwd: str | None) -> pools.Pool | None:
         """This kernelspec's pool in this process (made on first use), if it can serve this kernel."""
-        if self._pool_size() <= 0 or self.kernel_spec is None or not self._boots(self._container_argv(cmd)):
+        assert self._container is not None
+        if self._pool_size() <= 0 or self.kernel_spec is None or \
+                not self._container.boots(self._container.argv_in_image(cmd)):
             return None
         if self.connection_info.get("transport", "tcp") != "tcp":
             return None
@@ -426,6 +272,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
         spec = spec_manager.get_kernel_spec(kernel_name)
         settings = dict((spec.metadata.get("kernel_provisioner") or {}).get("config") or {})
         provisioner = cls(**settings, kernel_spec=spec, config=config, **({"log": log} if log else {}))
+        provisioner._prepare_engine()
         return provisioner._pool(spec.argv, None)
 
     def make_pool(self, key: str, cwd: str | None = None) -> pools.Pool:
@@ -436,7 +283,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
         template._prepare_engine()
         assert template._podman is not None and self.kernel_spec is not None
         extra = pools.default_dirs or ((os.path.realpath(cwd),) if cwd else ())
-        dirs = _outermost([_home(), *extra])
+        dirs = outermost([home(), *extra])
         env = {**os.environ, **self.kernel_spec.env}
         spec_file = self._spec_file()
 
@@ -458,17 +305,18 @@ class PodmanHPCProvisioner(LocalProvisioner):
     def _hand_over(self, entry: pools.Pooled, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> bool:
         """Send the kernel's connection file, cwd and environment to a pooled container;
         False if it cannot take them (the kernel then starts on demand)."""
-        argv = self._container_argv(cmd)
+        assert self._container is not None
+        argv = self._container.argv_in_image(cmd)
         connection_file = str(getattr(self.parent, "connection_file", "") or argv[argv.index("-f") + 1])
         try:
             info = json.loads(Path(connection_file).read_text())
         except (OSError, ValueError) as err:  # then on demand, which mounts the file
             self.log.warning("podman-hpc: cannot read the connection file %s: %s", connection_file, err)
             return False
-        env_args, values = self._environment(env)
+        env_args, values = self._container.environment(env)
         names = env_args[1::2]
         request = {"connection_file": connection_file, "connection_info": info,
-                   "cwd": os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else _home(),
+                   "cwd": os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else home(),
                    "env": {name: values[name] for name in names if name in values}, "argv": argv[3:]}
         self._attach(entry, cwd)
         try:
@@ -641,52 +489,6 @@ class PodmanHPCProvisioner(LocalProvisioner):
         await super().load_provisioner_info(provisioner_info)
         self.container_name = provisioner_info.get("container_name", "")
         self.image = provisioner_info.get("image", self.image)
-
-
-def _mountable(path: str) -> bool:
-    return ":" not in path and "," not in path
-
-
-def _outermost(paths: Sequence[str]) -> list[str]:
-    """The existing directories among ``paths`` that are not inside another one (never "/")."""
-    chosen: list[str] = []
-    for path in sorted({os.path.normpath(p) for p in paths if p and os.path.isdir(p)}, key=len):
-        if path != "/" and not any(path == c or path.startswith(c + "/") for c in chosen):
-            chosen.append(path)
-    return chosen
-
-
-def _volumes(paths: Sequence[str], target: str | None = None) -> list[str]:
-    """``--volume`` options mounting each path at the same path (or at ``target``, read-only)."""
-    args: list[str] = []
-    for path in paths:
-        if not _mountable(path):
-            raise KernelStartError(f"cannot mount {path} into the kernel container: ':' and ',' "
-                                   "are not allowed in its path")
-        args += ["--volume", f"{path}:{target}:ro" if target else f"{path}:{path}"]
-    return args
-
-
-def _home() -> str:
-    home = os.environ.get("HOME")
-    if home:
-        return home
-    try:
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        return "/"
-
-
-def _networks(args: Sequence[str]) -> list[str]:
-    """The values of --network/--net options in a podman run argument list."""
-    found = []
-    for i, arg in enumerate(args):
-        name, has_value, value = arg.partition("=")
-        if name in ("--network", "--net"):
-            if not has_value:
-                value = args[i + 1] if i + 1 < len(args) else ""
-            found.append(value)
-    return found
 
 
 def _drain(stream, tail: collections.deque, ready: threading.Event | None = None) -> None:
