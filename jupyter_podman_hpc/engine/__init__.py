@@ -15,7 +15,11 @@
 - ``hook``: the OCI hook for modules' ``copy`` entries and ldconfig
 - ``inroot``: paths resolved inside a container's root (openat2 RESOLVE_IN_ROOT)
 - ``images``: local and squashed images, pull
-- ``launcher``: shared-run (podman-exec) and per-process launch under Slurm
+- ``launcher``: shared-run (podman-exec): a step's tasks on a node, the first one starting its container
+- ``stepcontext``: where a task sits in its Slurm step (node, rank, step key, PMI passthrough)
+- ``taskplan``: what a task runs in the container (entrypoint, CMD, environment, options)
+- ``stepmonitor``: the node's step monitor: serves the other tasks their plan, removes the container
+- ``perprocess``: per-process mode (one ``podman run`` per task)
 - ``join``: running a task inside the node's container by joining its namespaces
 - ``service``: the per-user Podman REST service and clients of it
 - ``api``: pull and build through that service, with structured progress and cancellation

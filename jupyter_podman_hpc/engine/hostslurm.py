@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from .. import stepsocket
 from . import commands
 from .errors import EngineError
 from .locks import flocked
@@ -96,8 +97,7 @@ def host_has_slurm(environ: Mapping[str, str]) -> bool:
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
-    return Path(base) / "podman-hpc"
+    return Path(stepsocket.cache_dir(environ))  # the user's ~/.cache/podman-hpc, defined once
 
 
 def uid_shim(environ: Mapping[str, str]) -> str | None:

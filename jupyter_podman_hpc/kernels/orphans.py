@@ -74,15 +74,11 @@ def orphans(containers: Sequence[dict], host: str | None = None) -> list[dict]:
     return found
 
 
-def remove(podman: "Podman", names: Sequence[str]) -> None:
-    podman.remove_containers(*names)
-
-
 def sweep(podman: "Podman") -> list[str]:
     """Remove orphaned kernel containers; returns their names."""
     doomed = orphans(kernel_containers(podman))
     names = [(c.get("Names") or [c.get("Id", "")])[0] for c in doomed]
-    remove(podman, names)
+    podman.remove_containers(*names)
     return names
 
 
@@ -121,7 +117,7 @@ def watchdog(owner: str, client_pid: int, name: str) -> int:
     from ..engine.config import load_config
     from ..engine.podman import Podman
     podman = Podman(load_config(os.environ))
-    remove(podman, [name])
+    podman.remove_containers(name)
     return 0
 
 

@@ -193,7 +193,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
                           entry.name, self.image)
         else:
             if entry is not None:  # it cannot take this kernel: start on demand
-                await asyncio.to_thread(orphans.remove, self._podman, [entry.name])
+                await asyncio.to_thread(self._podman.remove_containers, entry.name)
                 entry = None
             argv, podman_env = self.build_command(cmd, env, cwd)
             self.log.info("podman-hpc: starting kernel %s in %s (image %s)", self.kernel_id,
@@ -299,7 +299,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
                 return None
 
         self.log.info("podman-hpc: keeping %d kernel(s) of %s started (pool)", self._pool_size(), key)
-        return pools.Pool(key, self._pool_size(), spawn, lambda names: orphans.remove(template._podman, names),
+        return pools.Pool(key, self._pool_size(), spawn, lambda names: template._podman.remove_containers(*names),
                           stamp)
 
     def _hand_over(self, entry: pools.Pooled, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> bool:
