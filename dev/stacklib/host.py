@@ -24,6 +24,8 @@ PACKAGES = [
     "gcc", "libc6-dev", "iproute2", "procps", "psmisc", "curl",
     # tests act as the project's second member and as an outsider through sudo
     "sudo",
+    # tests/faults: a small ext4 store the stack user mounts itself, so that a migrate fills it (ENOSPC)
+    "fuse2fs",
     # the podman-hpc 1.2.2 peer: its fuse-overlayfs-wrap waits with inotifywait;
     # a static mksquashfs is built from a Debian source package
     "inotify-tools", "make", "dpkg-dev", "xz-utils", "liblz4-dev", "zlib1g-dev",

@@ -297,19 +297,10 @@ class PodmanHPCMagics(Magics):
         return SlurmJob.find(job_id, client=SlurmClient())
 
     def _cmd_jobs(self, args: Namespace, cell: str | None):
-        from ..slurm import Job as SlurmJob
-        from ..slurm import SlurmClient
-        from .jobs import Job, JobList
+        from .jobs import JobList
 
         self._no_cell(args, cell)
-        jobs = []
-        for job in reversed(SlurmJob.list(client=SlurmClient())):
-            try:
-                status = job.status(refresh=False)
-            except EngineError:
-                status = None
-            jobs.append(Job(job, status))
-        return JobList(jobs)
+        return JobList.load()
 
     def _cmd_logs(self, args: Namespace, cell: str | None):
         self._no_cell(args, cell)

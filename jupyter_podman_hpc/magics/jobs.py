@@ -258,9 +258,30 @@ def _output(info) -> str:
 
 
 class JobList(list):
-    """``%podman_hpc jobs``: a list of Job, shown as a table."""
+    """``%podman_hpc jobs``: a list of Job, shown as a table; ``problems`` are the job records
+    that could not be read (one line each, shown above the table)."""
 
     HEADER = ("JOB ID", "NAME", "STATE", "NODES", "ELAPSED", "SUBMITTED", "IMAGE", "OUTPUT")
+
+    def __init__(self, jobs=(), problems=()):
+        super().__init__(jobs)
+        self.problems = list(problems)
+
+    @classmethod
+    def load(cls) -> "JobList":
+        """The user's jobs, newest first, with their last known status (one Slurm query)."""
+        from ..engine.errors import EngineError
+        from ..slurm import SlurmClient
+
+        problems: list[str] = []
+        jobs = []
+        for job in reversed(SlurmJob.list(client=SlurmClient(), problems=problems)):
+            try:
+                status = job.status(refresh=False)
+            except EngineError:
+                status = None
+            jobs.append(Job(job, status))
+        return cls(jobs, problems)
 
     def rows(self) -> list[tuple[str, ...]]:
         rows = [self.HEADER]
@@ -276,11 +297,14 @@ class JobList(list):
 
     def _repr_pretty_(self, p, cycle) -> None:
         from .display import text_table
-        p.text(text_table(self.rows()) if self else "no jobs")
+        notes = "".join(f"warning: {problem}\n" for problem in self.problems)
+        p.text(notes + (text_table(self.rows()) if self else "no jobs"))
 
     def _repr_html_(self) -> str:
         from .display import html_table
-        return html_table(self.rows()) if self else "<p>no jobs</p>"
+        notes = "".join(f"<p class='podman-hpc-warning'>warning: {html.escape(problem)}</p>"
+                        for problem in self.problems)
+        return notes + (html_table(self.rows()) if self else "<p>no jobs</p>")
 
 
 __all__ = ["Job", "JobList"]

@@ -140,9 +140,10 @@ class Backend:
         job = Job.submit(spec, self.job_root(), client=SlurmClient(env=self.environ()), config=config)
         return job.as_dict(status=True)
 
-    def jobs(self) -> list[dict]:
+    def jobs(self, problems: list[str] | None = None) -> list[dict]:
+        """The jobs, newest first; an unreadable job record is left out and described in ``problems``."""
         from ..slurm import Job, SlurmClient
-        jobs = Job.list(self.job_root(), client=SlurmClient(env=self.environ()))
+        jobs = Job.list(self.job_root(), client=SlurmClient(env=self.environ()), problems=problems)
         return [job.as_dict() for job in reversed(jobs)]
 
     def _job(self, job_id: str):
@@ -217,9 +218,10 @@ class Backend:
 
     # --- kernels ---------------------------------------------------------------
 
-    def kernels(self) -> list[dict]:
+    def kernels(self, problems: list[str] | None = None) -> list[dict]:
+        """The container kernelspecs; a broken one is left out and described in ``problems``."""
         from ..kernels import kernelspec
-        return [kernel.as_dict() for kernel in kernelspec.list_kernels()]
+        return [kernel.as_dict() for kernel in kernelspec.list_kernels(problems=problems)]
 
     def install_kernel(self, image: str, display_name: str | None, modules: list[str],
                        name: str | None, pool: int | None = None) -> dict:

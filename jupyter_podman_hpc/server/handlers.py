@@ -223,7 +223,9 @@ class JobsHandler(Base):
     @authorized
     @engine_errors
     async def get(self):
-        self.reply({"jobs": await self.blocking(self.backend.jobs)})
+        problems: list[str] = []  # unreadable job records: the others are listed all the same
+        jobs = await self.blocking(self.backend.jobs, problems)
+        self.reply({"jobs": jobs, "problems": problems})
 
     @web.authenticated
     @authorized
@@ -313,7 +315,9 @@ class KernelsHandler(Base):
     @authorized
     @engine_errors
     async def get(self):
-        self.reply({"kernels": await self.blocking(self.backend.kernels)})
+        problems: list[str] = []  # broken kernelspecs: the others are listed all the same
+        kernels = await self.blocking(self.backend.kernels, problems)
+        self.reply({"kernels": kernels, "problems": problems})
 
     @web.authenticated
     @authorized
