@@ -66,6 +66,8 @@ DEFAULT_LOGIN_BUDGET = "2048"
 # An unpacked image takes about this many times its squash file (lz4 packs
 # a Debian root about 2x); a copy is only started with this much room.
 UNPACK_ESTIMATE = 3
+# An unpack that failed with less room than this left in the cache failed for want of room.
+FULL_BELOW = 2**20
 # Mount options podman (containers/storage) gives its mount program that kernel
 # overlayfs takes as they are; any other option (uidmapping=, ...) is fuse-overlayfs's.
 KERNEL_OPTIONS = ("lowerdir=", "upperdir=", "workdir=", "volatile")
@@ -240,6 +242,8 @@ class UnpackedCopy:
                 os.utime(self.ref_path)  # last use, for eviction
             except BaseException:
                 self.release()
+                if not self.root.is_dir():  # nothing was made: no empty ref left for the sweep (we hold the lock)
+                    self.ref_path.unlink(missing_ok=True)
                 raise
         return self.root
 
@@ -264,7 +268,11 @@ class UnpackedCopy:
         result = commands.run([unsquashfs, "-no-progress", "-quiet", "-dest", str(staging), source],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, pass_fds=fds)
         if result.returncode != 0:
+            free = shutil.disk_usage(self.cache).free
             shutil.rmtree(staging, ignore_errors=True)
+            if free < FULL_BELOW:
+                raise NoRoom(f"the unpack cache {self.cache} is full (ENOSPC, {free >> 20} MiB free) "
+                             f"while unpacking {self.squash.name}")
             raise NoRoom(f"unsquashfs of {self.squash.name} failed: "
                          f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
         os.chmod(staging, 0o755)
