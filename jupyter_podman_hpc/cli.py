@@ -17,6 +17,7 @@ from .engine import commands
 from .engine.errors import EngineError, InvalidInput
 from .engine.runplan import JOIN_FLAGS, Site, wants_join
 from .engine.progress import Progress
+from .engine.text import image_rows, text_table
 
 # Commands import the rest of the engine when they need it: every Slurm task of a
 # job step starts this script, so its start-up time is paid once per rank.
@@ -221,10 +222,7 @@ class Cli:
         from .engine.images import list_images
         if args:  # podman's own options (--format, -q, filters): podman answers
             return self.exec(self.podman.command("images", *args))
-        rows = image_rows(list_images(self.podman))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print(text_table(image_rows(list_images(self.podman))))
         return 0
 
     def migrate(self, args: list[str]) -> int:
@@ -317,27 +315,6 @@ class Cli:
             commands.become(argv, env or self.podman.env)
         except FileNotFoundError:
             raise EngineError(f"podman not found: {argv[0]} (set podman_bin in the site configuration)", 127)
-
-
-def image_rows(images) -> list[tuple[str, ...]]:
-    """The images table of ``podman-hpc images`` (a header, then one row per name), as the
-    CLI prints it and the ``%podman_hpc images`` magic shows it."""
-    rows = [("REPOSITORY:TAG", "IMAGE ID", "CREATED", "SIZE", "SQUASHED", "STORE")]
-    for image in images:
-        for name in image.names or ["<none>"]:
-            where = image.stores + (" (shadowed)" if name in image.shadowed else "")
-            rows.append((name, image.short_id, image.created[:19].replace("T", " "),
-                         _human_size(image.size), "yes" if image.squashed else "no", where))
-    return rows
-
-
-def _human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return str(size)
 
 
 COMMANDS = {

@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from ..version import __version__
 from ..engine.errors import EngineError
+from ..engine.text import text_table
 from . import kernelspec
 
 PROG = "jupyter podman-hpc"
@@ -97,9 +98,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         rows = [("NAME", "IMAGE", "MODULES", "POOL", "PATH")]
         rows += [(k.name, k.image, ",".join(k.modules) or "-", "-" if k.pool is None else str(k.pool), k.path)
                  for k in kernels]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print(text_table(rows))
         return 0
     if args.action == "remove":
         kernel = kernelspec.remove(args.name, args.prefix)

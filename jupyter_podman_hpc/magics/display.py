@@ -12,11 +12,7 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
-
-def text_table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-                     for row in rows)
+from ..engine.text import image_rows, text_table
 
 
 def html_table(rows: Sequence[Sequence[str]]) -> str:
@@ -50,7 +46,6 @@ class ImageList(_Table):
     EMPTY = "no images"
 
     def rows(self) -> list[tuple[str, ...]]:
-        from ..cli import image_rows
         return image_rows(self)
 
     def named(self, name: str):

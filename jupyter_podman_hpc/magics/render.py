@@ -39,6 +39,7 @@ import time
 from typing import Any, Mapping, TextIO
 
 from ..engine.progress import Progress
+from ..engine.text import human_bytes
 
 WIDGETS_ENV = "PODMAN_HPC_WIDGETS"
 _TRUE = ("1", "true", "yes", "on")
@@ -106,17 +107,6 @@ def make_renderer(title: str, *, widgets: bool | None = None, log: bool = False,
 
 
 # --- formatting -------------------------------------------------------------------
-
-
-def human_bytes(size: int | float | None) -> str:
-    if size is None:
-        return "?"
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return str(size)
 
 
 def _capital(text: str) -> str:

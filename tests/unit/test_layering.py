@@ -13,9 +13,8 @@ from the bottom up (design.md: one engine, thin fronts):
   on each other or on a front.
 - the fronts, on the parts below them, never on each other: ``cli`` (the console script's
   commands), ``server`` (the Jupyter server extension), ``magics`` (IPython).
-  Two arrows between fronts remain, each allowed from its module only, until issue 25 moves
-  what they borrow into the engine: ``magics.display`` renders image tables with ``cli``'s
-  ``image_rows``, and ``magics.core``'s ``info`` runs ``cli``'s ``infohpc``.
+  One arrow between fronts remains, allowed from its module only, until issue 25 moves
+  what it borrows into the engine: ``magics.core``'s ``info`` runs ``cli``'s ``infohpc``.
 - ``rank``: the console script's first stop; a task that is not its node's first runs from
   the leaf ``stepsocket`` (and ``engine.join``), every other command falls through to ``cli``.
 - the package itself (``__init__``): the entry points Jupyter and IPython look up, which
@@ -46,7 +45,7 @@ ALLOWED = {
     "magics": {"engine", "slurm", "kernels", "cli", *LEAVES},
     "rank": {"engine", "cli", *LEAVES},
 }
-FRONT_TO_FRONT = {("magics", "cli"): {f"{NAME}.magics.display", f"{NAME}.magics.core"}}
+FRONT_TO_FRONT = {("magics", "cli"): {f"{NAME}.magics.core"}}
 ALWAYS_LOADED = {"os", "sys", "__future__"}  # loaded before any module of ours runs
 
 

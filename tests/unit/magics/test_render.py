@@ -7,7 +7,7 @@ import pytest
 from jupyter_podman_hpc.engine.api import BuildLog, _pull_event
 from jupyter_podman_hpc.engine.progress import Progress
 from jupyter_podman_hpc.magics import render
-from jupyter_podman_hpc.magics.render import TextRenderer, WidgetRenderer, human_bytes, widgets_enabled
+from jupyter_podman_hpc.magics.render import TextRenderer, WidgetRenderer, widgets_enabled
 
 BUILD_OUTPUT = ("STEP 1/3: FROM busybox\n"
                 "STEP 2/3: RUN echo one && echo two\n"
@@ -102,11 +102,6 @@ def test_text_writes_to_the_current_stdout(capsys):
     renderer = TextRenderer()
     renderer.note("hello")
     assert capsys.readouterr().out == "hello\n"
-
-
-def test_human_bytes():
-    assert [human_bytes(n) for n in (0, 999, 1000, 1_084_004, 136_749_269, 5 * 10**12, None)] == \
-        ["0 B", "999 B", "1.0 kB", "1.1 MB", "136.7 MB", "5.0 TB", "?"]
 
 
 # --- widgets (ipywidgets without a front end: models only) ---------------------------------------

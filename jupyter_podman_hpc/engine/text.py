@@ -1,0 +1,39 @@
+"""Text every front shows the same way: sizes, aligned tables, and the images table."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+
+def human_bytes(size: int | float | None) -> str:
+    """A size in decimal units as podman prints it (``136.7 MB``); ``?`` when unknown."""
+    if size is None:
+        return "?"
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return str(size)
+
+
+def text_table(rows: Sequence[Sequence[object]]) -> str:
+    """Rows (the first a header) as left-aligned columns two spaces apart, without trailing blanks."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+                     for row in rows)
+
+
+def image_rows(images: Iterable) -> list[tuple[str, ...]]:
+    """The images table of ``podman-hpc images`` (a header, then one row per name of each
+    ``ImageInfo``), as the CLI prints it and the ``%podman_hpc images`` magic shows it."""
+    rows = [("REPOSITORY:TAG", "IMAGE ID", "CREATED", "SIZE", "SQUASHED", "STORE")]
+    for image in images:
+        for name in image.names or ["<none>"]:
+            where = image.stores + (" (shadowed)" if name in image.shadowed else "")
+            rows.append((name, image.short_id, image.created[:19].replace("T", " "),
+                         human_bytes(image.size), "yes" if image.squashed else "no", where))
+    return rows
+
+
+__all__ = ["human_bytes", "text_table", "image_rows"]
