@@ -24,26 +24,10 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from ..engine import commands
 from ..engine.errors import EngineError
-from .parser import HelpRequested, MagicUsageError, parse, subparser
+from .parser import HelpRequested, MagicError, parse, subparser
 from .render import Renderer, make_renderer
 
 STDERR_TAIL = 8192   # bytes of a run's stderr kept for its error message
-
-
-class MagicError(Exception):
-    """A failure of a magic, shown as a short message without a traceback."""
-
-    def __init__(self, message: str, usage: str = ""):
-        super().__init__(message)
-        self.message = message
-        self.usage = usage.strip()
-
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows instead of a traceback (it asks exceptions for this)."""
-        lines = [f"podman-hpc: error: {self.message}"]
-        if self.usage:
-            lines += ["", *self.usage.splitlines()]
-        return lines
 
 
 def _usage(command: str) -> str:
@@ -85,8 +69,6 @@ class PodmanHPCMagics(Magics):
         except HelpRequested as request:
             print(request.text.rstrip())
             return None
-        except MagicUsageError as err:
-            raise MagicError(err.message, err.usage) from None
         handler = getattr(self, f"_cmd_{args.command}")
         try:
             # --debug also shows each command the engine runs, as it ends
@@ -94,10 +76,6 @@ class PodmanHPCMagics(Magics):
                 return handler(args, cell)
         except (MagicError, KeyboardInterrupt):
             raise
-        except MagicUsageError as err:
-            if args.debug:
-                raise
-            raise MagicError(err.message, err.usage) from None
         except EngineError as err:
             if args.debug:
                 raise

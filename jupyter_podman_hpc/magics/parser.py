@@ -1,7 +1,7 @@
 """Parsing ``%podman_hpc`` lines: argparse that reports errors instead of exiting.
 
 ``parse(line)`` returns the subcommand and its options as an
-``argparse.Namespace``; bad input raises ``MagicUsageError`` carrying the
+``argparse.Namespace``; bad input raises ``MagicError`` carrying the
 message and the usage of the subcommand it concerns, ``--help`` raises
 ``HelpRequested`` carrying the help text. Nothing here prints, exits or
 touches the engine, so it is tested on its own.
@@ -50,13 +50,21 @@ Add --debug to any command to see the full traceback of an error.
 """
 
 
-class MagicUsageError(Exception):
-    """Bad input: ``message`` says what, ``usage`` shows how to call the command."""
+class MagicError(Exception):
+    """A failure of a magic (bad input here, or what a command met), shown as a short
+    message without a traceback: ``message`` says what, ``usage`` shows how to call the command."""
 
     def __init__(self, message: str, usage: str = ""):
         super().__init__(message)
         self.message = message
         self.usage = usage.strip()
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows instead of a traceback (it asks exceptions for this)."""
+        lines = [f"podman-hpc: error: {self.message}"]
+        if self.usage:
+            lines += ["", *self.usage.splitlines()]
+        return lines
 
 
 class HelpRequested(Exception):
@@ -84,10 +92,10 @@ class Parser(argparse.ArgumentParser):
                           help="show the full traceback of an error")
 
     def error(self, message: str) -> NoReturn:
-        raise MagicUsageError(message, self.format_usage())
+        raise MagicError(message, self.format_usage())
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:  # pragma: no cover
-        raise MagicUsageError(message or f"exit {status}", self.format_usage())
+        raise MagicError(message or f"exit {status}", self.format_usage())
 
 
 class _Help(argparse.Action):
@@ -306,7 +314,7 @@ def split(line: str) -> list[str]:
     try:
         return shlex.split(line)
     except ValueError as err:  # an unclosed quote
-        raise MagicUsageError(f"cannot split the line into words: {err}", SUMMARY)
+        raise MagicError(f"cannot split the line into words: {err}", SUMMARY)
 
 
 def parse(line: str | Sequence[str]) -> argparse.Namespace:
@@ -328,26 +336,26 @@ def parse(line: str | Sequence[str]) -> argparse.Namespace:
         topic = words[1] if len(words) > 1 else None
         found = subparser(topic) if topic else None
         if topic and found is None:
-            raise MagicUsageError(f"no command {topic!r}", SUMMARY)
+            raise MagicError(f"no command {topic!r}", SUMMARY)
         raise HelpRequested(found.format_help() if found else SUMMARY)
     if words[0].startswith("-"):
-        raise MagicUsageError(f"unknown option {words[0]} (options go after the command)", SUMMARY)
+        raise MagicError(f"unknown option {words[0]} (options go after the command)", SUMMARY)
     known = subparser(words[0])
     if known is None:
-        raise MagicUsageError(f"unknown command {words[0]!r}", SUMMARY)
+        raise MagicError(f"unknown command {words[0]!r}", SUMMARY)
     try:
         namespace = parser().parse_args(words)
     except argparse.ArgumentError as err:  # exit_on_error=False: type and choice errors come here
-        raise MagicUsageError(str(err), known.format_usage())
-    except MagicUsageError as err:
+        raise MagicError(str(err), known.format_usage())
+    except MagicError as err:
         if err.usage == parser().format_usage().strip():  # "unrecognized arguments": the command's usage
             err.usage = known.format_usage().strip()
         raise
     namespace.debug = debug or getattr(namespace, "debug", False)
     if namespace.command == "kernel" and not getattr(namespace, "action", None):
-        raise MagicUsageError("kernel needs an action: install, list or remove", known.format_usage())
+        raise MagicError("kernel needs an action: install, list or remove", known.format_usage())
     if namespace.command == "cluster" and not getattr(namespace, "action", None):
-        raise MagicUsageError("cluster needs an action: start, stop or list", known.format_usage())
+        raise MagicError("cluster needs an action: start, stop or list", known.format_usage())
     if namespace.command == "submit":
         _submit_target(namespace, known)
     return namespace
@@ -361,12 +369,12 @@ def _leading_params(namespace: argparse.Namespace, words: list[str], parser_: Pa
         flag, sep, value = words[0].partition("=")
         if not sep:
             if len(words) < 2:
-                raise MagicUsageError("--param needs NAME=VALUE", parser_.format_usage())
+                raise MagicError("--param needs NAME=VALUE", parser_.format_usage())
             value, words = words[1], words[1:]
         try:  # a new list: the one there may be the parser's default, shared by every parse
             namespace.params = [*namespace.params, convert(value)]
         except argparse.ArgumentTypeError as err:
-            raise MagicUsageError(str(err), parser_.format_usage())
+            raise MagicError(str(err), parser_.format_usage())
         words = words[1:]
     return words
 
@@ -382,22 +390,22 @@ def _submit_target(namespace: argparse.Namespace, parser_: Parser) -> None:
         flag, sep, value = words[0].partition("=")
         if not sep:
             if len(words) < 2:
-                raise MagicUsageError(f"{flag} needs a PATH", parser_.format_usage())
+                raise MagicError(f"{flag} needs a PATH", parser_.format_usage())
             value, words = words[1], words[2:]
         else:
             words = words[1:]
         if getattr(namespace, flag[2:]):
-            raise MagicUsageError(f"{flag} is given twice", parser_.format_usage())
+            raise MagicError(f"{flag} is given twice", parser_.format_usage())
         setattr(namespace, flag[2:], value)
         words = _leading_params(namespace, words, parser_)
         namespace.args, words = words, []
     targets = [flag for flag in ("notebook", "script") if getattr(namespace, flag)]
     if len(targets) > 1:
-        raise MagicUsageError("give one of a command, --notebook and --script", parser_.format_usage())
+        raise MagicError("give one of a command, --notebook and --script", parser_.format_usage())
     if targets and words:
         # --notebook/--script given before IMAGE: the words after IMAGE are its arguments
         namespace.args, words = words, []
     if not targets and not words:
-        raise MagicUsageError("give the command to run after IMAGE (or --notebook PATH, --script PATH)",
+        raise MagicError("give the command to run after IMAGE (or --notebook PATH, --script PATH)",
                               parser_.format_usage())
     namespace.argv = words

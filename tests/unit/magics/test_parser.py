@@ -2,11 +2,11 @@
 
 import pytest
 
-from jupyter_podman_hpc.magics.parser import SUMMARY, HelpRequested, MagicUsageError, parse
+from jupyter_podman_hpc.magics.parser import SUMMARY, HelpRequested, MagicError, parse
 
 
-def usage_error(line: str) -> MagicUsageError:
-    with pytest.raises(MagicUsageError) as caught:
+def usage_error(line: str) -> MagicError:
+    with pytest.raises(MagicError) as caught:
         parse(line)
     return caught.value
 
@@ -71,7 +71,7 @@ def test_submit_a_notebook_with_parameters():
     # --param right after --notebook PATH is a parameter; after the notebook's first argument, an argument
     assert args.params == [("alpha", "0.5"), ("name", "'x y'"), ("n", "2")]
     assert args.args == ["arg", "--param", "b=1"]
-    with pytest.raises(MagicUsageError, match="--param needs KEY=VALUE, not 'oops'"):
+    with pytest.raises(MagicError, match="--param needs KEY=VALUE, not 'oops'"):
         parse("submit img --notebook nb.ipynb --param oops")
     assert parse("submit img --notebook nb.ipynb --param a=1").params == [("a", "1")]
     assert parse("submit img true").params == []  # nothing left over from the parses before
@@ -168,7 +168,7 @@ def test_cluster_stop_and_list():
 
 
 def test_cluster_needs_an_action_and_start_an_image():
-    with pytest.raises(MagicUsageError, match="cluster needs an action"):
+    with pytest.raises(MagicError, match="cluster needs an action"):
         parse("cluster")
-    with pytest.raises(MagicUsageError, match="the following arguments are required: IMAGE"):
+    with pytest.raises(MagicError, match="the following arguments are required: IMAGE"):
         parse("cluster start --nodes 2")
