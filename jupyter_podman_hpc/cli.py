@@ -250,11 +250,11 @@ class Cli:
     def pull(self, args: list[str]) -> int:
         if not args or args[-1].startswith("-"):
             raise UsageError("usage: podman-hpc pull [podman pull options] IMAGE")
-        from .engine.images import pull
+        from .engine.pull import podman_pull
         quiet = not sys.stderr.isatty()
         bar = TerminalProgress()
         try:
-            result = pull(self.podman, args[-1], pull_args=args[:-1], progress=bar, quiet=quiet)
+            result = podman_pull(self.podman, args[-1], pull_args=args[:-1], progress=bar, quiet=quiet)
         finally:
             bar.done()
         if result is not None:

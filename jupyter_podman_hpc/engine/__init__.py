@@ -14,7 +14,9 @@
 - ``readpath``: how a squashed image's files reach its containers on a node (unpacked, kernel, fuse)
 - ``hook``: the OCI hook for modules' ``copy`` entries and ldconfig
 - ``inroot``: paths resolved inside a container's root (openat2 RESOLVE_IN_ROOT)
-- ``images``: local and squashed images, pull
+- ``images``: local and squashed images as a user sees them
+- ``pull``: pulling an image (through the REST service for the fronts, ``podman pull`` for the CLI), then squashing it
+- ``build``: building an image through the REST service, with structured progress and cancellation
 - ``launcher``: shared-run (podman-exec): a step's tasks on a node, the first one starting its container
 - ``stepcontext``: where a task sits in its Slurm step (node, rank, step key, PMI passthrough)
 - ``taskplan``: what a task runs in the container (entrypoint, CMD, environment, options)
@@ -22,7 +24,7 @@
 - ``perprocess``: per-process mode (one ``podman run`` per task)
 - ``join``: running a task inside the node's container by joining its namespaces
 - ``service``: the per-user Podman REST service and clients of it
-- ``api``: pull and build through that service, with structured progress and cancellation
+- ``servicestream``: that service's streamed events, its errors, and cancelling what it streams
 - ``progress``: progress events of long operations (pull, build, squash, job wait)
 - ``runplan``: how a container run is planned, once for the CLI, the magics and kernels
 - ``commands``: the runner of every external command, which logs each at debug level
@@ -49,5 +51,5 @@ def __getattr__(name: str):
 __all__ = [
     "SiteConfig", "load_config",
     "EngineError", "InvalidInput", "NotFound", "Conflict", "PermissionDenied",
-    "ConfigError", "ModuleError", "ImageNotFound", "InvalidReference", "PodmanError",
+    "ConfigError", "ModuleError", "ImageNotFound", "InvalidReference", "PodmanError", "ToolFailed",
 ]

@@ -1,4 +1,4 @@
-"""Images as a user sees them: node-local and squashed, and pulling them."""
+"""Images as a user sees them: node-local and squashed (pulling them: ``engine.pull``)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import datetime as dt
 import json
 from dataclasses import asdict, dataclass, field
 
-from . import reference
-from .migrate import MigrateResult, migrate
 from .podman import Podman
-from .progress import ProgressCallback, ignore
 from .store import SquashStore, StoredImage, readable_stores
 
 
@@ -82,11 +79,3 @@ def list_images(podman: Podman) -> list[ImageInfo]:
                           local=False, squashed=True, store=directory, additional=directory != personal))
     return sorted(found.values(), key=lambda i: i.created, reverse=True)
 
-
-def pull(podman: Podman, ref: str, *, squash: bool = True, pull_args: list[str] | None = None,
-         progress: ProgressCallback = ignore, quiet: bool = True) -> MigrateResult | None:
-    """``podman pull`` into the node-local storage, then squash it (unless told not to)."""
-    ref = reference.normalize(ref)
-    podman.run(podman.command("pull", *(pull_args or []), *(["--quiet"] if quiet else []), ref),
-               capture=quiet)
-    return migrate(podman, ref, progress) if squash else None

@@ -25,16 +25,16 @@ through a short-lived trampoline so it is not the caller's child (no zombie
 in a long-lived kernel when it exits on idle).
 
 ``PrivateService`` -- one service for one long write operation (a pull or a
-build, see ``engine.api``). It does *not* see the squashed store, for the
+build, see ``engine.pull`` and ``engine.build``). It does *not* see the squashed store, for the
 same reason ``podman-hpc pull``/``build`` do not: a pull through a service
 that sees it reuses the read-only store's layers and leaves a node-local image
 record whose top layer the local storage does not have ("layer not known" for
 every later ``podman images``). And because the service runs only that one
 operation, the processes of a build's RUN step are exactly the container
-processes under it, which is what cancelling a build needs (see ``engine.api``).
+processes under it, which is what cancelling a build needs (see ``engine.build``).
 
 Never pull, build, tag or remove images through ``ApiService`` (use
-``engine.api``, the CLI or ``engine.images``).
+``engine.pull``, ``engine.build``, the CLI or ``engine.migrate``).
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def client(config: SiteConfig, *, idle: int = DEFAULT_IDLE, timeout: float | Non
     """A ``podman.PodmanClient`` connected to the shared service (started on demand).
 
     The service sees node-local and squashed images. Use it for listing,
-    inspecting and running; pulls and builds go through ``engine.api``.
+    inspecting and running; pulls and builds go through ``engine.pull`` and ``engine.build``.
     """
     from podman import PodmanClient
 

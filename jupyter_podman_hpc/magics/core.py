@@ -104,7 +104,7 @@ class PodmanHPCMagics(Magics):
     # --- images -----------------------------------------------------------------------
 
     def _cmd_build(self, args: Namespace, cell: str | None):
-        from ..engine import api
+        from ..engine.build import build, build_and_squash
 
         if args.file:
             if cell is not None and cell.strip():
@@ -123,12 +123,12 @@ class PodmanHPCMagics(Magics):
         renderer = self._renderer(f"build {args.tag}", log=args.log)
         with _rendering(renderer):
             if args.squash:
-                built = api.build_and_squash(config, containerfile, args.tag, args.context, dict(args.build_args),
-                                             renderer, no_cache=args.no_cache, environ=os.environ)
+                built = build_and_squash(config, containerfile, args.tag, args.context, dict(args.build_args),
+                                         renderer, no_cache=args.no_cache, environ=os.environ)
                 _squashed(renderer, config, args.tag, built.squash)
             else:
-                image_id = api.build(config, containerfile, args.tag, args.context, dict(args.build_args),
-                                     renderer, no_cache=args.no_cache)
+                image_id = build(config, containerfile, args.tag, args.context, dict(args.build_args),
+                                 renderer, no_cache=args.no_cache)
                 renderer.done(f"Built {args.tag} ({image_id[:12]})")
         return None
 
@@ -140,17 +140,17 @@ class PodmanHPCMagics(Magics):
         _squashed(renderer, config, ref, migrate(Podman(config, os.environ), ref, renderer))
 
     def _cmd_pull(self, args: Namespace, cell: str | None):
-        from ..engine import api
+        from ..engine.pull import pull, pull_and_squash
 
         self._no_cell(args, cell)
         config = self._config()
         renderer = self._renderer(f"pull {args.image}")
         with _rendering(renderer):
             if args.no_squash:
-                image_id = api.pull(config, args.image, renderer)
+                image_id = pull(config, args.image, renderer)
                 renderer.done(f"Pulled {args.image} ({image_id[:12]})")
             else:
-                _squashed(renderer, config, args.image, api.pull_and_squash(config, args.image, renderer).squash)
+                _squashed(renderer, config, args.image, pull_and_squash(config, args.image, renderer).squash)
         return None
 
     def _cmd_squash(self, args: Namespace, cell: str | None):

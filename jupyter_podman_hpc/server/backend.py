@@ -79,30 +79,30 @@ class Backend:
         return [image.as_dict() for image in list_images(self.podman())]
 
     def pull(self, image: str, squash: bool) -> Task:
-        from ..engine import api
+        from ..engine.pull import pull, pull_and_squash
 
         config = self.writable_store(self.site()) if squash else self.site()
 
         def work(progress, cancel):
             if squash:
-                result = api.pull_and_squash(config, image, progress, cancel=cancel)
+                result = pull_and_squash(config, image, progress, cancel=cancel)
                 return {"image": image, "id": result.image_id, "squashed": True}
-            return {"image": image, "id": api.pull(config, image, progress, cancel=cancel), "squashed": False}
+            return {"image": image, "id": pull(config, image, progress, cancel=cancel), "squashed": False}
 
         return self.tasks.start("pull", f"pull {image}", work)
 
     def build(self, containerfile: str, tag: str, build_args: dict[str, str], context: Path | None,
               squash: bool) -> Task:
-        from ..engine import api
+        from ..engine.build import build, build_and_squash
 
         config = self.writable_store(self.site()) if squash else self.site()
 
         def work(progress, cancel):
             if squash:
-                built = api.build_and_squash(config, containerfile, tag, context, build_args, progress,
-                                             cancel=cancel, environ=self.environ())
+                built = build_and_squash(config, containerfile, tag, context, build_args, progress,
+                                         cancel=cancel, environ=self.environ())
                 return {"image": tag, "id": built.image_id, "squashed": True}
-            image_id = api.build(config, containerfile, tag, context, build_args, progress, cancel=cancel)
+            image_id = build(config, containerfile, tag, context, build_args, progress, cancel=cancel)
             return {"image": tag, "id": image_id, "squashed": False}
 
         return self.tasks.start("build", f"build {tag}", work)

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine import api, processes
+from jupyter_podman_hpc.engine import processes
+from jupyter_podman_hpc.engine.build import CANCEL_GRACE, TAIL_LINES, BuildError, build
+from jupyter_podman_hpc.engine.pull import PullError, pull, pull_and_squash
+from jupyter_podman_hpc.engine.servicestream import Cancelled
 from jupyter_podman_hpc.engine.config import load_config
 from jupyter_podman_hpc.engine.store import SquashStore
 from tests.conftest import run
@@ -102,7 +105,7 @@ def test_pull_reports_bytes_per_layer(hpc, stack, layered_image, monkeypatch):
         monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(proxy.registries_conf(hpc.work)))
         ref = layered_image.replace(stack.registry, proxy.address, 1)
         started = time.monotonic()
-        image_id = api.pull(load_config(hpc.env), ref, events)
+        image_id = pull(load_config(hpc.env), ref, events)
         took = time.monotonic() - started
     assert image_id == local_id(hpc, layered_image.replace(stack.registry, proxy.address, 1))
     assert all(e.stage == "pull" for e in events)
@@ -127,7 +130,7 @@ def test_pull_reports_bytes_per_layer(hpc, stack, layered_image, monkeypatch):
 
 def test_pull_and_squash_reports_both_stages(hpc, stack):
     events = Recorder()
-    result = api.pull_and_squash(load_config(hpc.env), stack.tiny_image, events)
+    result = pull_and_squash(load_config(hpc.env), stack.tiny_image, events)
     assert result.image_id == local_id(hpc, stack.tiny_image)
     assert result.squash.squashed and result.squash.image.id == result.image_id
     stages = [e.stage for e in events]
@@ -140,8 +143,8 @@ def test_pull_and_squash_reports_both_stages(hpc, stack):
 
 def test_pull_of_a_missing_image_says_why(hpc, stack):
     ref = f"{stack.registry}/jph/no-such-image-{uuid.uuid4().hex[:6]}:1"
-    with pytest.raises(api.PullError, match=r"cannot pull .*manifest unknown"):
-        api.pull(load_config(hpc.env), ref)
+    with pytest.raises(PullError, match=r"cannot pull .*manifest unknown"):
+        pull(load_config(hpc.env), ref)
     assert private_services(hpc) == []
 
 
@@ -196,8 +199,8 @@ def test_cancelling_a_pull_stops_it_and_stores_nothing(hpc, stack, how):
             if how == "failing-callback":
                 raise CallbackFailed
 
-    with pytest.raises(api.Cancelled if how == "cancel" else CallbackFailed):
-        api.pull(load_config(hpc.env), stack.base_image, progress, cancel=cancel if how == "cancel" else None)
+    with pytest.raises(Cancelled if how == "cancel" else CallbackFailed):
+        pull(load_config(hpc.env), stack.base_image, progress, cancel=cancel if how == "cancel" else None)
     stopped = time.monotonic() - cancelled_at[0]
     assert stopped < 5
     assert in_flight and cleaned_up(hpc, in_flight)
@@ -222,7 +225,7 @@ def test_build_streams_steps_and_output_with_args_context_and_host_network(hpc, 
     events = Recorder()
     tag = "localhost/tests/api-build:1"
     started = time.monotonic()
-    image_id = api.build(load_config(hpc.env), containerfile, tag, context_dir=context,
+    image_id = build(load_config(hpc.env), containerfile, tag, context_dir=context,
                          build_args={"GREETING": "hello"}, progress=events)
     took = time.monotonic() - started
     assert image_id == local_id(hpc, tag)
@@ -243,7 +246,7 @@ def test_build_streams_steps_and_output_with_args_context_and_host_network(hpc, 
 def test_a_failing_step_names_the_step_shows_its_output_and_tags_nothing(hpc, stack):
     config = load_config(hpc.env)
     tag = "localhost/tests/api-fail:1"
-    good = api.build(config, f"FROM {stack.tiny_image}\nRUN echo good > /version\n", tag)
+    good = build(config, f"FROM {stack.tiny_image}\nRUN echo good > /version\n", tag)
     failing = (f"FROM {stack.tiny_image}\n"
                "RUN echo first > /first\n"
                # (stdout and stderr reach podman through separate pipes: give stdout time to drain)
@@ -251,15 +254,15 @@ def test_a_failing_step_names_the_step_shows_its_output_and_tags_nothing(hpc, st
                "RUN echo never\n")
     for target, before in ((tag, good), ("localhost/tests/api-never:1", None)):
         events = Recorder()
-        with pytest.raises(api.BuildError) as raised:
-            api.build(config, failing, target, progress=events)
+        with pytest.raises(BuildError) as raised:
+            build(config, failing, target, progress=events)
         error = raised.value
         assert error.step == "STEP 3/4: RUN for i in $(seq 1 40); do echo line $i; done; sleep 0.5; " \
                              "echo to-stderr >&2; exit 3"
         assert str(error).startswith(f"build of {target} failed at STEP 3/4: RUN for i in")
         assert "exit status 3" in str(error)
         lines = error.output.splitlines()
-        assert len(lines) == api.TAIL_LINES and lines[-2:] == ["line 40", "to-stderr"]
+        assert len(lines) == TAIL_LINES and lines[-2:] == ["line 40", "to-stderr"]
         assert not any(e.log == "never" for e in events)
         assert local_id(hpc, target) == before  # the old image keeps the tag; a new tag never appears
     assert hpc("run", "--rm", tag, "cat", "/version").stdout.strip() == "good"
@@ -276,8 +279,8 @@ def test_cancelling_a_long_build_stops_it_within_seconds(hpc, stack):
             cancel.set()
 
     tag = "localhost/tests/api-cancel:1"
-    with pytest.raises(api.Cancelled, match="cancelled at STEP 3/4: RUN echo sleeping; sleep 317"):
-        api.build(load_config(hpc.env), f"FROM {stack.tiny_image}\nRUN echo before > /before\n"
+    with pytest.raises(Cancelled, match="cancelled at STEP 3/4: RUN echo sleeping; sleep 317"):
+        build(load_config(hpc.env), f"FROM {stack.tiny_image}\nRUN echo before > /before\n"
                   "RUN echo sleeping; sleep 317\nRUN echo after\n", tag, progress=progress, cancel=cancel)
     stopped = time.monotonic() - cancelled_at[0]
     assert stopped < 5
@@ -303,15 +306,15 @@ def test_cancelling_while_the_base_image_is_pulled_stops_the_build(hpc, stack):
     watcher.start()
     started = time.monotonic()
     try:
-        with pytest.raises(api.Cancelled):
-            api.build(load_config(hpc.env), f"FROM {stack.base_image}\nRUN echo never\n",
+        with pytest.raises(Cancelled):
+            build(load_config(hpc.env), f"FROM {stack.base_image}\nRUN echo never\n",
                       "localhost/tests/api-cancel-pull:1", cancel=cancel)
     finally:
         timer.cancel()
         done.set()
         watcher.join()
     took = time.monotonic() - started
-    assert took < 1.0 + api.CANCEL_GRACE + 3
+    assert took < 1.0 + CANCEL_GRACE + 3
     assert in_flight and cleaned_up(hpc, in_flight)
     assert local_id(hpc, "localhost/tests/api-cancel-pull:1") is None
     # (podman may still complete the base image's pull when its last layer was being written:
@@ -335,7 +338,7 @@ def test_an_interrupted_caller_stops_the_build_too(hpc, stack, how):
     tag = "localhost/tests/api-interrupted:1"
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt if how == "keyboard-interrupt" else CallbackFailed):
-        api.build(load_config(hpc.env), f"FROM {stack.tiny_image}\nRUN echo sleeping; sleep 319\n", tag,
+        build(load_config(hpc.env), f"FROM {stack.tiny_image}\nRUN echo sleeping; sleep 319\n", tag,
                   progress=progress)
     assert time.monotonic() - started < 30
     assert processes_running("sleep", "319") == []
