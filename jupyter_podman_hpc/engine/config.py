@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .text import truth
 from .readpath import (DEFAULT_BUDGET, DEFAULT_IDLE_MINUTES, DEFAULT_LOGIN_BUDGET, MODES as READ_PATHS,
                        ReadPathSettings, budget_mb)
 
@@ -284,13 +285,9 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where} must be positive")
         return number
     if key in _BOOL_KEYS:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
+        flag = truth(value)
+        if flag is not None:
+            return flag
         raise ConfigError(f"{where} must be true or false, not {value!r}")
     if value is None:
         return ""

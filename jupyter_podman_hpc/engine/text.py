@@ -1,4 +1,4 @@
-"""Text every front shows the same way: sizes, aligned tables, and the images table."""
+"""Text every front shows or reads the same way: sizes, aligned tables, the images table, yes/no words."""
 
 from __future__ import annotations
 
@@ -24,6 +24,19 @@ def text_table(rows: Sequence[Sequence[object]]) -> str:
                      for row in rows)
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def truth(word: object) -> bool | None:
+    """A yes/no word (``1/true/yes/on``, ``0/false/no/off``, any case, spaces around) as a bool;
+    a bool as itself; None for anything else, which the caller rejects or reads as its default."""
+    if isinstance(word, bool):
+        return word
+    text = str(word).strip().lower()
+    return True if text in TRUE_WORDS else False if text in FALSE_WORDS else None
+
+
 def image_rows(images: Iterable) -> list[tuple[str, ...]]:
     """The images table of ``podman-hpc images`` (a header, then one row per name of each
     ``ImageInfo``), as the CLI prints it and the ``%podman_hpc images`` magic shows it."""
@@ -36,4 +49,4 @@ def image_rows(images: Iterable) -> list[tuple[str, ...]]:
     return rows
 
 
-__all__ = ["human_bytes", "text_table", "image_rows"]
+__all__ = ["human_bytes", "text_table", "image_rows", "truth", "TRUE_WORDS", "FALSE_WORDS"]

@@ -39,11 +39,9 @@ import time
 from typing import Any, Mapping, TextIO
 
 from ..engine.progress import Progress
-from ..engine.text import human_bytes
+from ..engine.text import human_bytes, truth
 
 WIDGETS_ENV = "PODMAN_HPC_WIDGETS"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 LOG_KEEP = 400          # build log lines a widget shows (all of them are kept in the renderer)
 MIN_INTERVAL = 0.1      # seconds between two updates of one widget (the last value is always shown)
@@ -80,8 +78,8 @@ def request_allows_stdin(kernel: Any) -> bool | None:
 def widgets_enabled(shell: Any = None, environ: Mapping[str, str] | None = None) -> bool:
     """Whether to render with ipywidgets (the rule is in the module's docstring)."""
     env = os.environ if environ is None else environ
-    forced = env.get(WIDGETS_ENV, "").strip().lower()
-    if forced in _FALSE:
+    forced = truth(env.get(WIDGETS_ENV, ""))
+    if forced is False:
         return False
     if shell is None:
         try:
@@ -89,7 +87,7 @@ def widgets_enabled(shell: Any = None, environ: Mapping[str, str] | None = None)
             shell = get_ipython()
         except Exception:
             shell = None
-    if forced in _TRUE:
+    if forced is True:
         return ipywidgets_available()
     kernel = getattr(shell, "kernel", None) if shell is not None else None
     if kernel is None or not ipywidgets_available():

@@ -18,6 +18,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..engine.errors import Conflict, EngineError, InvalidInput, NotFound, PermissionDenied, ToolFailed
+from ..engine.text import truth
 from ..kernels.kernelspec import MAX_POOL
 from . import validation as v
 from .backend import Backend
@@ -233,7 +234,7 @@ class JobsHandler(Base):
     async def post(self):
         body = v.json_body(self.request)
         spec = self._checked_spec(body)
-        if self.get_argument("preview", "0") in ("1", "true", "yes"):
+        if truth(self.get_argument("preview", "0")):
             self.reply({"script": await self.blocking(self.backend.preview, spec)})
         else:
             self.reply(await self.blocking(self.backend.submit, spec), 201)

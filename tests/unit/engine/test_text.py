@@ -1,7 +1,7 @@
 """Sizes and tables as every front prints them."""
 
 from jupyter_podman_hpc.engine.images import ImageInfo
-from jupyter_podman_hpc.engine.text import human_bytes, image_rows, text_table
+from jupyter_podman_hpc.engine.text import human_bytes, image_rows, text_table, truth
 
 
 def test_human_bytes():
@@ -23,3 +23,9 @@ def test_image_rows_one_row_per_name_and_shadowed_names_marked():
     assert header[0] == "REPOSITORY:TAG" and len(header) == 6
     assert first == ("localhost/a:1", "cccccccccccc", "2026-11-30 20:27:12", "1.5 MB", "yes", "local + squashed")
     assert second[-1] == "local + squashed (shadowed)"
+
+
+def test_truth_reads_yes_and_no_words_and_nothing_else():
+    assert [truth(w) for w in ("1", "TRUE", " yes ", "On", True)] == [True] * 5
+    assert [truth(w) for w in ("0", "false", "No", "off", False, 0)] == [False] * 6
+    assert [truth(w) for w in ("", "auto", "2", None)] == [None] * 4
