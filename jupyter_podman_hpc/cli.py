@@ -132,7 +132,7 @@ class Cli:
                     print(f" - {item}")
             else:
                 print(f"{key} ({source}): {value}")
-        from .engine.store import configured_stores, store_access
+        from .engine.storeaccess import configured_stores, store_access
         print("image stores (a name is taken from the first that has it):")
         print(f" 1. node-local: {c.graph_root}")
         for number, directory in enumerate(configured_stores(c), start=2):

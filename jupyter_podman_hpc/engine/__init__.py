@@ -5,7 +5,8 @@
 - ``hostslurm``: the host's Slurm inside a container (the ``slurm`` module's uid shim)
 - ``podman``: the one place podman command lines are built and run
 - ``reference``: image reference parsing and validation
-- ``store``: the squashed image store (migrate, remove, list)
+- ``store``: the squashed image store's on-disk format (records, squash files, locks) and a podman graph root
+- ``storeaccess``: which squashed stores apply to the user (own, project, site) and what the user may do with each
 - ``records``: the store's records checked as they are read (ids, links)
 - ``storefs``: files of a shared store reached through directory descriptors, no link followed
 - ``squashcheck``: each squash file's sha256, checked once per file identity on a node
@@ -31,7 +32,7 @@
 - ``errors``: the kinds of error (invalid input, not found, conflict, ...) fronts map
 - ``files``: the one atomic write-temp-then-rename
 - ``locks``: an exclusive file lock across processes and threads
-- ``private``: per-user state directories, made 0700 and verified before each use
+- ``private``: per-user state directories, made 0700 and verified before each use; why a path is closed to the user
 - ``processes``: what the engine asks about a process (psutil)
 """
 

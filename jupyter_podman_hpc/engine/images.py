@@ -7,7 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from .podman import Podman
-from .store import SquashStore, StoredImage, readable_stores
+from .store import SquashStore, StoredImage
+from .storeaccess import readable_stores
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from .errors import EngineError, PermissionDenied
 from .podman import Podman
 from .stepcontext import StepContext, step_context
 from .stepmonitor import IMAGE_COMMAND, MONITOR_LOG, ContainerStart, start_monitor
-from .store import configured_stores, stored_command
+from .store import stored_command
+from .storeaccess import configured_stores
 from .taskplan import RunningContainer, split_options, task_command, task_plan
 from .join import run_joined
 from .. import stepsocket

@@ -21,7 +21,7 @@ from .config import SiteConfig
 from .errors import PodmanError
 from .files import atomic_write
 from .modules import HOOK_ANNOTATION
-from .store import make_store_dir, readable_stores
+from .storeaccess import make_store_dir, readable_stores
 
 HOOK_FILE = "02-hook_tool.json"
 

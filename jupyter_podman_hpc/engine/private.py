@@ -19,6 +19,9 @@ nobody else could ever write (e.g. left 0755 by podman-hpc 1.2.2) is
 tightened to 0700; one another user could have written into is refused,
 since what it holds may be planted. Refusals are ``UnsafeDirectory``: one
 line naming the path, its owner and mode, and what to do (exit 125).
+
+``describe`` and ``describe_access`` say whose a path is and why it is closed to this
+user, for those refusals and for the image stores' (``storeaccess``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,36 @@ def _name(lookup, number: int) -> str:
         return lookup(number)[0]
     except KeyError:
         return str(number)
+
+
+def user_name(uid: int) -> str:
+    """The user's name, or the number when it has none."""
+    return _name(pwd.getpwuid, uid)
+
+
+def group_name(gid: int) -> str:
+    """The group's name, or the number when it has none."""
+    return _name(grp.getgrgid, gid)
+
+
+def describe_access(path: Path, want: int = os.W_OK | os.X_OK) -> str:
+    """Why this user may not use ``path``: who owns what blocks it, its mode, our relation to it."""
+    blocker = next((parent for parent in reversed(path.parents)
+                    if parent.exists() and not os.access(parent, os.X_OK)), path)
+    try:
+        st = blocker.stat()
+    except OSError as err:
+        return f"{blocker}: {err.strerror}"
+    owner, group = _name(pwd.getpwuid, st.st_uid), _name(grp.getgrgid, st.st_gid)
+    user = _name(pwd.getpwuid, os.getuid())
+    where = f"{blocker} is {owner}:{group} {stat.filemode(st.st_mode)}"
+    if st.st_uid == os.getuid():
+        return f"{where}, and its owner {user} lacks the permission"
+    if st.st_gid not in (os.getgid(), *os.getgroups()):
+        return f"{where}, and {user} is not a member of group {group}"
+    if blocker == path and want & os.W_OK and os.access(path, os.R_OK | os.X_OK):
+        return f"{where}: only its owner {owner} may write to it"
+    return f"{where}, and its group {group} may not read it"
 
 
 def private_dir(path: str | os.PathLike) -> Path:

@@ -81,7 +81,8 @@ def refuse_damaged_squash(config: SiteConfig, ref: str) -> None:
     An image in the node-local storage is podman's to run: nothing is checked."""
     from .errors import EngineError
     from .squashcheck import SquashDamaged, damage
-    from .store import GraphRoot, find_squashed
+    from .store import GraphRoot
+    from .storeaccess import find_squashed
 
     names = set(reference.candidate_names(ref))
     try:

@@ -22,7 +22,7 @@ shares it. Everything written into it gets the group's read permission
 (and write permission when the directory is group-writable, so every
 member migrates into it under the same locks), and nothing for others.
 A store that exists but cannot be read is refused with one line naming it
-and why, before podman sees it (``readable_stores``).
+and why, before podman sees it (``storeaccess.readable_stores``).
 
 Every member of a group-writable store can write its records and its
 directories, so nothing read from it is trusted as a path: records are
@@ -41,11 +41,9 @@ import base64
 import contextlib
 import errno
 import fcntl
-import grp
 import hashlib
 import json
 import os
-import pwd
 import stat
 import threading
 from dataclasses import dataclass, field
@@ -56,7 +54,7 @@ from . import reference
 from .commands import LOGGER
 from .errors import ConfigError, EngineError, ImageNotFound, PermissionDenied
 from .files import atomic_write
-from .private import describe
+from .private import describe, describe_access, user_name
 from .records import image_ok, is_id, is_link, layer_ok, set_squash_digest, split, squash_digest
 from .squashcheck import VerifiedFiles
 from .storefs import EntryRefused, Tree, make_dirs
@@ -586,7 +584,7 @@ class SquashStore:
                 raise PermissionDenied(
                     f"cannot remove {image.short_id} from the image store {self.root}: {describe(path, st)}, "
                     f"and in this project store only a file's owner (or the owner of {path.parent}) may "
-                    f"remove it; ask {_name(pwd.getpwuid, st.st_uid)} to run podman-hpc rmsqi")
+                    f"remove it; ask {user_name(st.st_uid)} to run podman-hpc rmsqi")
 
     def _remove_files(self, image: StoredImage, doomed: list[tuple[str, str]]) -> None:
         """Records are gone: the files are unreachable now, delete them. The layer's
@@ -637,125 +635,6 @@ class SquashStore:
 def _touch(fd: int) -> None:
     """Write a new last-writer token, as containers/storage's lockfile Touch() does."""
     os.pwrite(fd, os.urandom(32).hex().encode(), 0)  # secrets.token_hex, without its import cost
-
-
-def make_store_dir(path: str) -> None:
-    """Create a store's directory if missing; in a project directory (setgid) it is shared like it."""
-    root = Path(path)
-    if not root.is_dir():
-        try:
-            make_dirs(root, Sharing.of(root).dir_mode())
-        except (OSError, EngineError):
-            pass  # podman or the first write says why
-
-
-def configured_stores(config) -> list[str]:
-    """The squashed stores in precedence order: the user's own, then the additional ones."""
-    return list(dict.fromkeys(store for store in [config.squash_dir, *config.additional_stores] if store))
-
-
-def readable_stores(config) -> list[str]:
-    """The configured stores that exist, in precedence order; PermissionDenied for one we cannot read.
-
-    A missing store is left out (podman refuses to start with one); one that
-    exists but is closed to us is an error naming it and why, instead of
-    podman's "open .../images.lock: permission denied" (or silence).
-    """
-    found = []
-    for directory in configured_stores(config):
-        root = Path(directory)
-        try:
-            if not stat.S_ISDIR(root.stat().st_mode):
-                continue
-        except FileNotFoundError:
-            continue
-        except PermissionError:
-            raise PermissionDenied(_unreadable(root, root))
-        needed = [root, root / "overlay-images", root / "overlay-layers", root / "overlay" / "l"]
-        needed += [root / "overlay-images" / "images.lock", root / "overlay-layers" / "layers.lock"]
-        for path in needed:
-            if path.exists() and not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
-                raise PermissionDenied(_unreadable(root, path))
-        private = _private_image_dir(root / "overlay-images")
-        if private is not None:  # podman-hpc 1.2.2 copies them 0700 from the user's storage
-            raise PermissionDenied(_unreadable(root, private) + f" (its owner can run: chmod -R g+rX {root})")
-        found.append(directory)
-    return found
-
-
-def _private_image_dir(images: Path) -> Path | None:
-    """An image's directory of big data (manifest, config) this user cannot read, if any."""
-    try:
-        with os.scandir(images) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False) and not os.access(entry.path, os.R_OK | os.X_OK):
-                    return Path(entry.path)
-    except OSError:
-        pass
-    return None
-
-
-def _unreadable(root: Path, path: Path) -> str:
-    return (f"cannot read the image store {root}: {describe_access(path, os.R_OK | os.X_OK)}; "
-            "ask for access, or leave it out of the additional stores")
-
-
-def _name(lookup, number: int) -> str:
-    try:
-        return lookup(number)[0]
-    except KeyError:
-        return str(number)
-
-
-def describe_access(path: Path, want: int = os.W_OK | os.X_OK) -> str:
-    """Why this user may not use ``path``: who owns what blocks it, its mode, our relation to it."""
-    blocker = next((parent for parent in reversed(path.parents)
-                    if parent.exists() and not os.access(parent, os.X_OK)), path)
-    try:
-        st = blocker.stat()
-    except OSError as err:
-        return f"{blocker}: {err.strerror}"
-    owner, group = _name(pwd.getpwuid, st.st_uid), _name(grp.getgrgid, st.st_gid)
-    user = _name(pwd.getpwuid, os.getuid())
-    where = f"{blocker} is {owner}:{group} {stat.filemode(st.st_mode)}"
-    if st.st_uid == os.getuid():
-        return f"{where}, and its owner {user} lacks the permission"
-    if st.st_gid not in (os.getgid(), *os.getgroups()):
-        return f"{where}, and {user} is not a member of group {group}"
-    if blocker == path and want & os.W_OK and os.access(path, os.R_OK | os.X_OK):
-        return f"{where}: only its owner {owner} may write to it"
-    return f"{where}, and its group {group} may not read it"
-
-
-def store_access(directory: str) -> str:
-    """What this user may do with a store, for infohpc: "read-write", "read-only, project store
-    of group G", "missing", "no access (why)"."""
-    root = Path(directory)
-    try:
-        mode = root.stat().st_mode
-    except FileNotFoundError:
-        return "missing"
-    except OSError:
-        return f"no access ({describe_access(root, os.R_OK | os.X_OK)})"
-    if not os.access(root, os.R_OK | os.X_OK):
-        return f"no access ({describe_access(root, os.R_OK | os.X_OK)})"
-    try:
-        SquashStore(root).check_writable()
-        access = "read-write"
-    except PermissionDenied:
-        access = "read-only"
-    if mode & stat.S_ISGID:
-        access += f", project store of group {_name(grp.getgrgid, root.stat().st_gid)}"
-    return access
-
-
-def find_squashed(config, ref: str) -> StoredImage | None:
-    """``ref`` in the user's squashed store or one of the additional stores, in that precedence."""
-    for directory in readable_stores(config):
-        found = SquashStore(directory).find(ref)
-        if found is not None:
-            return found
-    return None
 
 
 def stored_command(storages: list[str], ref: str) -> tuple[list[str] | None, list[str] | None] | None:

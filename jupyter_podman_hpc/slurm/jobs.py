@@ -43,7 +43,7 @@ from ..engine.errors import EngineError, ImageNotFound, NotFound
 from ..engine.files import atomic_write
 from ..engine.modules import ModuleSet
 from ..engine.progress import Progress, ProgressCallback, ignore
-from ..engine.store import find_squashed
+from ..engine.storeaccess import find_squashed
 from . import notebook as notebooks
 from .client import JobStatus, SlurmClient, SlurmError
 from .script import PYTHON, RunTarget, render

@@ -94,7 +94,8 @@ def test_podman_env_hides_runtime_dir_and_user_config():
 def test_without_scratch_there_is_no_shared_fallback_store():
     config = load_config({})
     assert config.squash_dir == ""  # podman-hpc 1.2.2 would use /tmp/storage, shared by every user
-    from jupyter_podman_hpc.engine.store import SquashStore, configured_stores
+    from jupyter_podman_hpc.engine.store import SquashStore
+    from jupyter_podman_hpc.engine.storeaccess import configured_stores
     assert configured_stores(config) == []
     with pytest.raises(ConfigError, match="no squashed image store: SCRATCH is not set"):
         SquashStore(config.squash_dir)

@@ -8,11 +8,10 @@ import stat
 
 import pytest
 
-from jupyter_podman_hpc.engine.config import load_config
 from jupyter_podman_hpc.engine.errors import PermissionDenied
 from jupyter_podman_hpc.engine.records import SQUASH_DIGEST
-from jupyter_podman_hpc.engine.store import (SquashStore, make_store_dir, readable_stores, store_access,
-                                             stored_command)
+from jupyter_podman_hpc.engine.store import SquashStore, stored_command
+from jupyter_podman_hpc.engine.storeaccess import make_store_dir, store_access
 
 
 def mode(path):
@@ -50,33 +49,6 @@ def test_a_personal_store_keeps_the_umask(tmp_path):
     store = SquashStore(tmp_path / "store")
     store.init()
     assert not mode(store.images_json) & 0o020 and not mode(store.root) & stat.S_ISGID
-
-
-def test_missing_stores_are_left_out_and_the_order_is_personal_first(tmp_path):
-    personal, extra = tmp_path / "mine", tmp_path / "extra"
-    personal.mkdir()
-    extra.mkdir()
-    config = load_config({"SQUASH_DIR": str(personal),
-                          "PODMANHPC_ADDITIONAL_STORES": f"{extra},{tmp_path}/none,{personal}"})
-    assert readable_stores(config) == [str(personal), str(extra)]
-    assert store_access(f"{tmp_path}/none") == "missing"
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything")
-def test_a_store_with_a_private_image_directory_is_refused_with_the_fix(tmp_path):
-    store = SquashStore(tmp_path / "store")
-    store.init()
-    private = store.root / "overlay-images" / ("b" * 64)
-    private.mkdir(mode=0o700)
-    private.chmod(0o000)
-    try:
-        with pytest.raises(PermissionDenied) as refused:
-            readable_stores(load_config({"SQUASH_DIR": str(store.root)}))
-        message = str(refused.value)
-        assert message.startswith(f"cannot read the image store {store.root}: {private} is ")
-        assert f"chmod -R g+rX {store.root}" in message and "\n" not in message
-    finally:
-        private.chmod(0o700)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes everything")

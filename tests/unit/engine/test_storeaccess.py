@@ -1,0 +1,37 @@
+"""Which stores apply (missing ones left out, the user's own first) and stores closed to the user."""
+
+import os
+
+import pytest
+
+from jupyter_podman_hpc.engine.config import load_config
+from jupyter_podman_hpc.engine.errors import PermissionDenied
+from jupyter_podman_hpc.engine.store import SquashStore
+from jupyter_podman_hpc.engine.storeaccess import readable_stores, store_access
+
+
+def test_missing_stores_are_left_out_and_the_order_is_personal_first(tmp_path):
+    personal, extra = tmp_path / "mine", tmp_path / "extra"
+    personal.mkdir()
+    extra.mkdir()
+    config = load_config({"SQUASH_DIR": str(personal),
+                          "PODMANHPC_ADDITIONAL_STORES": f"{extra},{tmp_path}/none,{personal}"})
+    assert readable_stores(config) == [str(personal), str(extra)]
+    assert store_access(f"{tmp_path}/none") == "missing"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything")
+def test_a_store_with_a_private_image_directory_is_refused_with_the_fix(tmp_path):
+    store = SquashStore(tmp_path / "store")
+    store.init()
+    private = store.root / "overlay-images" / ("b" * 64)
+    private.mkdir(mode=0o700)
+    private.chmod(0o000)
+    try:
+        with pytest.raises(PermissionDenied) as refused:
+            readable_stores(load_config({"SQUASH_DIR": str(store.root)}))
+        message = str(refused.value)
+        assert message.startswith(f"cannot read the image store {store.root}: {private} is ")
+        assert f"chmod -R g+rX {store.root}" in message and "\n" not in message
+    finally:
+        private.chmod(0o700)
