@@ -15,7 +15,7 @@ import re
 import subprocess
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 from ..engine import commands
 from ..engine.errors import EngineError
@@ -148,19 +148,29 @@ class JobStatus:
         return cls(**values)
 
 
+def _rows(text: str, width: int) -> Iterator[list[str]]:
+    """The ``|``-separated fields of each line of Slurm's parsable output, stripped; lines with
+    fewer than ``width`` fields (blank ones, a warning) are skipped."""
+    for line in text.splitlines():
+        fields = [field.strip() for field in line.split("|")]
+        if len(fields) >= width:
+            yield fields
+
+
+def _state(raw: str, reason: str) -> tuple[str, str]:
+    """(our state, why) of a Slurm state; a pending job's own reason wins over the state's."""
+    state, why = normalize_state(raw)
+    if state == "PENDING" and reason and reason != "None":
+        why = reason
+    return state, why
+
+
 def parse_squeue(text: str) -> dict[str, JobStatus]:
     """Lines of ``squeue -h -o '%i|%T|%N|%M|%S|%e|%r'``."""
     found: dict[str, JobStatus] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|")
-        if len(fields) < 7:
-            continue
-        job_id, raw, nodelist, used, start, end, reason = (f.strip() for f in fields[:7])
-        state, why = normalize_state(raw)
-        if state == "PENDING":
-            why = reason if reason and reason != "None" else why
+    for fields in _rows(text, 7):
+        job_id, raw, nodelist, used, start, end, reason = fields[:7]
+        state, why = _state(raw, reason)
         found[job_id] = JobStatus(
             job_id=job_id, state=state, raw_state=raw, reason=why, nodelist=nodelist,
             nodes=expand_nodelist(nodelist), elapsed=elapsed_seconds(used) if state != "PENDING" else None,
@@ -175,17 +185,9 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
     A job listed twice (requeued) keeps its last line.
     """
     found: dict[str, JobStatus] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|")
-        if len(fields) < 7:
-            continue
-        job_id, raw, exit_code, nodelist, elapsed, start, end = (f.strip() for f in fields[:7])
-        reason = fields[7].strip() if len(fields) > 7 else ""
-        state, why = normalize_state(raw)
-        if state == "PENDING" and reason and reason != "None":
-            why = reason
+    for fields in _rows(text, 7):
+        job_id, raw, exit_code, nodelist, elapsed, start, end = fields[:7]
+        state, why = _state(raw, fields[7] if len(fields) > 7 else "")
         code = signal = None
         match = re.fullmatch(r"(\d+):(\d+)", exit_code)
         if match and state in FINISHED:
@@ -229,9 +231,8 @@ class Partition:
 def parse_sinfo(text: str) -> list[Partition]:
     """Lines of ``sinfo -h -o '%P|%a|%D|%l|%F'``; a partition split over lines is summed."""
     partitions: dict[str, Partition] = {}
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split("|")]
-        if len(fields) < 5 or not fields[0]:
+    for fields in _rows(text, 5):
+        if not fields[0]:
             continue
         raw_name, available, count, limit, counts = fields[:5]
         name = raw_name.rstrip("*")

@@ -52,7 +52,7 @@ from ..engine.files import atomic_write
 from ..engine.progress import Progress, ProgressCallback, ignore
 from ..engine.processes import owner_alive, owner_token
 from .client import SlurmClient, SlurmError
-from .jobs import Job, JobError, default_root
+from .jobs import Job, JobError, default_root, job_directories
 from .spec import SRUN_MPI, JobSpec
 
 if TYPE_CHECKING:
@@ -432,9 +432,7 @@ def list_clusters(root: str | Path | None = None, *, client: SlurmClient | None 
     client = client or SlurmClient()
     root = Path(root) if root is not None else default_root(client.env)
     found = []
-    for directory in sorted(root.glob("*")) if root.is_dir() else []:
-        if directory.name.startswith(".") or not (directory / RECORD).is_file():
-            continue
+    for directory in job_directories(root, RECORD):
         try:
             record = ClusterRecord.read(directory)
             job = Job(directory, client=client)

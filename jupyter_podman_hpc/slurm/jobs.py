@@ -74,6 +74,15 @@ class JobTimeout(JobError):
         self.status = status
 
 
+def job_directories(root: Path, record: str = RECORD) -> list[Path]:
+    """The job directories under ``root`` that hold a ``record`` file, in name order
+    (hidden ones, a job's directory being written, are not jobs yet)."""
+    if not root.is_dir():
+        return []
+    return [directory for directory in sorted(root.glob("*"))
+            if not directory.name.startswith(".") and (directory / record).is_file()]
+
+
 def default_root(environ: Mapping[str, str] | None = None) -> Path:
     """``$SCRATCH/podman-hpc/jobs``: job directories live where every node sees them."""
     env = os.environ if environ is None else environ
@@ -265,9 +274,7 @@ class Job:
         client = client or SlurmClient()
         root = Path(root) if root is not None else default_root(client.env)
         jobs = []
-        for directory in sorted(root.glob("*")) if root.is_dir() else []:
-            if directory.name.startswith(".") or not (directory / RECORD).is_file():
-                continue
+        for directory in job_directories(root):
             try:
                 job = cls(directory, client=client)
             except JobError as err:
