@@ -5,7 +5,8 @@
 - ``hostslurm``: the host's Slurm inside a container (the ``slurm`` module's uid shim)
 - ``podman``: the one place podman command lines are built and run
 - ``reference``: image reference parsing and validation
-- ``store``: the squashed image store's on-disk format (records, squash files, locks) and a podman graph root
+- ``store``: the squashed image store's on-disk format (records, squash files, locks)
+- ``graphroot``: a podman graph root's records read as podman reads them; ``GraphRoot.find`` matches a reference or id
 - ``storeaccess``: which squashed stores apply to the user (own, project, site) and what the user may do with each
 - ``records``: the store's records checked as they are read (ids, links)
 - ``storefs``: files of a shared store reached through directory descriptors, no link followed

@@ -39,7 +39,8 @@ from .private import private_dir
 from .progress import Progress, ProgressCallback, ignore
 from .records import is_id
 from .squashcheck import VerifiedFiles, sha256_of, verified_dir
-from .store import GraphRoot, SquashStore, StoredImage
+from .graphroot import GraphRoot
+from .store import SquashStore, StoredImage
 
 SQUASHFS_MAGIC = b"hsqs"
 _PROGRESS = re.compile(rb"(\d+)/(\d+)\s+(\d+)%")

@@ -81,15 +81,10 @@ def refuse_damaged_squash(config: SiteConfig, ref: str) -> None:
     An image in the node-local storage is podman's to run: nothing is checked."""
     from .errors import EngineError
     from .squashcheck import SquashDamaged, damage
-    from .store import GraphRoot
+    from .graphroot import GraphRoot
     from .storeaccess import find_squashed
 
-    names = set(reference.candidate_names(ref))
-    try:
-        local = GraphRoot(config.graph_root)._json("overlay-images/images.json")
-    except (OSError, ValueError):
-        local = []
-    if any(isinstance(r, dict) and names & set(r.get("names") or ()) for r in local):
+    if GraphRoot(config.graph_root).find(ref) is not None:
         return
     try:
         image = find_squashed(config, ref)

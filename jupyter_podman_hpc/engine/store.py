@@ -1,4 +1,4 @@
-"""Image stores on disk: the squashed store, and reading a podman graph root.
+"""The squashed image store on disk (a podman graph root is read by ``engine.graphroot``).
 
 The squashed store has the layout of a containers/storage overlay image
 store, as podman-hpc writes it, so podman reads it as an additional image
@@ -54,6 +54,7 @@ from . import reference
 from .commands import LOGGER
 from .errors import ConfigError, EngineError, ImageNotFound, PermissionDenied
 from .files import atomic_write
+from .graphroot import GraphRoot
 from .private import describe, describe_access, user_name
 from .records import image_ok, is_id, is_link, layer_ok, set_squash_digest, split, squash_digest
 from .squashcheck import VerifiedFiles
@@ -162,51 +163,6 @@ def _warn(key: str, message: str) -> None:
         import logging
 
         logging.getLogger(LOGGER).warning("podman-hpc: %s", message)
-
-
-class GraphRoot:
-    """Read access to a podman overlay graph root (the node-local storage)."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    def _json(self, name: str) -> list[dict]:
-        try:
-            return json.loads((self.root / name).read_text() or "[]")
-        except FileNotFoundError:
-            return []
-
-    def image_record(self, image_id: str) -> dict:
-        for record in self._json("overlay-images/images.json"):
-            if record.get("id") == image_id and image_ok(record):
-                return record
-        raise ImageNotFound(f"image {image_id[:12]} is not in the local storage {self.root}")
-
-    def layer_chain(self, top: str) -> list[dict]:
-        """The layer records from ``top`` down to the base layer."""
-        layers = {record["id"]: record for record in self._json("overlay-layers/layers.json") if layer_ok(record)}
-        chain, current = [], top
-        while current:
-            if current not in layers:
-                raise EngineError(f"layer {current[:12]} of the image is missing from {self.root}")
-            chain.append(layers[current])
-            current = layers[current].get("parent", "")
-        return chain
-
-    def link(self, layer: str) -> str:
-        link = (self.root / "overlay" / layer / "link").read_text().strip() if is_id(layer) else ""
-        if not is_link(link):
-            raise EngineError(f"layer {layer[:12]} of {self.root} has no valid link: the local storage is damaged")
-        return link
-
-    def diff(self, layer: str) -> Path:
-        return self.root / "overlay" / layer / "diff"
-
-    def big_data(self, image_id: str) -> Path:
-        return self.root / "overlay-images" / image_id
-
-    def tar_split(self, layer: str) -> Path:
-        return self.root / "overlay-layers" / f"{layer}.tar-split.gz"
 
 
 class SquashStore:
@@ -648,17 +604,11 @@ def stored_command(storages: list[str], ref: str) -> tuple[list[str] | None, lis
     """
     if reference.is_image_id(ref) or not reference.is_qualified(ref):
         return None  # podman's short-name resolution and id prefixes stay podman's
-    names = set(reference.candidate_names(ref))
     for storage in storages:
-        tree = Tree(storage)
-        try:
-            records = json.loads(tree.read(IMAGES, "images.json") or b"[]")
-        except (OSError, ValueError, EngineError):
-            continue
-        record = next((r for r in records if image_ok(r) and names & set(r.get("names") or ())), None) \
-            if isinstance(records, list) else None
+        record = GraphRoot(storage).find(ref)
         if record is None:
             continue
+        tree = Tree(storage)
         key = base64.b64encode(f"sha256:{record['id']}".encode()).decode()
         try:
             data = tree.read(IMAGES + (record["id"],), f"={key}")

@@ -18,7 +18,6 @@ started on demand and for a pooled one (``pool.py``):
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import pwd
 import sys
@@ -26,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..engine import EngineError, reference
+from ..engine import EngineError
+from ..engine.graphroot import GraphRoot
 from ..engine.podman import Podman
 from ..engine.store import SquashStore
 
@@ -94,18 +94,8 @@ class KernelContainer:
 
     def local_image_id(self) -> str:
         """The id of the image in the node-local graph root, or ''."""
-        path = Path(self.podman.config.graph_root) / "overlay-images" / "images.json"
-        try:
-            records = json.loads(path.read_text() or "[]")
-        except (OSError, ValueError):
-            return ""
-        if reference.is_image_id(self.image):
-            prefix = self.image.removeprefix("sha256:")
-            found = [r for r in records if str(r.get("id", "")).startswith(prefix)]
-        else:
-            names = set(reference.candidate_names(self.image))
-            found = [r for r in records if names & set(r.get("names") or ())]
-        return str(found[0].get("id", "")) if found else ""
+        found = GraphRoot(self.podman.config.graph_root).find(self.image)
+        return found["id"] if found else ""
 
     def mounts(self, cwd: str | None, connection_file: str = "", transport: str = "tcp") -> list[str]:
         """Host paths the kernel needs, each mounted at the same path."""

@@ -1,0 +1,92 @@
+"""A podman overlay graph root read as podman reads it: image records, layer chains, links.
+
+Every image store podman uses has this layout (``overlay-images/images.json``,
+``overlay-layers/layers.json``, ``overlay/<layer>/link``): the node-local
+storage, and each squashed store (``engine.store`` writes those). Records are
+checked as they are read (``records``); ``find`` is the one place a reference
+or an id is matched against them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import reference
+from .errors import EngineError, ImageNotFound
+from .records import image_ok, is_id, is_link, layer_ok
+from .storefs import Tree
+
+IMAGES = ("overlay-images",)
+
+
+class GraphRoot:
+    """Read access to a podman overlay graph root (the node-local storage)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def _json(self, name: str) -> list[dict]:
+        try:
+            return json.loads((self.root / name).read_text() or "[]")
+        except FileNotFoundError:
+            return []
+
+    def images(self) -> list[dict]:
+        """The image records of ``overlay-images/images.json`` that are safe to act on; [] when it is
+        missing or unreadable. Read without following links (``storefs``), so a shared store's
+        records can be read this way too."""
+        try:
+            records = json.loads(Tree(self.root).read(IMAGES, "images.json") or b"[]")
+        except (OSError, ValueError, EngineError):
+            return []
+        return [record for record in records if image_ok(record)] if isinstance(records, list) else []
+
+    def find(self, ref_or_id: str) -> dict | None:
+        """The image record an id (or id prefix) or a name (any of podman's spellings) names, else None.
+
+        An id-looking reference is matched as an id prefix first, then as a name (a hex-looking
+        short name)."""
+        records = self.images()
+        if reference.is_image_id(ref_or_id):
+            ref_or_id = ref_or_id.removeprefix("sha256:")
+            found = next((record for record in records if record["id"].startswith(ref_or_id)), None)
+            if found is not None:
+                return found
+        names = set(reference.candidate_names(ref_or_id))
+        return next((record for record in records if names & set(record.get("names") or ())), None)
+
+    def image_record(self, image_id: str) -> dict:
+        for record in self._json("overlay-images/images.json"):
+            if record.get("id") == image_id and image_ok(record):
+                return record
+        raise ImageNotFound(f"image {image_id[:12]} is not in the local storage {self.root}")
+
+    def layer_chain(self, top: str) -> list[dict]:
+        """The layer records from ``top`` down to the base layer."""
+        layers = {record["id"]: record for record in self._json("overlay-layers/layers.json") if layer_ok(record)}
+        chain, current = [], top
+        while current:
+            if current not in layers:
+                raise EngineError(f"layer {current[:12]} of the image is missing from {self.root}")
+            chain.append(layers[current])
+            current = layers[current].get("parent", "")
+        return chain
+
+    def link(self, layer: str) -> str:
+        link = (self.root / "overlay" / layer / "link").read_text().strip() if is_id(layer) else ""
+        if not is_link(link):
+            raise EngineError(f"layer {layer[:12]} of {self.root} has no valid link: the local storage is damaged")
+        return link
+
+    def diff(self, layer: str) -> Path:
+        return self.root / "overlay" / layer / "diff"
+
+    def big_data(self, image_id: str) -> Path:
+        return self.root / "overlay-images" / image_id
+
+    def tar_split(self, layer: str) -> Path:
+        return self.root / "overlay-layers" / f"{layer}.tar-split.gz"
+
+
+__all__ = ["GraphRoot"]
