@@ -325,7 +325,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 self._watchdog.kill()
                 self._watchdog.wait()
-        elif _alive(self.record.watchdog):
+        elif owner_alive(self.record.watchdog):
             _signal(self.record.watchdog, signal.SIGTERM)
             _wait_gone(self.record.watchdog, STOP_GRACE * 3)
         # What the watchdog does, done again: it may have died before it could.
@@ -358,7 +358,7 @@ class Cluster:
 
 def _stop_parts(directory: Path, record: ClusterRecord, client: SlurmClient) -> None:
     """Stop the controller's process group, cancel the job, remove the connection files."""
-    if record.controller and _alive(record.controller):
+    if record.controller and owner_alive(record.controller):
         pid = int(record.controller.partition(":")[0])
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
@@ -378,10 +378,6 @@ def _noise(line: str) -> bool:
         or line.startswith("0.0")
 
 
-def _alive(token: str) -> bool:
-    return bool(token) and owner_alive(token)
-
-
 def _signal(token: str, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
         os.kill(int(token.partition(":")[0]), sig)
@@ -389,7 +385,7 @@ def _signal(token: str, sig: int) -> None:
 
 def _wait_gone(token: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while _alive(token):
+    while owner_alive(token):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -462,7 +458,7 @@ def sweep(root: str | Path | None = None, *, client: SlurmClient | None = None) 
         return []
     for cluster in clusters:
         record = cluster.record
-        if record.host != host or _alive(record.owner) or _alive(record.watchdog):
+        if record.host != host or owner_alive(record.owner) or owner_alive(record.watchdog):
             continue
         _stop_parts(cluster.directory, record, cluster.job.client)
         with contextlib.suppress(OSError):

@@ -334,10 +334,6 @@ class JobSpec:
     def ntasks(self) -> int:
         return self.nodes * self.tasks_per_node
 
-    @property
-    def run_kind(self) -> str:
-        return "command" if self.command is not None else "python_script" if self.python_script else "notebook"
-
     def default_job_name(self) -> str:
         if self.job_name:
             return self.job_name

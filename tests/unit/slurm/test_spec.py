@@ -22,7 +22,7 @@ def test_a_typical_spec_keeps_its_values_as_tuples_and_strings():
     assert job.command == ("python3", "-c", "print(1)")
     assert job.modules == ("openmpi-pmix",) and job.extra_directives == ("--mem=4G",)
     assert job.environment == {"A": "1", "N": "3"}
-    assert job.ntasks == 8 and job.run_kind == "command" and job.mode == "podman-exec"
+    assert job.ntasks == 8 and job.mode == "podman-exec"
     assert job.default_job_name() == "python3"
     assert JobSpec.from_dict(job.as_dict()) == job
 
