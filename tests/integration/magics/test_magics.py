@@ -365,6 +365,8 @@ def test_info_shows_the_effective_configuration(base_kernel, squashed_base):
 # --- bad input ------------------------------------------------------------------------------
 
 
+# Parser and job-spec refusals are unit tests (tests/unit/magics/test_display.py, test_parser.py,
+# tests/unit/slurm/test_spec.py); here: one usage error in a real kernel, and what needs the stack.
 BAD = {
     "unknown image": ("%podman_hpc squash localhost/no-such-image:1",
                       "image localhost/no-such-image:1 not found in the local storage: pull or build it first"),
@@ -372,16 +374,10 @@ BAD = {
     "unknown image to submit": ("%podman_hpc submit --nodes 1 localhost/no-such-image:1 true",
                                 "is not in the squashed store"),
     "bad option": ("%podman_hpc images --bogus", "unrecognized arguments: --bogus\n\nusage: %podman_hpc images"),
-    "zero nodes": ("%podman_hpc submit --nodes 0 {tiny} true", "nodes must be between 1 and 100000, not 0"),
-    "bad time": ("%podman_hpc submit --time soon {tiny} true", "time 'soon' is not a Slurm time limit"),
-    "not a number": ("%podman_hpc submit --nodes four {tiny} true", "argument -N/--nodes: 'four' is not a whole number"),
-    "unknown subcommand": ("%podman_hpc frobnicate", "unknown command 'frobnicate'\n\n%podman_hpc COMMAND"),
     "unknown module": ("%podman_hpc submit --module nope {tiny} true", "unknown module 'nope'"),
-    "no Containerfile": ("%podman_hpc build -t localhost/x:1", "build needs a Containerfile"),
     "bad reference": ("%%podman_hpc build -t Not/Valid\nFROM scratch\n", "invalid image reference"),
     "run without image": ("%podman_hpc run --rm", "run needs an IMAGE"),
     "unknown job": ("%podman_hpc logs 99999999", "no job 99999999"),
-    "unclosed quote": ("%podman_hpc run {tiny} echo 'oops", "cannot split the line into words"),
 }
 
 

@@ -60,3 +60,23 @@ def test_help_and_errors_in_a_plain_shell(shell, capsys):
     assert "podman-hpc: error: nodes must be between 1 and 100000, not 0" in capsys.readouterr().out
     result = shell.run_cell("%%podman_hpc images\nsomething\n")
     assert "images takes no cell body (only build does)" in capsys.readouterr().out
+
+
+# The parser's and the job spec's refusals, as a user sees them (no kernel, no stack needed);
+# tests/integration/magics/test_magics.py keeps the ones that need the stack.
+PLAIN_BAD = {
+    "not a number": ("%podman_hpc submit --nodes four img true", "argument -N/--nodes: 'four' is not a whole number"),
+    "unknown subcommand": ("%podman_hpc frobnicate", "unknown command 'frobnicate'\n\n%podman_hpc COMMAND"),
+    "bad time": ("%podman_hpc submit --time soon img true", "time 'soon' is not a Slurm time limit"),
+    "no Containerfile": ("%podman_hpc build -t localhost/x:1", "build needs a Containerfile"),
+    "unclosed quote": ("%podman_hpc run img echo 'oops", "cannot split the line into words"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLAIN_BAD))
+def test_bad_input_gives_a_message_not_a_traceback(shell, capsys, case):
+    code, expected = PLAIN_BAD[case]
+    result = shell.run_cell(code)
+    assert isinstance(result.error_in_exec, MagicError)
+    out = capsys.readouterr().out
+    assert out.startswith("podman-hpc: error: ") and expected in out and "Traceback" not in out, out
