@@ -118,105 +118,19 @@ class Cli:
     # --- our commands -------------------------------------------------------
 
     def infohpc(self, args: list[str]) -> int:
+        from .engine import info
         if args == ["--release-job"]:
-            return self._release_job()
-        c = self.config
-        print(f"podman-hpc version: {__version__} (jupyter-podman-hpc)")
-        print(f"config file: {c.config_file or 'none'}")
-        for key in c.keys():
-            value = getattr(c, key)
-            source = c.sources.get(key, "default")
-            if isinstance(value, list):
-                print(f"{key} ({source}): (list)")
-                for item in value:
-                    print(f" - {item}")
-            else:
-                print(f"{key} ({source}): {value}")
-        from .engine.storeaccess import configured_stores, store_access
-        print("image stores (a name is taken from the first that has it):")
-        print(f" 1. node-local: {c.graph_root}")
-        for number, directory in enumerate(configured_stores(c), start=2):
-            kind = "squashed, personal" if directory == c.squash_dir else "squashed, additional"
-            print(f" {number}. {kind}: {directory} ({store_access(directory)})")
-        self._read_path()
-        print(f"modules ({c.modules_dir}):")
-        for module in self.modules:
-            flag = module.flag if module.cli_arg else "(no flag)"
-            extra = f" conflicts: {', '.join(module.conflicts)}" if module.conflicts else ""
-            print(f" - {module.name}: {flag}  {module.help}{extra}")
+            # The end of a job on this node (its last step: ``srun --ntasks-per-node=1 podman-hpc
+            # infohpc --release-job``): the unpacked copies this job made or used, if no container
+            # holds them any more, are removed now rather than at the node's next use.
+            if not self.config.slurm_job_id:
+                raise UsageError("infohpc --release-job is for the last step of a Slurm job (no SLURM_JOB_ID here)")
+            lines = info.unpacked_copies(self.site, release_job=True)
+        else:
+            lines = info.report(self.site)
+        for line in lines:
+            print(line)
         return 0
-
-    def _read_path(self) -> None:
-        """The read path this node gives squashed images, its unpack policy and the user's
-        unpacked copies here (swept first), and why it fell back where it did."""
-        import shutil
-        from pathlib import Path
-
-        from .engine.readpath import fallbacks
-
-        c = self.config
-        settings = c.read_path
-        print(f"read path of squashed images: {c.squash_read_path}")
-        cache = Path(c.squash_unpack_dir)
-        where = f"in Slurm job {c.slurm_job_id}" if c.slurm_job_id else "a login node (no SLURM_JOB_ID)"
-        if settings.unpacks:
-            free = shutil.disk_usage(cache if cache.is_dir() else cache.anchor).free
-            key, value = c.budget_key
-            print(f" unpacks into {cache} ({where}): budget {settings.unpack_max_mb:g} MiB "
-                  f"({key} {value}), {free >> 20} MiB free; unused copies "
-                  f"removed after {c.squash_unpack_idle_minutes:g} min or when their job has ended")
-        elif c.squash_read_path == "auto" and settings.login_node:
-            print(f" no unpacking on {where}: kernel overlayfs over squashfuse "
-                  f"(squash_read_path: unpacked to unpack here)")
-        self._unpacked_copies(cache)
-        if settings.kernel_overlay:
-            probe = self.podman.run(self.podman.command("unshare", sys.executable, "-m",
-                                                        "jupyter_podman_hpc.engine.readpath", c.run_root),
-                                    check=False)
-            verdict = "yes" if probe.returncode == 0 else f"no ({probe.stdout.strip() or probe.stderr.strip()})"
-            print(f" kernel overlayfs in podman's user namespace: {verdict}")
-        for line in fallbacks(Path(c.graph_root) / "squash-mounts"):
-            print(f" fell back: {line}")
-
-    def _release_job(self) -> int:
-        """The end of a job on this node (its last step: ``srun --ntasks-per-node=1 podman-hpc
-        infohpc --release-job``): the unpacked copies this job made or used, if no container
-        holds them any more, are removed now rather than at the node's next use."""
-        from pathlib import Path
-
-        if not self.config.slurm_job_id:
-            raise UsageError("infohpc --release-job is for the last step of a Slurm job (no SLURM_JOB_ID here)")
-        self._unpacked_copies(Path(self.config.squash_unpack_dir), release_job=True)
-        return 0
-
-    def _unpacked_copies(self, cache, release_job: bool = False) -> None:
-        """Sweep the cache (in podman's user namespace, where the trees' files can be removed
-        and the overlays seen), then list what remains: size, last use, in use, job."""
-        import json
-        import time
-
-        if not cache.is_dir() or not any(cache.glob("*.ref")):
-            print(f" unpacked copies: none in {cache}")
-            return
-        result = self.podman.run(self.podman.command("unshare", sys.executable, "-m", "jupyter_podman_hpc.engine.readpath",
-                                                     "sweep", *(["--release-job"] if release_job else [])),
-                                 check=False)
-        try:
-            report = json.loads(result.stdout)
-        except ValueError:
-            print(f" unpacked copies: cannot sweep {cache}: {(result.stderr or result.stdout).strip()}")
-            return
-        for key, why in report["removed"]:
-            print(f" removed unpacked copy {key}: {why}")
-        held = report["copies"]
-        print(f" unpacked copies: {len(held)} in {cache}, {sum(c['bytes'] for c in held) >> 20} MiB of RAM")
-        now = time.time()
-        for copy in held:
-            state = "in use" if copy["in_use"] else "unused"
-            job = f", job {copy['job']}" if copy["job"] else ""
-            node = f" on {copy['node']}" if copy["node"] else ""
-            print(f"  - {copy['key']} {copy['bytes'] >> 20} MiB, {state}, last used "
-                  f"{(now - copy['last_use']) / 60:.0f} min ago{job}{node}: {copy['squash'] or '?'}")
 
     def images(self, args: list[str]) -> int:
         from .engine.images import list_images

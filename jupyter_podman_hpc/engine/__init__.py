@@ -29,6 +29,8 @@
 - ``servicestream``: that service's streamed events, its errors, and cancelling what it streams
 - ``progress``: progress events of long operations (pull, build, squash, job wait)
 - ``runplan``: how a container run is planned, once for the CLI, the magics and kernels
+- ``info``: the ``infohpc`` report (configuration and its sources, stores, read path, modules), as lines
+- ``text``: what every front prints alike: sizes, aligned tables, the images table; yes/no words read
 - ``commands``: the runner of every external command, which logs each at debug level
 - ``errors``: the kinds of error (invalid input, not found, conflict, ...) fronts map
 - ``files``: the one atomic write-temp-then-rename

@@ -368,10 +368,12 @@ class PodmanHPCMagics(Magics):
         return None
 
     def _cmd_info(self, args: Namespace, cell: str | None):
-        from ..cli import Cli, Options
+        from ..engine.info import report
+        from ..engine.runplan import Site
 
         self._no_cell(args, cell)
-        Cli(Options(), dict(os.environ)).infohpc([])
+        for line in report(Site.load(dict(os.environ))):
+            print(line)
         return None
 
 

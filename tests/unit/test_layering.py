@@ -12,9 +12,8 @@ from the bottom up (design.md: one engine, thin fronts):
 - ``slurm`` (talking to Slurm) and ``kernels`` (container kernels): each on the engine, never
   on each other or on a front.
 - the fronts, on the parts below them, never on each other: ``cli`` (the console script's
-  commands), ``server`` (the Jupyter server extension), ``magics`` (IPython).
-  One arrow between fronts remains, allowed from its module only, until issue 25 moves
-  what it borrows into the engine: ``magics.core``'s ``info`` runs ``cli``'s ``infohpc``.
+  commands), ``server`` (the Jupyter server extension), ``magics`` (IPython). What two fronts
+  show alike lives in the engine (``engine.text``'s tables, ``engine.info``'s report).
 - ``rank``: the console script's first stop; a task that is not its node's first runs from
   the leaf ``stepsocket`` (and ``engine.join``), every other command falls through to ``cli``.
 - the package itself (``__init__``): the entry points Jupyter and IPython look up, which
@@ -42,10 +41,9 @@ ALLOWED = {
     "kernels": {"engine", *LEAVES},
     "cli": {"engine", *LEAVES},
     "server": {"engine", "slurm", "kernels", *LEAVES},
-    "magics": {"engine", "slurm", "kernels", "cli", *LEAVES},
+    "magics": {"engine", "slurm", "kernels", *LEAVES},
     "rank": {"engine", "cli", *LEAVES},
 }
-FRONT_TO_FRONT = {("magics", "cli"): {f"{NAME}.magics.core"}}
 ALWAYS_LOADED = {"os", "sys", "__future__"}  # loaded before any module of ours runs
 
 
@@ -137,8 +135,6 @@ def test_no_part_imports_a_part_above_it():
             if source_part == target_part:
                 continue
             if target_part not in ALLOWED[source_part] and target != NAME:
-                upward.append(f"{module} -> {target}")
-            elif (source_part, target_part) in FRONT_TO_FRONT and module not in FRONT_TO_FRONT[source_part, target_part]:
                 upward.append(f"{module} -> {target}")
     assert upward == []
     assert set(ALLOWED) == {part(module) for module in modules()}  # a new part states its place here
