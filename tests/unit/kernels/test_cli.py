@@ -13,14 +13,6 @@ from jupyter_podman_hpc.kernels.cli import main
 IMAGE = "127.0.0.1:5000/jph/base:bookworm"
 
 
-@pytest.fixture
-def prefix(tmp_path, monkeypatch):
-    root = tmp_path / "prefix"
-    monkeypatch.setenv("JUPYTER_PATH", str(root / "share" / "jupyter"))
-    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
-    return root
-
-
 def test_install_list_remove(prefix, capsys):
     assert main(["kernel", "install", IMAGE, "--name", "base", "--display-name", "Base",
                  "--module", "home", "--module", "scratch", "--prefix", str(prefix)]) == 0

@@ -15,15 +15,6 @@ from jupyter_podman_hpc.kernels.kernelspec import KernelSpecError
 IMAGE = "127.0.0.1:5000/jph/base:bookworm"
 
 
-@pytest.fixture
-def prefix(tmp_path, monkeypatch):
-    """A prefix that Jupyter searches, and a user data dir of our own (never the real one)."""
-    root = tmp_path / "prefix"
-    monkeypatch.setenv("JUPYTER_PATH", str(root / "share" / "jupyter"))
-    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
-    return root
-
-
 def test_kernel_json_runs_the_image_ipykernel_through_the_provisioner():
     spec = kernelspec.kernel_json(IMAGE, modules=["gpu"], podman_args=["--shm-size=1g"])
     assert spec["argv"] == ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"]

@@ -3,7 +3,7 @@
 import pytest
 
 from jupyter_podman_hpc.slurm.jobs import Job, JobError, JobRecord
-from tests.unit.slurm.test_jobs import StandInSlurm, submit
+from tests.unit.slurm.conftest import StandInSlurm, submit
 
 
 @pytest.mark.parametrize("damage, why", [
