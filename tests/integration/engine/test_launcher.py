@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from tests.conftest import run
+from tests.integration.engine.conftest import recording_podman
 
 # Each rank prints its rank, its node, the container it runs in (its pid namespace and
 # the start time of that namespace's pid 1: namespace numbers alone are reused) and the OS.
@@ -130,16 +131,6 @@ def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stac
     assert normalized(joined) == normalized(podman_exec)
     assert "EXTRA=1" in joined and "SLURM_PROCID=1" in joined and "\n/etc\n" in joined
     assert joined.count("pmi fd: socket") == 2  # PMI_FD reaches every task, joined or not
-
-
-def recording_podman(hpc, name):
-    """A podman that writes down its arguments before it runs: (its path, the list's path)."""
-    calls = hpc.work / f"{name}-calls"
-    calls.touch()
-    wrapper = hpc.work / f"{name}-podman"
-    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec podman "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper), calls
 
 
 def normalized(text):

@@ -5,7 +5,7 @@ import pytest
 
 from tests.conftest import run
 from tests.integration.conftest import cleanup_hpc, make_hpc
-from tests.integration.engine.test_launcher import recording_podman
+from tests.integration.engine.conftest import recording_podman
 
 IMAGE = "localhost/tests/entrypoint:1"
 

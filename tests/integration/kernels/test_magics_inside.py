@@ -10,7 +10,7 @@ import pytest
 
 import jupyter_podman_hpc
 
-from .test_provisioner import start
+from .conftest import start
 
 pytestmark = pytest.mark.slow
 

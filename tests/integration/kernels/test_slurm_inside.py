@@ -27,7 +27,7 @@ from tests.conftest import run as run_command
 from tests.integration.conftest import cleanup_hpc, make_hpc
 
 from .conftest import KernelSite, remove_kernel_containers, site_env, use_env
-from .test_provisioner import run, start
+from .conftest import run, start
 
 pytestmark = pytest.mark.slow
 

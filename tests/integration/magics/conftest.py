@@ -209,3 +209,17 @@ def base_kernel(squashed_base, tmp_path_factory):
     yield session
     session.close()
     shutil.rmtree(squashed_base.work / "scratch", ignore_errors=True)
+
+
+# Open MPI inside the stack's containers talks over loopback and TCP only.
+MPI_ENV = ("--env OMPI_MCA_btl=self,tcp --env OMPI_MCA_btl_tcp_if_include=lo "
+           "--env OMPI_MCA_oob_tcp_if_include=lo")
+
+
+def short_error(cell) -> str:
+    """The error a cell shows: one short message, no traceback."""
+    assert not cell.ok, cell.show()
+    text = cell.error_text
+    assert text.startswith("podman-hpc: error: "), cell.show()
+    assert "Traceback" not in text and "File " not in text and "\x1b[" not in text, cell.show()
+    return text

@@ -20,8 +20,7 @@ import pytest
 
 from jupyter_podman_hpc.kernels.orphans import owner_alive
 from tests.conftest import run
-from tests.integration.magics.conftest import start_session
-from tests.integration.magics.test_magics import MPI_ENV, short_error
+from tests.integration.magics.conftest import MPI_ENV, short_error, start_session
 
 pytestmark = pytest.mark.slow
 

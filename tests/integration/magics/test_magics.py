@@ -14,10 +14,8 @@ import uuid
 import pytest
 
 from tests.integration.engine.slow_registry import SlowRegistry
-from tests.integration.magics.conftest import WIDGET_MIME, start_session
+from tests.integration.magics.conftest import MPI_ENV, WIDGET_MIME, short_error, start_session
 
-MPI_ENV = ("--env OMPI_MCA_btl=self,tcp --env OMPI_MCA_btl_tcp_if_include=lo "
-           "--env OMPI_MCA_oob_tcp_if_include=lo")
 ALLREDUCE = (
     "import os\n"
     "from mpi4py import MPI\n"
@@ -25,15 +23,6 @@ ALLREDUCE = (
     "total = comm.allreduce(comm.rank + 1, op=MPI.SUM)\n"
     "print(f\"rank {comm.rank} of {comm.size} on {os.environ['SLURMD_NODENAME']}: sum {total}\")\n")
 JOB_TIMEOUT = 300
-
-
-def short_error(cell) -> str:
-    """The error a cell shows: one short message, no traceback."""
-    assert not cell.ok, cell.show()
-    text = cell.error_text
-    assert text.startswith("podman-hpc: error: "), cell.show()
-    assert "Traceback" not in text and "File " not in text and "\x1b[" not in text, cell.show()
-    return text
 
 
 def local_exists(hpc, ref) -> bool:

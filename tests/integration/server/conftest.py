@@ -1,5 +1,6 @@
 """A real jupyter_server with our extension, in-process (pytest-jupyter), on the real stack."""
 
+import asyncio
 import json
 import shutil
 
@@ -54,3 +55,21 @@ def api(jp_fetch):
             return response.code, text
         return response.code, (json.loads(text) if text else None)
     return call
+
+
+async def finished(api, task, timeout=300):
+    for _ in range(int(timeout / 0.5)):
+        status, body = await api("GET", "tasks", task["id"])
+        assert status == 200
+        if body["state"] in ("succeeded", "failed", "cancelled"):
+            return body
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"task {task['id']} did not finish: {body}")
+
+
+def events(stream: str) -> list[tuple[str, dict]]:
+    found = []
+    for block in stream.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        found.append((fields["event"], json.loads(fields["data"])))
+    return found

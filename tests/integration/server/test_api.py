@@ -1,30 +1,12 @@
 """The REST API on a real jupyter_server with the real stack behind it."""
 
 import asyncio
-import json
 import logging
 import os
 import uuid
 
 from tests.conftest import run
-
-
-async def finished(api, task, timeout=300):
-    for _ in range(int(timeout / 0.5)):
-        status, body = await api("GET", "tasks", task["id"])
-        assert status == 200
-        if body["state"] in ("succeeded", "failed", "cancelled"):
-            return body
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"task {task['id']} did not finish: {body}")
-
-
-def events(stream: str) -> list[tuple[str, dict]]:
-    found = []
-    for block in stream.strip().split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        found.append((fields["event"], json.loads(fields["data"])))
-    return found
+from tests.integration.server.conftest import events, finished
 
 
 async def test_every_endpoint_needs_authentication(jp_fetch, server_hpc):
