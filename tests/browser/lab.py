@@ -54,6 +54,14 @@ def open_panel(page):
     return panel
 
 
+def open_dialog(page):
+    """The Run at scale dialog of the current notebook, opened from its toolbar button."""
+    page.locator(RUN_BUTTON).first.click()
+    dialog = page.locator(".jp-PodmanHpc-runDialog")
+    dialog.wait_for(state="visible", timeout=30_000)
+    return dialog
+
+
 def open_palette(page):
     """Open the command palette (its shortcut, else the View menu when the key press was
     lost while the page was busy); returns its search field."""

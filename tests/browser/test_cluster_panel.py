@@ -9,8 +9,7 @@ import uuid
 import nbformat
 import pytest
 
-from tests.browser.lab import open_notebook, open_panel
-from tests.browser.test_containers import open_dialog
+from tests.browser.lab import open_dialog, open_notebook, open_panel
 from tests.conftest import run
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]

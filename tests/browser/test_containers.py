@@ -23,7 +23,7 @@ import nbformat
 import pytest
 
 from jupyter_podman_hpc.kernels.orphans import POOL_LABEL
-from tests.browser.lab import PANEL, RUN_BUTTON, get_json, open_lab, open_notebook, open_panel, run_command
+from tests.browser.lab import PANEL, get_json, open_dialog, open_lab, open_notebook, open_panel, run_command
 from tests.conftest import run
 from tests.integration.conftest import cleanup_hpc, make_hpc
 
@@ -60,13 +60,6 @@ def small_notebook(root: Path, name: str) -> str:
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, root / name)
     return name
-
-
-def open_dialog(page):
-    page.locator(RUN_BUTTON).first.click()
-    dialog = page.locator(".jp-PodmanHpc-runDialog")
-    dialog.wait_for(state="visible", timeout=30_000)
-    return dialog
 
 
 def image_row(panel, name: str):
