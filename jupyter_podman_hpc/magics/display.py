@@ -66,4 +66,4 @@ class KernelList(_Table):
         return rows
 
 
-__all__ = ["ImageList", "KernelList", "text_table", "html_table"]
+__all__ = ["ImageList", "KernelList", "html_table"]

@@ -296,7 +296,7 @@ class JobList(list):
         return rows
 
     def _repr_pretty_(self, p, cycle) -> None:
-        from .display import text_table
+        from ..engine.text import text_table
         notes = "".join(f"warning: {problem}\n" for problem in self.problems)
         p.text(notes + (text_table(self.rows()) if self else "no jobs"))
 

@@ -486,5 +486,4 @@ class WidgetRenderer(Renderer):
                 self._show_log()
 
 
-__all__ = ["Renderer", "TextRenderer", "WidgetRenderer", "make_renderer", "widgets_enabled",
-           "human_bytes", "WIDGETS_ENV"]
+__all__ = ["Renderer", "TextRenderer", "WidgetRenderer", "make_renderer", "widgets_enabled", "WIDGETS_ENV"]

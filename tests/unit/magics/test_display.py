@@ -4,8 +4,9 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_podman_hpc.engine.images import ImageInfo
+from jupyter_podman_hpc.engine.text import text_table
 from jupyter_podman_hpc.magics.core import MagicError
-from jupyter_podman_hpc.magics.display import ImageList, KernelList, text_table
+from jupyter_podman_hpc.magics.display import ImageList, KernelList
 
 IMAGES = ImageList([
     ImageInfo(id="a" * 64, names=["localhost/one:1", "localhost/one:latest"], size=12_345_678,
