@@ -19,6 +19,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
@@ -98,23 +99,24 @@ def remove_kernel_containers(hpc: Hpc) -> None:
         hpc("rm", "--force", "--time", "0", *names, check=False)
 
 
-@pytest.fixture
-def kernel_site(squashed_base, tmp_path, monkeypatch) -> KernelSite:
-    env = site_env(squashed_base, tmp_path)
+def site_over(hpc: Hpc, root: Path, monkeypatch) -> Iterator[KernelSite]:
+    """A kernel site on ``hpc``'s squashed store, in this process's environment; then the
+    kernel containers a failed test left behind are removed."""
+    env = site_env(hpc, root)
     use_env(monkeypatch, env)
-    site = KernelSite(squashed_base, tmp_path, env)
-    yield site
-    remove_kernel_containers(squashed_base)
+    yield KernelSite(hpc, root, env)
+    remove_kernel_containers(hpc)
 
 
 @pytest.fixture
-def tiny_site(squashed_tiny, tmp_path, monkeypatch) -> KernelSite:
+def kernel_site(squashed_base, tmp_path, monkeypatch) -> Iterator[KernelSite]:
+    yield from site_over(squashed_base, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def tiny_site(squashed_tiny, tmp_path, monkeypatch) -> Iterator[KernelSite]:
     """Like kernel_site, with the squashed store that holds the tiny image (no python)."""
-    env = site_env(squashed_tiny, tmp_path)
-    use_env(monkeypatch, env)
-    site = KernelSite(squashed_tiny, tmp_path, env)
-    yield site
-    remove_kernel_containers(squashed_tiny)
+    yield from site_over(squashed_tiny, tmp_path, monkeypatch)
 
 
 def free_port() -> int:
