@@ -28,11 +28,11 @@ from typing import Sequence
 from ..engine import EngineError
 from ..engine.graphroot import GraphRoot
 from ..engine.podman import Podman
+from ..engine.text import truth
 from ..engine.store import SquashStore
 
 BOOT = Path(__file__).resolve().with_name("boot.py")  # mounted into the container, read-only
 BOOT_IN_CONTAINER = "/opt/podman-hpc/kernel_boot.py"
-TRUE_WORDS, FALSE_WORDS = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
 class KernelStartError(EngineError):
@@ -68,12 +68,10 @@ class KernelContainer:
 
     def use_keep_id(self) -> bool:
         """``--userns=keep-id``: as configured, or for ``auto`` where the image runs from local layers."""
-        if isinstance(self.keep_id, bool):
-            return self.keep_id
-        value = self.keep_id.strip().lower()
-        if value in TRUE_WORDS + FALSE_WORDS:
-            return value in TRUE_WORDS
-        if value != "auto":
+        chosen = truth(self.keep_id)
+        if chosen is not None:
+            return chosen
+        if str(self.keep_id).strip().lower() != "auto":
             raise KernelStartError(f"keep_id must be 'auto', 'true' or 'false', not {self.keep_id!r}")
         return self.runs_from_local_layers()
 
