@@ -43,8 +43,7 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
     """
     config = podman.config
     context = step_context(config, environ)
-    directory = Path(config.run_root) / "shared-run" / context.key
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = Path(config.run_root) / "shared-run" / context.key  # the monitor's: made and removed by it
     name = context.container_name(os.getuid())
     run_options, exec_options, entrypoint = split_options(podman, options)
     # The node container only keeps the namespaces alive: the image's

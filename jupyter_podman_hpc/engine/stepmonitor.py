@@ -108,6 +108,10 @@ class StepMonitor:
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ)
         try:
+            # made here, not by the first task: a task killed (scancel) before the monitor takes
+            # over then leaves no step directory behind, and this one is removed below however
+            # the step ends
+            self.directory.mkdir(parents=True, exist_ok=True)
             self.state = self._start_container()
             if "failed" in self.state:
                 self._log(self.state["failed"])

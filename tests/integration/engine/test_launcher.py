@@ -112,7 +112,7 @@ def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stac
     hpc = squashed_base
     probe = ('id; umask; pwd; env | grep -v -E "^(_|SHLVL|PWD)=" | sort; grep -E "^Cap|^NoNewPrivs|^Seccomp" '
              '/proc/self/status; for n in ipc mnt net pid user uts; do readlink /proc/self/ns/$n; done; '
-             'cut -d" " -f2,5 /proc/self/mountinfo | sort; ulimit -n; ulimit -u; '
+             'cut -d" " -f1,2,5 /proc/self/mountinfo | sed "s/^/mountinfo /"; ulimit -n; ulimit -u; '
              'echo "pmi fd: $(readlink /proc/self/fd/$PMI_FD | cut -d: -f1)"; exit 3')
     outputs, execs = {}, {}
     for join in (False, True):
@@ -135,15 +135,22 @@ def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stac
 
 def normalized(text):
     """The probe's output without what differs between two steps by nature: the
-    namespace ids of each step's container, and the values of the Slurm variables
-    naming the job, step, ports and pids (their names must match)."""
-    lines = []
+    namespace ids of each step's container, the kernel's ids of its mounts (each
+    mount is named by its mount point and its parent's instead: the same tree), and
+    the values of the Slurm variables naming the job, step, ports and pids (their
+    names must match)."""
+    lines, mounts = [], []
     for line in text.splitlines():
         if line.startswith(("ipc:", "mnt:", "net:", "pid:", "user:", "uts:")):
+            continue
+        if line.startswith("mountinfo "):
+            mounts.append(line.split()[1:])
             continue
         if line.startswith(("SLURM_", "SLURMD_", "PMI_", "PMIX_")):
             line = line.split("=", 1)[0] + "=..."
         lines.append(line)
+    where = {mount_id: point for mount_id, _, point in mounts}
+    lines += [f"mount {point} on {where.get(parent, '(outside)')}" for _, parent, point in mounts]
     return sorted(lines)
 
 
