@@ -98,6 +98,11 @@ def test_200_mixed_steps_some_cancelled_leave_nothing_behind(squashed_tiny, stac
                          f'rm -rf {root}/shared-run/*; true')
 
 
+# podman's rootless pause process holds the user's namespaces for every later podman call on
+# the node; it inherits the environment of whichever podman call started it, maybe this test's
+PODMAN_PAUSE = "catatonit -P "
+
+
 def monitors_of(run_root):
     """This user's processes that work for the test's run root (monitors, podman, conmon)."""
     marker = f"PODMANHPC_RUN_ROOT={run_root}".encode()
@@ -108,4 +113,4 @@ def monitors_of(run_root):
                 found.append((proc.name, (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
         except OSError:
             pass
-    return found
+    return [(pid, cmdline) for pid, cmdline in found if cmdline != PODMAN_PAUSE]
