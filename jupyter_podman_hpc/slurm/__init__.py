@@ -5,6 +5,8 @@
 - ``client``: the only module that runs sbatch, squeue, sacct, scontrol, scancel and sinfo
 - ``jobs``: ``Job``, a job directory on the shared scratch, found again after a restart
 - ``notebook``: a notebook every rank runs cell by cell (``nbrunner``); rank 0 writes the executed notebook
+- ``cluster``: interactive clusters, IPython Parallel engines as a job's ranks (its record in
+  ``clusterrecord``, its controller run by ``watchdog``)
 
     spec = JobSpec(image="registry/image:tag", command=["python3", "-c", "print(1)"],
                    nodes=4, tasks_per_node=2)

@@ -13,108 +13,55 @@ on the way; bad input (from the spec), a missing image, engines that die
 raise ``ClusterError`` with one line.
 
 Nothing outlives its owner. The controller is started by a **watchdog**
-(``python -m jupyter_podman_hpc.slurm.cluster``) in a session of its own,
-which waits on pidfds for the owner (the kernel) and the controller. When
-either is gone, or on ``stop()`` (SIGTERM to the watchdog), it stops the
-controller's process group, cancels the job and removes the connection
-files: a SIGKILLed kernel ends its job within seconds. Should the watchdog be
-killed too, the engines leave by themselves once the controller misses
-``HEARTBEAT_MISSES`` heartbeats (the job then ends), and ``sweep()`` (run by
-every ``start`` and by the server's cluster listing) cancels what a dead owner left.
+(``watchdog.py``) in a session of its own, which waits on pidfds for the
+owner (the kernel) and the controller. When either is gone, or on ``stop()``
+(SIGTERM to the watchdog), it stops the controller's process group, cancels
+the job and removes the connection files: a SIGKILLed kernel ends its job
+within seconds. Should the watchdog be killed too, the engines leave by
+themselves once the controller misses ``HEARTBEAT_MISSES`` heartbeats (the
+job then ends), and ``sweep()`` (run by every ``start`` and by the server's
+cluster listing) cancels what a dead owner left.
 
-A cluster's record is ``cluster.json`` in its job directory, so any process
-of the user (the Jupyter server's Containers panel) lists and stops it.
-The job directory is the user's alone (0700, ``jobs.py``); the record and
-the controller's log are 0600, and ipyparallel keeps its connection files
-(the controller's keys) 0600 in a 0700 ``ipython/security``.
+A cluster's record is ``cluster.json`` in its job directory
+(``clusterrecord.py``), so any process of the user (the Jupyter server's
+Containers panel) lists and stops it. The job directory is the user's alone
+(0700, ``jobs.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
-import json
 import os
 import secrets
-import select
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
-from ..engine.errors import EngineError, NotFound
-from ..engine.files import atomic_write
+from ..engine.errors import NotFound
 from ..engine.progress import Progress, ProgressCallback, ignore
 from ..engine.processes import owner_alive, owner_token
+from . import watchdog
 from .client import SlurmClient, SlurmError
+from .clusterrecord import CONTROLLER_LOG, PROFILE, RECORD, ClusterError, ClusterRecord, connection_files
 from .jobs import Job, JobError, default_root, job_directories
 from .spec import SRUN_MPI, JobSpec
+from .watchdog import STOP_GRACE, stop_parts, wait_gone
 
 if TYPE_CHECKING:
     import ipyparallel
 
-RECORD = "cluster.json"
-PROFILE = "ipython"                 # the controller's profile directory, inside the job directory
-CONTROLLER_LOG = "controller.log"
 HEARTBEAT_MISSES = 10               # x 3 s heartbeat period: engines leave 30 s after the controller
 DEFAULT_TIME = "60"                 # minutes, when the caller gives no time limit
-STOP_GRACE = 5.0                    # seconds between SIGTERM and SIGKILL of the controller
 CONTROLLER_START = 30.0             # seconds for the controller to write its connection files
-
-
-class ClusterError(EngineError):
-    """A cluster could not start (everything it started is stopped)."""
 
 
 class ClusterNotFound(ClusterError, NotFound):
     """No job directory records that cluster."""
-
-
-@dataclass
-class ClusterRecord:
-    """``cluster.json``: who owns the cluster, and where its parts are."""
-
-    cluster_id: str
-    job_id: str
-    engines: int                     # how many engines the job starts
-    owner: str                       # PID:START of the process that started it (a kernel)
-    host: str
-    watchdog: str = ""               # PID:START of the watchdog
-    controller: str = ""             # PID:START of the controller
-    state: str = "starting"          # starting, running, stopped
-    created: float = 0.0
-
-    @classmethod
-    def read(cls, directory: Path) -> "ClusterRecord":
-        try:
-            data = json.loads((directory / RECORD).read_text())
-            return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-        except (OSError, ValueError, TypeError) as err:
-            raise ClusterError(f"{directory} holds no readable cluster record: {err}")
-
-    def write(self, directory: Path) -> None:
-        atomic_write(directory / RECORD, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n", 0o600)
-
-    def update(self, directory: Path, **changes) -> None:
-        """Set some fields here and on disk, keeping what another process (the watchdog) wrote there."""
-        with contextlib.suppress(ClusterError):
-            current = ClusterRecord.read(directory)
-            for key in ("watchdog", "controller"):
-                setattr(self, key, getattr(self, key) or getattr(current, key))
-        for key, value in changes.items():
-            setattr(self, key, value)
-        self.write(directory)
-
-
-def connection_files(directory: Path, cluster_id: str) -> dict[str, Path]:
-    """The controller's ``client`` and ``engine`` connection files of a cluster."""
-    security = directory / PROFILE / "security"
-    return {kind: security / f"ipcontroller-{cluster_id}-{kind}.json" for kind in ("client", "engine")}
 
 
 def engine_argv(cluster_id: str, mpi: bool = False) -> tuple[str, ...]:
@@ -215,12 +162,8 @@ class Cluster:
         return cluster
 
     def _start_controller(self, ip: str, client: SlurmClient) -> None:
-        env = dict(client.env or os.environ)
-        self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", __name__, "--owner", self.record.owner, "--dir", str(self.directory),
-             "--", *controller_argv(self.directory, self.id, ip)],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True)   # a kernel interrupt (SIGINT to its group) spares it
+        self._watchdog = watchdog.start(self.record.owner, self.directory,
+                                        controller_argv(self.directory, self.id, ip), client.env or os.environ)
         self.record.watchdog = owner_token(self._watchdog.pid)
         deadline = time.monotonic() + CONTROLLER_START
         files = self.connection_files
@@ -327,11 +270,11 @@ class Cluster:
                 self._watchdog.wait()
         elif owner_alive(self.record.watchdog):
             _signal(self.record.watchdog, signal.SIGTERM)
-            _wait_gone(self.record.watchdog, STOP_GRACE * 3)
+            wait_gone(self.record.watchdog, STOP_GRACE * 3)
         # What the watchdog does, done again: it may have died before it could.
         with contextlib.suppress(ClusterError):
             self.record.controller = ClusterRecord.read(self.directory).controller or self.record.controller
-        _stop_parts(self.directory, self.record, self.job.client)
+        stop_parts(self.directory, self.record, self.job.client)
         deadline = time.monotonic() + timeout   # until the nodes are clean (the job no longer completing)
         while time.monotonic() < deadline:
             try:
@@ -356,22 +299,6 @@ class Cluster:
                 "job_state": status.state if status else None, "nodelist": status.nodelist if status else ""}
 
 
-def _stop_parts(directory: Path, record: ClusterRecord, client: SlurmClient) -> None:
-    """Stop the controller's process group, cancel the job, remove the connection files."""
-    if record.controller and owner_alive(record.controller):
-        pid = int(record.controller.partition(":")[0])
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
-        if not _wait_gone(record.controller, STOP_GRACE):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            _wait_gone(record.controller, STOP_GRACE)
-    with contextlib.suppress(SlurmError):
-        client.cancel(record.job_id)
-    for path in connection_files(directory, record.cluster_id).values():
-        path.unlink(missing_ok=True)
-
-
 def _noise(line: str) -> bool:
     """Lines every engine writes (the debugger's frozen-modules note, ZMQ security), not reasons."""
     return "Debugger warning" in line or "frozen" in line or "PYDEVD" in line or "CurveZMQ" in line \
@@ -381,15 +308,6 @@ def _noise(line: str) -> bool:
 def _signal(token: str, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
         os.kill(int(token.partition(":")[0]), sig)
-
-
-def _wait_gone(token: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while owner_alive(token):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _tail(path: Path, lines: int = 1) -> str:
@@ -460,67 +378,12 @@ def sweep(root: str | Path | None = None, *, client: SlurmClient | None = None) 
         record = cluster.record
         if record.host != host or owner_alive(record.owner) or owner_alive(record.watchdog):
             continue
-        _stop_parts(cluster.directory, record, cluster.job.client)
+        stop_parts(cluster.directory, record, cluster.job.client)
         with contextlib.suppress(OSError):
             record.update(cluster.directory, state="stopped")
         swept.append(record.cluster_id)
     return swept
 
 
-# --- the watchdog -------------------------------------------------------------------
-
-
-def watchdog(owner: str, directory: Path, controller: list[str]) -> int:
-    """Run the controller until it exits, the owner dies or we are told to stop; then stop it all."""
-    stop_read, stop_write = os.pipe()
-    os.set_blocking(stop_write, False)
-    signal.set_wakeup_fd(stop_write)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    owner_fd = _pidfd(int(owner.partition(":")[0]))
-    record = ClusterRecord.read(directory)
-    with open(os.open(directory / CONTROLLER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                      | os.O_CLOEXEC, 0o600), "ab") as log:
-        process = subprocess.Popen(controller, cwd=directory, stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, process_group=0, close_fds=True)
-    record.update(directory, watchdog=owner_token(), controller=owner_token(process.pid))
-    controller_fd = _pidfd(process.pid)
-    if owner_fd is not None and controller_fd is not None and owner_alive(owner):
-        poller = select.poll()
-        for fd in (owner_fd, controller_fd, stop_read):
-            poller.register(fd, select.POLLIN)
-        while not poller.poll():
-            pass
-    _stop_parts(directory, record, SlurmClient())
-    process.wait()
-    with contextlib.suppress(OSError):
-        record.update(directory, state="stopped")
-    return 0
-
-
-def _pidfd(pid: int) -> Optional[int]:
-    try:
-        return os.pidfd_open(pid)
-    except OSError:
-        return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}",
-                                     description="The watchdog of an interactive cluster's controller.")
-    parser.add_argument("--owner", required=True, help="PID:START of the process that owns the cluster")
-    parser.add_argument("--dir", required=True, type=Path, help="the cluster's job directory")
-    parser.add_argument("controller", nargs=argparse.REMAINDER, help="-- the controller's command line")
-    args = parser.parse_args(argv)
-    controller = args.controller[1:] if args.controller[:1] == ["--"] else args.controller
-    if not controller:
-        parser.error("give the controller's command line after --")
-    return watchdog(args.owner, args.dir, controller)
-
-
 __all__ = ["Cluster", "ClusterError", "ClusterNotFound", "ClusterRecord", "list_clusters", "find_cluster", "sweep",
-           "cluster_spec", "engine_argv"]
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+           "cluster_spec", "connection_files", "engine_argv", "CONTROLLER_LOG", "PROFILE", "RECORD"]
