@@ -36,6 +36,15 @@ def where(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
+def resolved(root_fd: int, path: str) -> str:
+    """Where ``path`` leads from the root ``root_fd``."""
+    opened = inroot.open_in_root(root_fd, path)
+    try:
+        return where(opened)
+    finally:
+        os.close(opened)
+
+
 @pytest.mark.parametrize("link", ["abs", "rel"])
 def test_a_symlink_to_the_host_resolves_inside_the_root(resolver, tree, link):
     root, outside, fd = tree
@@ -52,20 +61,12 @@ def test_a_symlink_to_the_host_resolves_inside_the_root(resolver, tree, link):
 
 def test_dotdot_never_climbs_above_the_root(resolver, tree):
     root, _, fd = tree
-    opened = inroot.open_in_root(fd, "/../../../usr/../../lib")
-    try:
-        assert where(opened) == str(root / "usr" / "lib")
-    finally:
-        os.close(opened)
+    assert resolved(fd, "/../../../usr/../../lib") == str(root / "usr" / "lib")
 
 
 def test_an_image_symlink_inside_the_root_is_followed(resolver, tree):
     root, _, fd = tree
-    opened = inroot.open_in_root(fd, "/lib")
-    try:
-        assert where(opened) == str(root / "usr" / "lib")
-    finally:
-        os.close(opened)
+    assert resolved(fd, "/lib") == str(root / "usr" / "lib")
 
 
 def test_loops_and_files_are_errors(resolver, tree):
