@@ -1,4 +1,4 @@
-"""The watchdog of an interactive cluster: runs its controller; stops the cluster once the owner or the controller is gone."""
+"""An interactive cluster's watchdog: runs its controller; stops the cluster when the owner or the controller ends."""
 
 from __future__ import annotations
 
