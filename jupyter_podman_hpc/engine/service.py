@@ -49,12 +49,14 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Mapping
 
 from . import commands, processes
 from .config import SiteConfig
 from .errors import ToolFailed
+from .files import atomic_write
 from .locks import flocked
 from .podman import Podman
 from .private import private_dir
@@ -67,6 +69,7 @@ PRIVATE_IDLE = 120        # a private service outlives a caller that died by thi
 QUIET = 2.0               # seconds without activity after which a cut-off operation counts as wound down
 LOG_LIMIT = 1 << 20       # the shared service's log is started afresh beyond this size
 _SUN_PATH_MAX = 107       # bytes in a unix socket path (sun_path is 108 with the NUL)
+OWNER_SUFFIX = ".owner"   # a private service's record of who started it (see PrivateService._record_owner)
 
 # Environment variables that change what podman does with the same flags.
 _ENV_KEYS = ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF",
@@ -295,6 +298,7 @@ class PrivateService:
         tag = f"{os.getpid()}-{os.urandom(3).hex()}"
         self.socket = root / f"podman-hpc-op-{tag}.sock"
         self.log_path = root / f"podman-hpc-op-{tag}.log"
+        self.owner_path = root / f"podman-hpc-op-{tag}{OWNER_SUFFIX}"
         _check_socket_path(self.socket)
         self.squashed = squashed
         self.idle = int(idle)
@@ -316,6 +320,8 @@ class PrivateService:
             self.process = self.podman.popen(
                 self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 cwd=self.config.run_root, start_new_session=True)
+        self._record_owner()
+        _RUNNING.add(self)
         _wait_ready(self.socket, lambda: self.process is not None and self.process.poll() is None,
                     self.log_path, self.start_timeout)
         return self
@@ -324,6 +330,14 @@ class PrivateService:
         from podman import PodmanClient
 
         return PodmanClient(base_url=self.url, timeout=timeout)
+
+    def _record_owner(self) -> None:
+        """Who started the service, and the service itself, beside its socket: should this process
+        die without stopping it (a server SIGKILLed mid-build), the next sweep
+        (``engine.servicesweep``) knows it is an orphan and stops it."""
+        record = {"caller": processes.owner_token(), "service": processes.owner_token(self.process.pid),
+                  "socket": str(self.socket), "started": time.time()}
+        atomic_write(self.owner_path, json.dumps(record) + "\n", 0o600)
 
     def container_processes(self) -> list[int]:
         """Processes of the containers the service runs right now (a build's RUN step).
@@ -405,13 +419,14 @@ class PrivateService:
         self._stop_now(grace)
 
     def _stop_now(self, grace: float) -> None:
+        _RUNNING.discard(self)
         process, self.process = self.process, None
         if process is not None:
             if process.poll() is None:
                 _kill_tree(process.pid, grace)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=grace)
-        for path in (self.socket, self.log_path):
+        for path in (self.socket, self.log_path, self.owner_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
@@ -426,5 +441,21 @@ class PrivateService:
         self.stop()
 
 
+# this process's private services that are not stopped yet (some winding down in a daemon thread)
+_RUNNING: "weakref.WeakSet[PrivateService]" = weakref.WeakSet()
+
+
+def stop_private_services(quiet_within: float = 10.0, grace: float = 5.0) -> int:
+    """Stop every private service this process started and has not stopped (a server about to
+    exit: the daemon threads winding cut-off operations down would die with it and leave their
+    services running); one cut off gets ``quiet_within`` seconds to wind down first. How many."""
+    services = list(_RUNNING)
+    for service in services:
+        if service.aborted:
+            service.quiesce(timeout=quiet_within)
+        service._stop_now(grace)
+    return len(services)
+
+
 __all__ = ["ApiService", "PrivateService", "ServiceError", "client", "ensure_service", "ping",
-           "DEFAULT_IDLE"]
+           "stop_private_services", "DEFAULT_IDLE"]

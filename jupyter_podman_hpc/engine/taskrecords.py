@@ -1,0 +1,133 @@
+"""A small record on disk of each background task (a pull, a build, a squash) and how it ended.
+
+A Jupyter server keeps its tasks in memory; one that is killed or restarted in
+the middle of a build would leave the next server knowing nothing of it, and
+the user watching a task that never ends. So each task's state is also written,
+as it changes, to ``<run_root>/podman-hpc-tasks/<id>.json`` (a directory the
+engine makes or verifies as the user's own, files written atomically, mode
+0600), with the owner token of the process running it. The next process to
+``recover()`` them marks every task still queued or running whose owner is gone
+as ``interrupted``, with one line saying so. Records of live owners (another
+server of the same user) are theirs and left alone. Only regular files of the
+user's own that nobody else may write are read; the rest are skipped.
+
+Finished records of dead owners are kept for the task lists of the next servers,
+the newest ``KEEP`` of them and none older than ``KEEP_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from . import processes
+from .files import atomic_write
+from .private import private_dir
+
+DIRECTORY = "podman-hpc-tasks"
+INTERRUPTED = "interrupted"
+UNFINISHED = ("queued", "running")
+KEEP = 50
+KEEP_SECONDS = 7 * 24 * 3600
+_ID = re.compile(r"^[0-9a-f]{6,32}$")
+_MAX_BYTES = 64 << 10
+
+
+@dataclass
+class TaskRecord:
+    id: str
+    kind: str           # "pull", "build", "squash"
+    title: str          # "build localhost/app:1"
+    state: str          # "queued", "running", "succeeded", "failed", "cancelled", "interrupted"
+    created: float
+    owner: str          # owner token (``PID:START``) of the process running the task
+    finished: float | None = None
+    error: str | None = None
+
+
+def interrupted_message(record: TaskRecord) -> str:
+    """The one line a user reads about a task whose server went away while it ran."""
+    return f"{record.title} was interrupted: the server stopped while it ran; start it again"
+
+
+class TaskRecords:
+    """The task records in one directory (``for_run_root``)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    @classmethod
+    def for_run_root(cls, run_root: str | os.PathLike) -> "TaskRecords":
+        return cls(private_dir(Path(private_dir(run_root)) / DIRECTORY))
+
+    def path(self, task_id: str) -> Path:
+        if not _ID.match(task_id):
+            raise ValueError(f"not a task id: {task_id!r}")
+        return self.directory / f"{task_id}.json"
+
+    def write(self, record: TaskRecord) -> None:
+        atomic_write(self.path(record.id), json.dumps(asdict(record)) + "\n", 0o600)
+
+    def remove(self, task_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path(task_id).unlink()
+
+    def read_all(self) -> list[TaskRecord]:
+        """Every trusted, well-formed record, newest first."""
+        found = []
+        for path in self.directory.glob("*.json"):
+            record = _read(path)
+            if record is not None:
+                found.append(record)
+        return sorted(found, key=lambda r: r.created, reverse=True)
+
+    def recover(self, now: float | None = None) -> list[TaskRecord]:
+        """The records of owners that are gone, the unfinished ones marked interrupted (and written
+        so), newest first; old finished ones beyond what is kept are removed."""
+        now = time.time() if now is None else now
+        dead = [r for r in self.read_all() if not processes.owner_alive(r.owner)]
+        for record in dead:
+            if record.state in UNFINISHED:
+                record.state, record.finished = INTERRUPTED, now
+                record.error = interrupted_message(record)
+                self.write(record)
+        kept = []
+        for record in dead:
+            if len(kept) < KEEP and now - (record.finished or record.created) <= KEEP_SECONDS:
+                kept.append(record)
+            else:
+                self.remove(record.id)
+        return kept
+
+
+def _read(path: Path) -> TaskRecord | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022 \
+                or st.st_size > _MAX_BYTES:
+            return None
+        data = json.loads(os.read(fd, _MAX_BYTES))
+        names = {f.name for f in fields(TaskRecord)}
+        record = TaskRecord(**{k: v for k, v in data.items() if k in names})
+        texts = (record.id, record.kind, record.title, record.state, record.owner)
+        if not all(isinstance(text, str) for text in texts) or not isinstance(record.created, (int, float)) \
+                or not _ID.match(record.id) or path.name != f"{record.id}.json":
+            return None
+        return record
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+__all__ = ["INTERRUPTED", "TaskRecord", "TaskRecords", "interrupted_message"]
