@@ -24,6 +24,8 @@ def _load_jupyter_server_extension(serverapp) -> None:
     serverapp.web_app.settings["podman_hpc_backend"] = backend
     serverapp.web_app.add_handlers(".*$", handlers(serverapp.web_app.settings["base_url"]))
     _sweep_orphan_kernels(serverapp.log)
+    _sweep_orphan_services(backend, serverapp.log)
+    _stop_tasks_on_shutdown(serverapp, backend)
     _kernel_start_errors_as_messages(serverapp.kernel_manager)
     _warm_kernel_pools(serverapp, settings.kernel_pool)
     serverapp.log.info("jupyter_podman_hpc server extension loaded (podman-hpc API at %spodman-hpc/api/)",
@@ -82,6 +84,37 @@ def _warm_kernel_pools(serverapp, default_size: int) -> None:
                     serverapp.log.warning("podman-hpc: no kernel pool for %s: %s", kernel.name, err)
 
     threading.Thread(target=warm, name="podman-hpc-kernel-pools", daemon=True).start()
+
+
+def _sweep_orphan_services(backend, log) -> None:
+    """The Podman services of a pull or build whose server died (SIGKILL) are stopped, and their
+    build containers removed, at the next start (see engine/servicesweep.py)."""
+    import threading
+
+    from ..engine.servicesweep import sweep
+
+    def run():
+        try:
+            for line in sweep(backend.site(), backend.environ()):
+                log.info("podman-hpc: %s", line)
+        except Exception as err:  # noqa: BLE001 - a failed sweep must not stop the server
+            log.warning("podman-hpc: could not look for orphaned Podman services: %s", err)
+
+    threading.Thread(target=run, name="podman-hpc-service-sweep", daemon=True).start()
+
+
+def _stop_tasks_on_shutdown(serverapp, backend) -> None:
+    """A server stopped by SIGTERM (or from the UI) cancels its pulls and builds and records them
+    as interrupted before it exits, rather than leaving their Podman services running."""
+    import asyncio
+
+    cleanup = serverapp.cleanup_extensions
+
+    async def cleanup_extensions():
+        await asyncio.get_running_loop().run_in_executor(None, backend.tasks.shutdown)
+        await cleanup()
+
+    serverapp.cleanup_extensions = cleanup_extensions
 
 
 def _sweep_orphan_kernels(log) -> None:

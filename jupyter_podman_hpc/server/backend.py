@@ -16,6 +16,7 @@ from ..engine.config import SiteConfig, load_config
 from ..engine.errors import EngineError
 from ..engine.modules import ModuleSet
 from ..engine.podman import Podman
+from ..engine.taskrecords import TaskRecords
 from .tasks import Task, TaskManager
 
 
@@ -44,7 +45,17 @@ class Backend:
     def __init__(self, settings: PodmanHPC, root_dir: str, log=None):
         self.settings = settings
         self.root_dir = root_dir
-        self.tasks = TaskManager(log=log)
+        self.tasks = TaskManager(log=log, records=self._task_records(log))
+
+    def _task_records(self, log) -> TaskRecords | None:
+        """The user's task records (``engine.taskrecords``), or None when the run root cannot hold
+        them (the server then keeps its tasks in memory only, and says why in its log)."""
+        try:
+            return TaskRecords.for_run_root(self.site().run_root)
+        except (EngineError, OSError) as err:
+            if log:
+                log.warning("podman-hpc: tasks are not recorded on disk: %s", err)
+            return None
 
     # --- engine configuration -------------------------------------------------
 

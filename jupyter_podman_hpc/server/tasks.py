@@ -3,7 +3,11 @@
 A task runs an engine call in a worker thread. Everything it reports goes
 into its record (state, last progress, last log lines, result, error) and
 into a numbered event list that clients stream and resume from (after a
-browser reload, with Last-Event-ID). Tasks live as long as the server.
+browser reload, with Last-Event-ID). Tasks live as long as the server, and
+their state also in the user's task records (``engine.taskrecords``): a server
+that starts lists the tasks of servers that died, those that were still
+running as ``interrupted``. A server stopped by a signal (SIGTERM) cancels its
+tasks first and records them as interrupted (``shutdown``).
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engine.errors import EngineError
+from ..engine.processes import owner_token
 from ..engine.progress import Progress
+from ..engine.service import stop_private_services
+from ..engine.taskrecords import INTERRUPTED, TaskRecord, TaskRecords, interrupted_message
 
 LOG_LINES = 200
 MAX_EVENTS = 5000
-FINISHED = ("succeeded", "failed", "cancelled")
+FINISHED = ("succeeded", "failed", "cancelled", INTERRUPTED)
+SHUTDOWN_GRACE = 20.0  # seconds a stopping server gives its cancelled tasks to end
 
 # What a task runs: fn(progress_callback, cancel_event) -> JSON-able result.
 Work = Callable[[Callable[[Progress], None], threading.Event], Any]
@@ -61,18 +69,39 @@ class Task:
 class TaskManager:
     """Starts tasks, records what they report and wakes up the clients streaming their events."""
 
-    def __init__(self, workers: int = 4, log=None):
+    def __init__(self, workers: int = 4, log=None, records: TaskRecords | None = None):
         self.tasks: dict[str, Task] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="podman-hpc-task")
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._log = log
+        self._records = records
+        self._owner = owner_token()
+        self._stopping = False
+        if records is not None:
+            self._adopt(records)
+
+    def _adopt(self, records: TaskRecords) -> None:
+        """The tasks of servers that are gone, as they ended (or ``interrupted``)."""
+        try:
+            previous = records.recover()
+        except OSError as err:
+            self._warn("cannot read the task records of earlier servers: %s", err)
+            return
+        for record in previous:
+            task = Task(id=record.id, kind=record.kind, title=record.title, state=record.state,
+                        created=record.created, finished=record.finished, error=record.error)
+            if record.error:
+                task.log.append(record.error)
+            task.events.append(Event(0, "state", {"state": task.state, "result": None, "error": task.error}))
+            self.tasks[task.id] = task
 
     def start(self, kind: str, title: str, work: Work) -> Task:
         task = Task(id=uuid.uuid4().hex[:12], kind=kind, title=title)
         with self._lock:
             self.tasks[task.id] = task
         self._emit(task, "state", {"state": task.state})
+        self._persist(task)
         self._executor.submit(self._run, task, work)
         return task
 
@@ -106,17 +135,26 @@ class TaskManager:
         try:
             result = work(report, task.cancel)
         except EngineError as err:
-            self._finish(task, "cancelled" if task.cancel.is_set() else "failed", error=str(err))
+            if self._stopping:
+                self._interrupt(task)
+            else:
+                self._finish(task, "cancelled" if task.cancel.is_set() else "failed", error=str(err))
         except Exception as err:  # noqa: BLE001 - a task must always end, with a message
             if self._log:
                 self._log.error("podman-hpc task %s failed:\n%s", task.id, traceback.format_exc())
             self._finish(task, "failed", error=f"{type(err).__name__}: {err}")
         else:
-            self._finish(task, "cancelled" if task.cancel.is_set() else "succeeded", result=result)
+            cancelled = task.cancel.is_set() and not self._stopping  # a server's stop does not undo a result
+            self._finish(task, "cancelled" if cancelled else "succeeded", result=result)
 
     def _set_state(self, task: Task, state: str) -> None:
         task.state = state
         self._emit(task, "state", {"state": state})
+        self._persist(task)
+
+    def _interrupt(self, task: Task) -> None:
+        record = TaskRecord(task.id, task.kind, task.title, task.state, task.created, self._owner)
+        self._finish(task, INTERRUPTED, error=interrupted_message(record))
 
     def _finish(self, task: Task, state: str, *, result: Any = None, error: str | None = None) -> None:
         if task.state in FINISHED:
@@ -126,6 +164,21 @@ class TaskManager:
             task.log.append(error)
         task.state = state
         self._emit(task, "state", {"state": state, "result": result, "error": error})
+        self._persist(task)
+
+    def _persist(self, task: Task) -> None:
+        """The task's state in its record (a failure to write is logged, the task goes on)."""
+        if self._records is None:
+            return
+        try:
+            self._records.write(TaskRecord(task.id, task.kind, task.title, task.state, task.created, self._owner,
+                                           task.finished, task.error))
+        except OSError as err:
+            self._warn("cannot record the state of task %s: %s", task.id, err)
+
+    def _warn(self, message: str, *args) -> None:
+        if self._log:
+            self._log.warning("podman-hpc: " + message, *args)
 
     def _emit(self, task: Task, kind: str, data: dict) -> None:
         with self._lock:
@@ -152,7 +205,20 @@ class TaskManager:
                 self._waiters.setdefault(task.id, []).append((asyncio.get_running_loop(), wake))
             await wake.wait()
 
-    def shutdown(self) -> None:
-        for task in self.tasks.values():
+    def shutdown(self, grace: float = SHUTDOWN_GRACE) -> None:
+        """The server is stopping: cancel every task (a build's RUN step is killed, a pull's
+        connection cut, their Podman services stopped), give them ``grace`` seconds to end, and
+        record each one that had not finished as interrupted."""
+        self._stopping = True
+        unfinished = [task for task in list(self.tasks.values()) if task.state not in FINISHED]
+        for task in unfinished:
             task.cancel.set()
+            if task.state == "queued":
+                self._interrupt(task)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(task.state not in FINISHED for task in unfinished):
+            time.sleep(0.1)
+        for task in unfinished:
+            self._interrupt(task)
+        stop_private_services()
