@@ -44,12 +44,14 @@ export type TaskState =
   | 'running'
   | 'succeeded'
   | 'failed'
-  | 'cancelled';
+  | 'cancelled'
+  | 'interrupted'; // its server stopped while it ran (a later server lists it so)
 
 export const FINISHED_TASK_STATES: ReadonlyArray<string> = [
   'succeeded',
   'failed',
-  'cancelled'
+  'cancelled',
+  'interrupted'
 ];
 
 /** A background pull, build or squash (server/tasks.py `Task.as_dict`). */

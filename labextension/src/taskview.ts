@@ -237,6 +237,8 @@ export class TaskView {
       }
     } else if (task.state === 'cancelled') {
       setText(this._message, 'Cancelled');
+    } else if (task.state === 'interrupted') {
+      setText(this._message, 'Interrupted');
     } else if (task.state === 'failed') {
       setText(this._message, 'Failed');
       this._logBox.open = true;
