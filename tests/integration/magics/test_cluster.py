@@ -9,12 +9,14 @@ cancels the job). Bad input gives one line and leaves nothing running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -103,17 +105,29 @@ def test_a_4x2_mpi_cluster_runs_px_cells_and_stop_leaves_nothing(base_kernel, sq
     assert cell.ok and cell.stdout == "No running clusters started by this kernel\n", cell.show()
 
 
-def test_a_kernel_killed_with_sigkill_leaves_nothing(squashed_base, stack, tmp_path):
-    """The watchdog sees the kernel go (a pidfd), stops the controller and cancels the job."""
-    session = start_session(squashed_base, tmp_path / "doomed")
-    before = cluster_dirs(squashed_base)
+@contextlib.contextmanager
+def doomed_cluster(hpc, image: str, tmp_path: Path) -> Iterator[tuple[object, Path, list[int]]]:
+    """A kernel that started a 2-node cluster, for a test to kill: (its session, the cluster's job
+    directory, the controller's ports). The session and the directory go afterwards."""
+    session = start_session(hpc, tmp_path / "doomed")
+    before = cluster_dirs(hpc)
     started = []
     try:
-        cell = session.execute(f"cluster = %podman_hpc cluster start --nodes 2 --time 10 {stack.base_image}")
+        cell = session.execute(f"cluster = %podman_hpc cluster start --nodes 2 --time 10 {image}")
         assert cell.ok, cell.show()
-        started = [d for d in cluster_dirs(squashed_base) if d not in before]
+        started = [d for d in cluster_dirs(hpc) if d not in before]
         [directory] = started
-        listened = ports(directory)
+        yield session, directory, ports(directory)
+    finally:
+        session.kc.stop_channels()
+        session.km.cleanup_resources()
+        for directory in started:
+            run(["rm", "-rf", str(directory)])
+
+
+def test_a_kernel_killed_with_sigkill_leaves_nothing(squashed_base, stack, tmp_path):
+    """The watchdog sees the kernel go (a pidfd), stops the controller and cancels the job."""
+    with doomed_cluster(squashed_base, stack.base_image, tmp_path) as (session, directory, listened):
         job_id = record(directory)["job_id"]
         assert queued(squashed_base, job_id)
         os.kill(session.km.provisioner.process.pid, signal.SIGKILL)
@@ -122,11 +136,6 @@ def test_a_kernel_killed_with_sigkill_leaves_nothing(squashed_base, stack, tmp_p
                 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert_nothing_left(squashed_base, directory, listened)
-    finally:
-        session.kc.stop_channels()
-        session.km.cleanup_resources()
-        for directory in started:
-            run(["rm", "-rf", str(directory)])
 
 
 def test_the_sweep_stops_what_a_killed_kernel_and_watchdog_left(squashed_base, stack, tmp_path):
@@ -135,15 +144,7 @@ def test_the_sweep_stops_what_a_killed_kernel_and_watchdog_left(squashed_base, s
     from jupyter_podman_hpc.slurm import SlurmClient
     from jupyter_podman_hpc.slurm.cluster import sweep
 
-    session = start_session(squashed_base, tmp_path / "doomed")
-    before = cluster_dirs(squashed_base)
-    started = []
-    try:
-        cell = session.execute(f"cluster = %podman_hpc cluster start --nodes 2 --time 10 {stack.base_image}")
-        assert cell.ok, cell.show()
-        started = [d for d in cluster_dirs(squashed_base) if d not in before]
-        [directory] = started
-        listened = ports(directory)
+    with doomed_cluster(squashed_base, stack.base_image, tmp_path) as (_, directory, listened):
         data = record(directory)
         for token in (data["watchdog"], data["owner"]):
             os.kill(int(token.split(":")[0]), signal.SIGKILL)
@@ -155,11 +156,6 @@ def test_the_sweep_stops_what_a_killed_kernel_and_watchdog_left(squashed_base, s
         while queued(squashed_base, data["job_id"]) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert_nothing_left(squashed_base, directory, listened)
-    finally:
-        session.kc.stop_channels()
-        session.km.cleanup_resources()
-        for directory in started:
-            run(["rm", "-rf", str(directory)])
 
 
 @pytest.fixture(scope="module")
