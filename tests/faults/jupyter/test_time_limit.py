@@ -4,25 +4,17 @@ left on any node, and the job shows TIMEOUT in the REST listing and in ``%podman
 from __future__ import annotations
 
 import pytest
-from traitlets.config import Config
 
 from jupyter_podman_hpc.slurm import Job, JobSpec
+from tests.faults.jupyter.conftest import STORE_VARS, jobs_server_config
 from tests.integration.magics.conftest import start_session
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
-STORE_VARS = ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME")
-
-
-@pytest.fixture
-def jobs_root(hpc):
-    """Where the magic's kernel ($SCRATCH, tests/integration/magics) and the server find jobs."""
-    return hpc.work / "scratch" / "podman-hpc" / "jobs"
 
 
 @pytest.fixture
 def jp_server_config(jp_root_dir, jobs_root):
-    return Config({"ServerApp": {"jpserver_extensions": {"jupyter_podman_hpc": True}},
-                   "PodmanHPC": {"job_root": str(jobs_root)}})
+    return jobs_server_config(jobs_root)
 
 
 async def test_a_step_past_its_time_limit_ends_timeout_with_no_container_left(api, hpc, stack, jobs_root, tmp_path):
