@@ -1,6 +1,7 @@
 """Fixtures shared by every test: the cluster-in-a-box and helpers to use it."""
 
 import os
+import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -47,17 +48,39 @@ class Stack:
         return path
 
 
+def unavailable(message: str):
+    """A part of the stack is missing: a failure where the stack is required, else a skip."""
+    if os.environ.get("STACK_REQUIRED"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def stack() -> Stack:
     found = Stack.from_env()
     if found is None:
-        message = "the cluster-in-a-box is not in the environment (run tests with `make test`)"
-        if os.environ.get("STACK_REQUIRED"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("the cluster-in-a-box is not in the environment (run tests with `make test`)")
     if os.geteuid() == 0:
         pytest.fail("tests that use the stack run as its unprivileged user, not root (use `make test`)")
     return found
+
+
+# Where dev/stack installs configurable-http-proxy from npm (the command below).
+CHP_PREFIX = Path("/var/cache/jph-stack/chp")
+CHP_INSTALL = f"npm install --prefix {CHP_PREFIX} configurable-http-proxy@5"
+
+
+@pytest.fixture(scope="session")
+def configurable_http_proxy() -> str:
+    """The configurable-http-proxy command a test's JupyterHub runs: $JPH_CHP, the stack's npm
+    prefix, or PATH."""
+    candidates = [os.environ.get("JPH_CHP", ""), str(CHP_PREFIX / "node_modules" / ".bin" / "configurable-http-proxy"),
+                  shutil.which("configurable-http-proxy") or ""]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    unavailable(f"configurable-http-proxy is not installed: as root, run `{CHP_INSTALL}` "
+                "(dev/stack up should), or point JPH_CHP at it")
 
 
 def run(args, *, check=True, timeout=300, **kwargs) -> subprocess.CompletedProcess:

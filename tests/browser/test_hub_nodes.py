@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.integration.kernels.conftest import http
-from tests.integration.kernels.test_jupyterhub import configurable_http_proxy  # noqa: F401 (fixture)
 from tests.integration.site.conftest import site_venv  # noqa: F401 (fixture)
 from tests.integration.site.hub import install_kernel, server_jobs, start_hub, stop_hub, timings_note
 

@@ -4,12 +4,19 @@
 engine's settings from the environment of the process that starts kernels)
 and its subprocesses (`.env`) at the squashed store holding the base image,
 and gives Jupyter throwaway data, runtime, config and kernelspec directories.
+
+The tests that reach kernels as a user does share the rest: a `jupyter server`
+(`jupyter_server`), a test JupyterHub (`HubSetup`, `Hub`; tests/integration/site
+runs the site's), and a kernel started and run over HTTP (`start_kernel`, `run_cell`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -17,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -184,6 +191,120 @@ def http(method: str, url: str, token: str, body: dict | None = None, timeout: f
         return status, {"raw": text.decode(errors="replace")}
 
 
+@contextlib.contextmanager
+def jupyter_server(site, root: Path, log_path: Path):
+    """`jupyter server` on 127.0.0.1 with a token, in the kernel site's environment, its output appended
+    to ``log_path``: (base URL, token, process)."""
+    port, token = free_port(), secrets.token_hex(16)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [str(BIN / "jupyter-server"), "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
+             f"--ServerApp.root_dir={root}"],
+            env=site.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(f"{base}/api/status", 90, process, log_path, {"Authorization": f"token {token}"})
+            yield base, token, process
+        finally:
+            stop(process)
+
+
+@dataclass
+class Hub:
+    """A running test JupyterHub, driven through its API with the service token."""
+
+    url: str
+    token: str
+    user: str
+    password: str
+    root: Path
+    log: Path
+    env: dict[str, str]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        return http(method, f"{self.url}/hub/api{path}", self.token, body)
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+    def start_server(self, profile: str | None = None, timeout: float = 300) -> str:
+        """Start the user's server, with a profile ("node" or "login") where the hub offers some;
+        its URL once ready."""
+        status, body = self.api("POST", f"/users/{self.user}/server", {"profile": profile} if profile else None)
+        assert status in (201, 202), f"{body}\n{self.log_tail()}"
+        return self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 300) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            status, model = self.api("GET", f"/users/{self.user}")
+            server = (model.get("servers") or {}).get("")
+            if server and server.get("ready"):
+                return f"{self.url}/user/{self.user}"
+            if time.monotonic() > deadline:
+                pytest.fail(f"the single-user server did not become ready: {model}\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def stop_server(self, timeout: float = 120) -> None:
+        status, body = self.api("DELETE", f"/users/{self.user}/server")
+        assert status in (202, 204), body
+        deadline = time.monotonic() + timeout
+        while True:
+            _, model = self.api("GET", f"/users/{self.user}")
+            if not (model.get("servers") or {}):
+                return
+            assert time.monotonic() < deadline, f"the server did not stop: {model}\n{self.log_tail()}"
+            time.sleep(0.5)
+
+
+@dataclass
+class HubSetup:
+    """What a test's JupyterHub needs on top of its own configuration: the proxy, the hub and the
+    proxy's API on free ports of 127.0.0.1, its state in ``root``, ``user`` the one allowed user
+    (dummy authenticator), and a service whose ``token`` drives the hub's API."""
+
+    root: Path
+    user: str
+    chp: str                     # the configurable-http-proxy command
+    service: str
+    token: str = field(default_factory=lambda: secrets.token_hex(24))
+    proxy_port: int = field(default_factory=free_port)
+    hub_port: int = field(default_factory=free_port)
+    api_port: int = field(default_factory=free_port)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy_port}"
+
+    def config(self) -> str:
+        """The ``jupyterhub_config.py`` lines for all of the above."""
+        return HUB_SETUP_CONFIG.format(proxy_port=self.proxy_port, hub_port=self.hub_port, api_port=self.api_port,
+                                      chp=self.chp, root=str(self.root), user=self.user, service=self.service,
+                                      token=self.token)
+
+
+HUB_SETUP_CONFIG = """\
+c.JupyterHub.port = {proxy_port}
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
+c.ConfigurableHTTPProxy.command = [{chp!r}]
+c.ConfigurableHTTPProxy.pid_file = {root!r} + "/proxy.pid"
+c.JupyterHub.db_url = "sqlite:///" + {root!r} + "/hub.sqlite"
+c.JupyterHub.cookie_secret_file = {root!r} + "/cookie_secret"
+c.JupyterHub.pid_file = {root!r} + "/hub.pid"
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allowed_users = {{{user!r}}}
+c.JupyterHub.services = [{{"name": {service!r}, "api_token": {token!r}}}]
+c.JupyterHub.load_roles = [{{
+    "name": {service!r},
+    "scopes": ["admin:users", "admin:servers", "access:servers", "list:users", "read:users"],
+    "services": [{service!r}],
+}}]
+"""
+
+
 async def execute_over_websocket(url: str, token: str, code: str, timeout: float = 60) -> tuple[dict, str]:
     """Send an execute_request on a kernel's /channels WebSocket; (the reply's content, stdout text)."""
     import asyncio
@@ -227,6 +348,23 @@ async def execute_over_websocket(url: str, token: str, code: str, timeout: float
         return reply, "".join(out)
     finally:
         connection.close()
+
+
+def start_kernel(server_url: str, token: str, name: str, log: Path | None = None) -> str:
+    """Start kernel ``name`` through a Jupyter server's REST API (``server_url``: a server's, or a
+    hub user's); its id. Should it fail, the tail of ``log`` (the server's or hub's) says why."""
+    status, kernel = http("POST", f"{server_url}/api/kernels", token, {"name": name})
+    assert status == 201, f"{kernel}\n{log.read_text(errors='replace')[-4000:] if log else ''}"
+    return kernel["id"]
+
+
+def run_cell(server_url: str, token: str, kernel_id: str, code: str) -> str:
+    """Run ``code`` in a kernel of a Jupyter server over its WebSocket, as a notebook does; its
+    stdout, once it ran without error."""
+    ws_url = server_url.replace("http://", "ws://", 1) + f"/api/kernels/{kernel_id}/channels"
+    reply, out = asyncio.run(execute_over_websocket(ws_url, token, code))
+    assert reply["status"] == "ok", reply
+    return out
 
 
 # --- a kernel started and driven as a front does (the provisioner's tests and those run inside) ---

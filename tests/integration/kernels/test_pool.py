@@ -11,12 +11,9 @@ next server), or when the kernelspec is removed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import secrets
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -26,7 +23,7 @@ from jupyter_podman_hpc.kernels.orphans import POOL_LABEL
 
 from tests.conftest import run
 
-from .conftest import BIN, execute_over_websocket, free_port, http, processes_mentioning, stop, wait_http
+from .conftest import BIN, execute_over_websocket, http, jupyter_server, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
@@ -37,24 +34,6 @@ app = IPKernelApp.instance()
 print(json.dumps({"cwd": os.getcwd(), "session": os.environ.get("JPY_SESSION_NAME"),
                   "file": app.connection_file, "key": json.load(open(app.connection_file))["key"]}))
 """
-
-
-@contextlib.contextmanager
-def jupyter_server(site, root: Path, log_path: Path):
-    """`jupyter server` on 127.0.0.1 in the kernel site's environment: (base URL, token, process)."""
-    port, token = free_port(), secrets.token_hex(16)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [str(BIN / "jupyter-server"), "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
-             f"--ServerApp.root_dir={root}"],
-            env=site.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_http(f"{base}/api/status", 90, process, log_path, {"Authorization": f"token {token}"})
-            yield base, token, process
-        finally:
-            stop(process)
 
 
 def pool_containers(site, kernel_name: str) -> list[str]:

@@ -4,9 +4,6 @@ a kernel that cannot start answered with its message (what JupyterLab shows)."""
 
 from __future__ import annotations
 
-import asyncio
-import secrets
-import subprocess
 import time
 import uuid
 
@@ -14,29 +11,17 @@ import pytest
 
 from tests.conftest import run
 
-from .conftest import BIN, execute_over_websocket, free_port, http, stop, wait_http
+from .conftest import BIN, http, jupyter_server, run_cell, start_kernel
 
 
 @pytest.fixture
 def server(kernel_site, tmp_path):
     """`jupyter server` on 127.0.0.1 with a token, in the kernel site's environment."""
-    port, token = free_port(), secrets.token_hex(16)
     root = tmp_path / "notebooks"
     root.mkdir()
     log_path = tmp_path / "server.log"
-    log = open(log_path, "wb")
-    process = subprocess.Popen(
-        [str(BIN / "jupyter-server"), "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
-         f"--ServerApp.root_dir={root}"],
-        env=kernel_site.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{base}/api/status", 90, process, log_path, {"Authorization": f"token {token}"})
+    with jupyter_server(kernel_site, root, log_path) as (base, token, _):
         yield base, token, log_path
-    finally:
-        stop(process)
-        log.close()
 
 
 def test_cli_kernelspec_runs_in_a_real_jupyter_server(kernel_site, server, stack):
@@ -56,16 +41,12 @@ def test_cli_kernelspec_runs_in_a_real_jupyter_server(kernel_site, server, stack
     assert logo_status == 200
 
     started = time.monotonic()
-    status, kernel = http("POST", f"{base}/api/kernels", token, {"name": "srv-base"})
-    assert status == 201, kernel
+    kernel_id = start_kernel(base, token, "srv-base", log_path)
     start_seconds = time.monotonic() - started
-    kernel_id = kernel["id"]
     assert kernel_site.container_names(kernel_id) == [f"podman-hpc-kernel-{kernel_id}"]
 
-    ws = f"ws://127.0.0.1:{base.rsplit(':', 1)[1]}/api/kernels/{kernel_id}/channels"
-    reply, out = asyncio.run(execute_over_websocket(
-        ws, token, "import os; print(open('/etc/os-release').read()); print('uid', os.getuid())"))
-    assert reply["status"] == "ok", reply
+    out = run_cell(base, token, kernel_id,
+                   "import os; print(open('/etc/os-release').read()); print('uid', os.getuid())")
     assert "VERSION_CODENAME=bookworm" in out
 
     status, _ = http("DELETE", f"{base}/api/kernels/{kernel_id}", token)

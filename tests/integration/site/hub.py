@@ -12,14 +12,10 @@ import json
 import re
 import secrets
 import subprocess
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import run
-from tests.integration.kernels.conftest import ENGINE_VARS, free_port, http, stop, wait_http
+from tests.integration.kernels.conftest import ENGINE_VARS, Hub, HubSetup, stop, wait_http
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 EXAMPLE = CHECKOUT / "examples" / "hub" / "jupyterhub_config.py"
@@ -27,73 +23,11 @@ EXAMPLE = CHECKOUT / "examples" / "hub" / "jupyterhub_config.py"
 TEST_CONFIG = """\
 c = get_config()  # noqa
 load_subconfig({example!r})
-c.JupyterHub.port = {proxy_port}
-c.JupyterHub.hub_port = {hub_port}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
-c.ConfigurableHTTPProxy.command = [{chp!r}]
-c.ConfigurableHTTPProxy.pid_file = {root!r} + "/proxy.pid"
-c.JupyterHub.db_url = "sqlite:///" + {root!r} + "/hub.sqlite"
-c.JupyterHub.cookie_secret_file = {root!r} + "/cookie_secret"
-c.JupyterHub.pid_file = {root!r} + "/hub.pid"
-c.JupyterHub.authenticator_class = "dummy"
-c.DummyAuthenticator.password = {password!r}
-c.Authenticator.allowed_users = {{{user!r}}}
+{hub_setup}c.DummyAuthenticator.password = {password!r}
 c.Authenticator.admin_users = {{{user!r}}}
 c.Spawner.environment.update({server_env!r})
 c.Spawner.notebook_dir = {notebooks!r}
-c.JupyterHub.services = [{{"name": "site-test", "api_token": {token!r}}}]
-c.JupyterHub.load_roles = [{{
-    "name": "site-test",
-    "scopes": ["admin:users", "admin:servers", "access:servers", "list:users", "read:users"],
-    "services": ["site-test"],
-}}]
 """
-
-
-@dataclass
-class Hub:
-    url: str
-    token: str
-    user: str
-    password: str
-    root: Path
-    log: Path
-    env: dict[str, str]
-    timings: dict[str, float] = field(default_factory=dict)
-
-    def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        return http(method, f"{self.url}/hub/api{path}", self.token, body)
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
-
-    def start_server(self, profile: str, timeout: float = 300) -> str:
-        """Start the user's server with a profile ("node" or "login"); its URL once ready."""
-        status, body = self.api("POST", f"/users/{self.user}/server", {"profile": profile})
-        assert status in (201, 202), f"{body}\n{self.log_tail()}"
-        return self.wait_ready(timeout)
-
-    def wait_ready(self, timeout: float = 300) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            status, model = self.api("GET", f"/users/{self.user}")
-            server = (model.get("servers") or {}).get("")
-            if server and server.get("ready"):
-                return f"{self.url}/user/{self.user}"
-            if time.monotonic() > deadline:
-                pytest.fail(f"the single-user server did not become ready: {model}\n{self.log_tail()}")
-            time.sleep(0.5)
-
-    def stop_server(self, timeout: float = 120) -> None:
-        status, body = self.api("DELETE", f"/users/{self.user}/server")
-        assert status in (202, 204), body
-        deadline = time.monotonic() + timeout
-        while True:
-            _, model = self.api("GET", f"/users/{self.user}")
-            if not (model.get("servers") or {}):
-                return
-            assert time.monotonic() < deadline, f"the server did not stop: {model}\n{self.log_tail()}"
-            time.sleep(0.5)
 
 
 def server_jobs(user: str) -> list[tuple[str, str, str]]:
@@ -117,8 +51,8 @@ def start_hub(*, stack, squashed, site_venv: Path, chp: str) -> Hub:
     for sub in ("prefix/share/jupyter", "data", "runtime", "config", "notebooks"):
         (root / sub).mkdir(parents=True)
     user = stack.user
-    token, password = secrets.token_hex(24), secrets.token_hex(8)
-    proxy_port, hub_port, api_port = free_port(), free_port(), free_port()
+    password = secrets.token_hex(8)
+    hub_setup = HubSetup(root, user, chp, "site-test")
     # the server's settings: the squashed store the test filled and node-local storage of
     # its own (podman-hpc's variables), and Jupyter directories of its own on the scratch
     server_env = {name: squashed.env[name] for name in ENGINE_VARS}
@@ -127,9 +61,8 @@ def start_hub(*, stack, squashed, site_venv: Path, chp: str) -> Hub:
                       JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"),
                       JUPYTER_PLATFORM_DIRS="0")
     (root / "jupyterhub_config.py").write_text(TEST_CONFIG.format(
-        example=str(EXAMPLE), proxy_port=proxy_port, hub_port=hub_port, api_port=api_port, chp=chp,
-        root=str(root), password=password, user=user, server_env=server_env,
-        notebooks=str(root / "notebooks"), token=token))
+        example=str(EXAMPLE), hub_setup=hub_setup.config(), password=password, user=user, server_env=server_env,
+        notebooks=str(root / "notebooks")))
     env = {key: value for key, value in squashed.env.items()
            if not key.startswith("JUPYTER") and key not in ENGINE_VARS}
     env.update(PATH=f"{site_venv}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
@@ -140,7 +73,7 @@ def start_hub(*, stack, squashed, site_venv: Path, chp: str) -> Hub:
         process = subprocess.Popen([str(site_venv / "bin" / "jupyterhub"), "-f", str(root / "jupyterhub_config.py")],
                                    cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL)
-    hub = Hub(f"http://127.0.0.1:{proxy_port}", token, user, password, root, log, env)
+    hub = Hub(hub_setup.url, hub_setup.token, user, password, root, log, env)
     hub.process = process  # type: ignore[attr-defined]
     wait_http(f"{hub.url}/hub/api", 120, process, log)
     return hub

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
 from tests.integration.kernels.conftest import execute_over_websocket, http
-from tests.integration.kernels.test_jupyterhub import configurable_http_proxy  # noqa: F401 (fixture)
 
 from .hub import install_kernel, server_jobs, start_hub, stop_hub, timings_note
 
@@ -30,7 +28,7 @@ KERNEL = "site-base"
 
 
 @pytest.fixture
-def hub(stack, squashed_base, site_venv, configurable_http_proxy):  # noqa: F811
+def hub(stack, squashed_base, site_venv, configurable_http_proxy):
     instance = start_hub(stack=stack, squashed=squashed_base, site_venv=site_venv, chp=configurable_http_proxy)
     install_kernel(instance, site_venv, stack.base_image, KERNEL, "Base image (site)")
     try:
