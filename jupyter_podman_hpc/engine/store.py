@@ -18,21 +18,16 @@ containers/storage takes, and the lock files get a new "last writer" token
 so a long-running podman notices the change.
 
 A store whose directory has the setgid bit is a *project store*: its group
-shares it. Everything written into it gets the group's read permission
-(and write permission when the directory is group-writable, so every
-member migrates into it under the same locks), and nothing for others.
-A store that exists but cannot be read is refused with one line naming it
-and why, before podman sees it (``storeaccess.readable_stores``).
+shares it, and what is written into it gets the modes ``sharing.Sharing``
+says. A store that exists but cannot be read is refused with one line
+naming it and why, before podman sees it (``storeaccess.readable_stores``).
 
 Every member of a group-writable store can write its records and its
 directories, so nothing read from it is trusted as a path: records are
 checked as they are read (``records``), every file is reached from a
-directory descriptor without following links (``storefs``), new
-directories are sticky (3770: a member cannot rename, replace or remove
-another's files; the two record directories excepted), squash files are
-0640 (written once, by their maker), and each squash file's sha256 is
-recorded in its image record and checked before a node first uses it
-(``squashcheck``).
+directory descriptor without following links (``storefs``), and each
+squash file's sha256 is recorded in its image record and checked before a
+node first uses it (``squashcheck``).
 """
 
 from __future__ import annotations
@@ -57,6 +52,7 @@ from .files import atomic_write
 from .graphroot import GraphRoot
 from .private import describe, describe_access, user_name
 from .records import image_ok, is_id, is_link, layer_ok, set_squash_digest, split, squash_digest
+from .sharing import Sharing
 from .squashcheck import VerifiedFiles
 from .storefs import EntryRefused, Tree, make_dirs
 
@@ -81,45 +77,6 @@ class StoredImage:
     def as_dict(self) -> dict:
         return {"id": self.id, "names": list(self.names), "digest": self.digest,
                 "created": self.created, "size": self.size, "squash_file": self.squash_file}
-
-
-@dataclass(frozen=True)
-class Sharing:
-    """The modes a store's new files and directories get."""
-
-    group: bool = False        # a project store: its group reads it
-    group_write: bool = False  # ... and writes it
-
-    @classmethod
-    def of(cls, root: Path) -> "Sharing":
-        """Read from the store's directory (or, before it exists, from its parent's setgid bit)."""
-        for directory in (root, root.parent):
-            try:
-                mode = directory.stat().st_mode
-            except OSError:
-                continue
-            if not mode & stat.S_ISGID:
-                return cls()
-            return cls(group=True, group_write=bool(mode & stat.S_IWGRP))
-        return cls()
-
-    def file_mode(self) -> int | None:
-        """None for a personal store: the user's umask decides, as before."""
-        return (0o660 if self.group_write else 0o640) if self.group else None
-
-    def squash_mode(self) -> int | None:
-        """Squash files are written once, by the member who squashes: the group only reads them."""
-        return 0o640 if self.group else None
-
-    def dir_mode(self, records: bool = False) -> int | None:
-        """Sticky (3770) in a group-writable store, so that members cannot rename, replace or
-        remove each other's files; the record directories stay 2770, since every member
-        replaces ``images.json`` and ``layers.json`` (rename over them) when it writes."""
-        if not self.group:
-            return None
-        if not self.group_write:
-            return 0o2750
-        return 0o2770 if records else 0o3770
 
 
 # The store's directories, as parts below its root.

@@ -5,7 +5,7 @@ stores in the configured order (``configured_stores``). A store that is
 missing is left out; one that exists but is closed to this user is refused
 with one line naming it and why, before podman sees it (``readable_stores``).
 A project store is a store whose directory has the setgid bit: its group
-shares it (the modes its files get are ``store.Sharing``'s). The on-disk
+shares it (the modes its files get are ``sharing.Sharing``'s). The on-disk
 format of a store is ``engine.store``'s.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .errors import EngineError, PermissionDenied
 from .private import describe_access, group_name
-from .store import Sharing, SquashStore, StoredImage
+from .sharing import Sharing
+from .store import SquashStore, StoredImage
 from .storefs import make_dirs
 
 
