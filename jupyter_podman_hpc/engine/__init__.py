@@ -28,7 +28,7 @@
 - ``join``: running a task inside the node's container by joining its namespaces
 - ``service``: the per-user Podman REST service and clients of it
 - ``servicestream``: that service's streamed events, its errors, and cancelling what it streams
-- ``servicesweep``: private services whose caller died (a server SIGKILLed mid-build) stopped, their build containers removed
+- ``servicesweep``: private services of callers that died (a server SIGKILLed mid-build) stopped, with what they left
 - ``taskrecords``: each background task's state on disk, so the next server lists one cut short as interrupted
 - ``progress``: progress events of long operations (pull, build, squash, job wait)
 - ``runplan``: how a container run is planned, once for the CLI, the magics and kernels
