@@ -423,6 +423,14 @@ def forward_signals(child: int) -> None:
         _signal.signal(signum, forward)
 
 
+def default_signals() -> None:
+    """In a child about to exec a task's command: SIGPIPE and SIGXFSZ back to their defaults.
+    Python ignores both, and an ignored signal stays ignored across exec (subprocess undoes it
+    with restore_signals): a rank's ``yes | head`` would never end, yes getting EPIPE for ever."""
+    for signum in (_signal.SIGPIPE, _signal.SIGXFSZ):
+        _signal.signal(signum, _signal.SIG_DFL)
+
+
 def wait_forwarding(child: int) -> int:
     """Wait for ``child``, passing it the signals a task gets; its exit code (128 + N for signal N)."""
     forward_signals(child)
@@ -470,6 +478,7 @@ def exec_and_wait(argv: list[str], env: dict, environ, log=None) -> int:
     child = os.fork()
     if child == 0:
         try:
+            default_signals()
             os.execve(argv[0], argv, env)
         except OSError as err:
             os.write(2, f"Error: podman not found: {argv[0]} ({err.strerror})\n".encode())

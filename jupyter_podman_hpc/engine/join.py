@@ -28,7 +28,7 @@ from _collections_abc import Mapping, Sequence  # collections.abc's, loaded with
 # is on every joining task's path and imports only what is built in or already loaded
 from _signal import pidfd_send_signal
 
-from ..stepsocket import wait_forwarding
+from ..stepsocket import default_signals, wait_forwarding
 
 JOIN_FAILED = 125  # podman's code for errors of the tool itself
 
@@ -268,6 +268,7 @@ def join_and_run(pidfd: int, command: Sequence[str], env_overrides: Mapping[str,
         _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     child = os.fork()  # the pid namespace applies to children
     if child == 0:
+        default_signals()  # as podman exec starts it
         err = _exec(list(command), env)
         os.write(2, f"{command[0]}: {err.strerror}\n".encode())
         os._exit(127 if isinstance(err, FileNotFoundError) else 126)
