@@ -12,20 +12,21 @@ SIGKILL the service is first seen still running (what the next server's sweep is
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
-import os
-import secrets
 import signal
 import subprocess
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.faults.conftest import one_line
-from tests.integration.kernels.conftest import BIN, free_port, http, processes_mentioning, wait_http
+from tests.integration.kernels.conftest import http, jupyter_server, processes_mentioning
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 SLOW = 256 << 10   # bytes per second of the pushed image's 12 MB layer: the pull takes about 45 s
@@ -63,31 +64,18 @@ class Server:
 @pytest.fixture
 def servers(hpc, registry_front, tmp_path):
     """Starts ``jupyter server`` processes in the test storage's environment; stops what is left."""
-    started: list[Server] = []
     root = tmp_path / "notebooks"
     root.mkdir()
-    env = {**hpc.env, "CONTAINERS_REGISTRIES_CONF": str(registry_front.conf),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    site = SimpleNamespace(env={**hpc.env, "CONTAINERS_REGISTRIES_CONF": str(registry_front.conf),
+                                "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")})
+    numbers = itertools.count()
+    with contextlib.ExitStack() as running:
+        def start() -> Server:
+            log_path = tmp_path / f"server-{next(numbers)}.log"
+            base, token, process = running.enter_context(jupyter_server(site, root, log_path))
+            return Server(process, base, token, log_path)
 
-    def start() -> Server:
-        port, token = free_port(), secrets.token_hex(16)
-        log_path = tmp_path / f"server-{len(started)}.log"
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [str(BIN / "jupyter-server"), "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-                 "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-                 "--ServerApp.open_browser=False", f"--ServerApp.root_dir={root}"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        server = Server(process, f"http://127.0.0.1:{port}", token, log_path)
-        started.append(server)
-        wait_http(f"{server.base}/api/status", 90, process, log_path, {"Authorization": f"token {token}"})
-        return server
-
-    yield start
-    for server in started:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait()
+        yield start
 
 
 def services(hpc) -> list[str]:
