@@ -4,11 +4,14 @@ Every image store podman uses has this layout (``overlay-images/images.json``,
 ``overlay-layers/layers.json``, ``overlay/<layer>/link``): the node-local
 storage, and each squashed store (``engine.store`` writes those). Records are
 checked as they are read (``records``); ``find`` is the one place a reference
-or an id is matched against them.
+or an id is matched against them, and ``stored_command`` reads an image's
+ENTRYPOINT and CMD without podman.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from pathlib import Path
 
@@ -90,3 +93,32 @@ class GraphRoot:
 
 
 __all__ = ["GraphRoot"]
+
+
+def stored_command(storages: list[str], ref: str) -> tuple[list[str] | None, list[str] | None] | None:
+    """The ENTRYPOINT and CMD of the image podman runs for ``ref``, from the storages' own
+    records, searched in podman's order (the node-local graph root, then the squashed
+    stores); None when that takes podman (a short name, an id, no readable record).
+
+    A shared-run step reads them here instead of running ``podman image inspect``
+    beside the node container's start: on a node of few cores that is a second
+    podman process competing with the first.
+    """
+    if reference.is_image_id(ref) or not reference.is_qualified(ref):
+        return None  # podman's short-name resolution and id prefixes stay podman's
+    for storage in storages:
+        record = GraphRoot(storage).find(ref)
+        if record is None:
+            continue
+        tree = Tree(storage)
+        key = base64.b64encode(f"sha256:{record['id']}".encode()).decode()
+        try:
+            data = tree.read(IMAGES + (record["id"],), f"={key}")
+            # the image id is the config's digest: a config changed in a shared store is podman's to refuse
+            if data is None or hashlib.sha256(data).hexdigest() != record["id"]:
+                return None
+            config = json.loads(data).get("config") or {}
+        except (OSError, ValueError, AttributeError, EngineError):
+            return None
+        return config.get("Entrypoint"), config.get("Cmd")
+    return None

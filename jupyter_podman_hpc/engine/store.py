@@ -32,11 +32,9 @@ node first uses it (``squashcheck``).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import stat
@@ -49,7 +47,7 @@ from . import reference
 from .commands import LOGGER
 from .errors import ConfigError, EngineError, ImageNotFound, PermissionDenied
 from .files import atomic_write
-from .graphroot import GraphRoot
+from .graphroot import IMAGES, GraphRoot
 from .private import describe, describe_access, user_name
 from .records import image_ok, is_id, is_link, layer_ok, set_squash_digest, split, squash_digest
 from .sharing import Sharing
@@ -80,7 +78,6 @@ class StoredImage:
 
 
 # The store's directories, as parts below its root.
-IMAGES = ("overlay-images",)
 LAYERS = ("overlay-layers",)
 OVERLAY = ("overlay",)
 LINKS = ("overlay", "l")
@@ -548,32 +545,3 @@ class SquashStore:
 def _touch(fd: int) -> None:
     """Write a new last-writer token, as containers/storage's lockfile Touch() does."""
     os.pwrite(fd, os.urandom(32).hex().encode(), 0)  # secrets.token_hex, without its import cost
-
-
-def stored_command(storages: list[str], ref: str) -> tuple[list[str] | None, list[str] | None] | None:
-    """The ENTRYPOINT and CMD of the image podman runs for ``ref``, from the storages' own
-    records, searched in podman's order (the node-local graph root, then the squashed
-    stores); None when that takes podman (a short name, an id, no readable record).
-
-    A shared-run step reads them here instead of running ``podman image inspect``
-    beside the node container's start: on a node of few cores that is a second
-    podman process competing with the first.
-    """
-    if reference.is_image_id(ref) or not reference.is_qualified(ref):
-        return None  # podman's short-name resolution and id prefixes stay podman's
-    for storage in storages:
-        record = GraphRoot(storage).find(ref)
-        if record is None:
-            continue
-        tree = Tree(storage)
-        key = base64.b64encode(f"sha256:{record['id']}".encode()).decode()
-        try:
-            data = tree.read(IMAGES + (record["id"],), f"={key}")
-            # the image id is the config's digest: a config changed in a shared store is podman's to refuse
-            if data is None or hashlib.sha256(data).hexdigest() != record["id"]:
-                return None
-            config = json.loads(data).get("config") or {}
-        except (OSError, ValueError, AttributeError, EngineError):
-            return None
-        return config.get("Entrypoint"), config.get("Cmd")
-    return None

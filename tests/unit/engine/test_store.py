@@ -10,7 +10,8 @@ import pytest
 
 from jupyter_podman_hpc.engine.errors import PermissionDenied
 from jupyter_podman_hpc.engine.records import SQUASH_DIGEST
-from jupyter_podman_hpc.engine.store import SquashStore, stored_command
+from jupyter_podman_hpc.engine.graphroot import stored_command
+from jupyter_podman_hpc.engine.store import SquashStore
 from jupyter_podman_hpc.engine.storeaccess import make_store_dir, store_access
 
 
