@@ -22,12 +22,12 @@ import socket
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import commands
+from . import commands, processes
 from .errors import EngineError, PermissionDenied
 from .podman import Podman
 from .stepcontext import StepContext, step_context
 from .stepmonitor import IMAGE_COMMAND, MONITOR_LOG, ContainerStart, start_monitor
-from .store import stored_command
+from .graphroot import stored_command
 from .storeaccess import configured_stores
 from .taskplan import RunningContainer, split_options, task_command, task_plan
 from .join import run_joined
@@ -80,7 +80,8 @@ def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart
             kind, sock = stepsocket.rendezvous(address)
             listener, connection = (sock, None) if kind == "listener" else (None, sock)
         if listener is not None:
-            start_monitor(podman, directory, listener, name, start, context.tasks_on_node)
+            start_monitor(podman, directory, listener, name, start, context.tasks_on_node,
+                          processes.ancestor_pidfd("slurmstepd"))
             kind, connection = stepsocket.rendezvous(address)
             if kind == "listener":  # nobody holds the address: the monitor is gone already
                 connection.close()

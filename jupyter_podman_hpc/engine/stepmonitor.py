@@ -49,8 +49,9 @@ IMAGE_COMMAND = "{{json .Config.Entrypoint}}\t{{json .Config.Cmd}}"
 
 
 def start_monitor(podman: Podman, directory: Path, listener, name: str, start: ContainerStart,
-                   tasks: int) -> None:
-    """Fork the detached monitor, which takes over the step's listening socket."""
+                   tasks: int, step_daemon: int | None) -> None:
+    """Fork the detached monitor, which takes over the step's listening socket and
+    ``step_daemon``, a pidfd of the node's slurmstepd for the step (if known)."""
     pid = os.fork()
     if pid == 0:
         try:
@@ -64,17 +65,19 @@ def start_monitor(podman: Podman, directory: Path, listener, name: str, start: C
             os.dup2(devnull, 0)
             os.dup2(log, 1)
             os.dup2(log, 2)
-            keep = listener.fileno()
-            os.closerange(3, keep)
-            os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+            keep = sorted(fd for fd in (listener.fileno(), step_daemon) if fd is not None)
+            for low, high in zip([2, *keep], [*keep, os.sysconf("SC_OPEN_MAX")]):
+                os.closerange(low + 1, high)
             code = StepMonitor(podman, directory, socket.socket(fileno=listener.detach()), name, start,
-                               tasks).run()
+                               tasks, step_daemon).run()
         except BaseException:
             import traceback
             traceback.print_exc()
             code = 1
         os._exit(code)
     listener.close()
+    if step_daemon is not None:
+        os.close(step_daemon)
     os.waitpid(pid, 0)
 
 
@@ -84,13 +87,16 @@ class StepMonitor:
     REMOVE_ATTEMPTS = 5
 
     def __init__(self, podman: Podman, directory: Path, listener: socket.socket, name: str,
-                 start: ContainerStart, tasks: int):
+                 start: ContainerStart, tasks: int, step_daemon: int | None = None):
         self.podman = podman
         self.directory = directory
         self.listener = listener
         self.name = name
         self.start = start
         self.tasks = tasks
+        # readable once the step has ended on this node: every task is gone, also one killed
+        # (scancel, time limit) before it connected, which no connection would ever tell us
+        self.step_daemon = step_daemon
         self.selector = selectors.DefaultSelector()
         self.finished = 0
         self.state: dict = {}  # what every task hears first: {"ready": RunningContainer} or {"failed": why}
@@ -99,14 +105,18 @@ class StepMonitor:
         self.buffers: dict[socket.socket, bytes] = {}
         self.counted: set[socket.socket] = set()  # connections that spoke: tasks (a check's retry is not)
         self.keep_alive: int | None = None  # a pidfd of the container's first process (no pid reuse)
+        self.serving = False
+        self.stopped_by: int | None = None  # the signal that asked this monitor to end the step
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(128 + signal.SIGTERM)))
+        signal.signal(signal.SIGTERM, self._on_signal)
         # listen() again: a connecting task's SO_PEERCRED names the process that listened
         # last, which must be this one, alive until the step ends (not the first task)
         self.listener.listen(stepsocket.BACKLOG)
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ)
+        if self.step_daemon is not None:
+            self.selector.register(self.step_daemon, selectors.EVENT_READ)
         try:
             # made here, not by the first task: a task killed (scancel) before the monitor takes
             # over then leaves no step directory behind, and this one is removed below however
@@ -115,14 +125,25 @@ class StepMonitor:
             self.state = self._start_container()
             if "failed" in self.state:
                 self._log(self.state["failed"])
-            self._serve()
+            if self.stopped_by is None:
+                self._serve()
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_IGN)  # the clean-up runs to its end
             self._remove_container()
             self.listener.close()
             shutil.rmtree(self.directory, ignore_errors=True)
+            if self.stopped_by is not None:
+                self._log(f"stopped by {signal.Signals(self.stopped_by).name}: container removed")
         return 0 if "ready" in self.state else 1
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        """A signal (scancel reaching the monitor) ends the step here at a safe point: while it
+        serves, or once the container has started, never in the middle of ``podman run``,
+        which killed there could make the container after our ``podman rm``."""
+        self.stopped_by = signum
+        if self.serving:
+            raise SystemExit(128 + signum)
 
     def _log(self, message: str) -> None:
         print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {self.name}: {message}", flush=True)
@@ -180,6 +201,9 @@ class StepMonitor:
 
     def _serve(self) -> None:
         """Until every task of the node has come and gone (or nobody is left and nobody comes)."""
+        self.serving = True
+        if self.stopped_by is not None:  # arrived between the check in run and here
+            return
         idle_limit = max(self.podman.config.wait_timeout * 6, 60.0)
         last_change = time.monotonic()
         while self.finished < self.tasks:
@@ -189,6 +213,12 @@ class StepMonitor:
                 self._log(f"no task connected for {idle_limit:.0f} s: removing the container")
                 return
             for key, _ in events:
+                if key.fileobj == self.step_daemon:
+                    if self.finished < self.tasks:
+                        self._log(f"the step ended on this node with {self.tasks - self.finished} of its "
+                                  f"{self.tasks} tasks not finished here ({len(self.buffers)} connections "
+                                  f"still open): removing the container")
+                    return
                 if key.fileobj is self.listener:
                     self._accept()
                 elif not self._read(key.fileobj):  # the task ended

@@ -57,9 +57,10 @@ class Hpc:
     def srun(self, *args, check: bool = True, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
         return self.sh("srun", *args, check=check, timeout=timeout, **kwargs)
 
-    def on_each_node(self, *command, check: bool = True) -> dict[str, str]:
-        """Run a command once on every node; its output by node name."""
-        result = self.srun(f"-N{len(self.stack.nodes)}", "--ntasks-per-node=1", "--label",
+    def on_each_node(self, *command, check: bool = True, job: str | None = None) -> dict[str, str]:
+        """Run a command once on every node (in ``job``'s allocation, if given); its output by node name."""
+        inside = ["--jobid", job, "--overlap"] if job else []
+        result = self.srun(*inside, f"-N{len(self.stack.nodes)}", "--ntasks-per-node=1", "--label",
                            "sh", "-c", 'echo "@$SLURMD_NODENAME"; exec "$@"', "sh", *command, check=check)
         outputs: dict[str, list[str]] = {}
         by_task: dict[str, list[str]] = {}
@@ -70,7 +71,7 @@ class Hpc:
             outputs[lines[0].lstrip("@")] = lines[1:]
         return {node: "\n".join(lines) for node, lines in outputs.items()}
 
-    def leftovers(self, within: float = 30) -> dict[str, str]:
+    def leftovers(self, within: float = 30, job: str | None = None) -> dict[str, str]:
         """Per node: this storage's containers, step directories, pid files and mounts that
         remain once the nodes have had up to ``within`` seconds to clean up (a step's monitor
         removes its container after the step's tasks have ended, so after srun returns)."""
@@ -81,7 +82,7 @@ class Hpc:
                   '-e "$PODMANHPC_SQUASH_UNPACK_DIR" | sed "s/^/mount /"; true')
         deadline = time.monotonic() + within
         while True:
-            outputs = self.on_each_node("sh", "-c", script)
+            outputs = self.on_each_node("sh", "-c", script, job=job)
             assert sorted(outputs) == list(self.stack.nodes)
             remaining = {node: text for node, text in outputs.items() if text.strip()}
             if not remaining or time.monotonic() > deadline:

@@ -60,3 +60,19 @@ def test_wait_any_returns_the_first_process_to_exit_or_a_wake_up():
         for child in sleepers:
             child.kill()
             child.wait()
+
+
+def test_ancestor_pidfd_finds_the_nearest_ancestor_by_name(tmp_path):
+    """As the first task finds its step's slurmstepd: a shell renamed so stands in for it."""
+    stepd = tmp_path / "slurmstepd"
+    stepd.symlink_to("/bin/sh")  # the kernel names a process after the file it executes
+    probe = ("import os; from jupyter_podman_hpc.engine import processes; "
+             "fd = processes.ancestor_pidfd('slurmstepd'); "
+             "print(os.getppid(), fd is not None and "
+             "[l.split()[1] for l in open(f'/proc/self/fdinfo/{fd}') if l.startswith('Pid:')][0], "
+             "processes.ancestor_pidfd('no-such-ancestor'))")
+    out = subprocess.run([str(stepd), "-c", f'"$0" -c "$1"; true', sys.executable, probe],
+                         capture_output=True, text=True, check=True).stdout.split()
+    parent, found, missing = out
+    assert found == parent  # the shell called slurmstepd, through its pidfd
+    assert missing == "None"
