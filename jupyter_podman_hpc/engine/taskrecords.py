@@ -1,18 +1,18 @@
-"""A small record on disk of each background task (a pull, a build, a squash) and how it ended.
+"""A small record on disk of each running background task (a pull, a build, a squash).
 
 A Jupyter server keeps its tasks in memory; one that is killed or restarted in
 the middle of a build would leave the next server knowing nothing of it, and
 the user watching a task that never ends. So each task's state is also written,
 as it changes, to ``<run_root>/podman-hpc-tasks/<id>.json`` (a directory the
 engine makes or verifies as the user's own, files written atomically, mode
-0600), with the owner token of the process running it. The next process to
-``recover()`` them marks every task still queued or running whose owner is gone
-as ``interrupted``, with one line saying so. Records of live owners (another
-server of the same user) are theirs and left alone. Only regular files of the
-user's own that nobody else may write are read; the rest are skipped.
-
-Finished records of dead owners are kept for the task lists of the next servers,
-the newest ``KEEP`` of them and none older than ``KEEP_SECONDS``.
+0600), with the owner token of the process running it; a task that ends is
+removed, unless it ended ``interrupted`` (its server stopped while it ran). The
+next process to ``recover()`` them gets every task whose owner is gone and that
+was queued, running or interrupted, as ``interrupted`` with one line saying so,
+to list once: the records of owners that are gone are removed then. Records of
+live owners (another server of the same user) are theirs and left alone. Only
+regular files of the user's own that nobody else may write are read; the rest
+are skipped.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from .private import private_dir
 DIRECTORY = "podman-hpc-tasks"
 INTERRUPTED = "interrupted"
 UNFINISHED = ("queued", "running")
-KEEP = 50
-KEEP_SECONDS = 7 * 24 * 3600
 _ID = re.compile(r"^[0-9a-f]{6,32}$")
 _MAX_BYTES = 64 << 10
 
@@ -88,22 +86,20 @@ class TaskRecords:
         return sorted(found, key=lambda r: r.created, reverse=True)
 
     def recover(self, now: float | None = None) -> list[TaskRecord]:
-        """The records of owners that are gone, the unfinished ones marked interrupted (and written
-        so), newest first; old finished ones beyond what is kept are removed."""
+        """The tasks that owners now gone left unfinished or interrupted, as interrupted, newest
+        first, for the caller to list; every record of an owner that is gone is removed."""
         now = time.time() if now is None else now
-        dead = [r for r in self.read_all() if not processes.owner_alive(r.owner)]
-        for record in dead:
+        interrupted = []
+        for record in self.read_all():
+            if processes.owner_alive(record.owner):
+                continue
             if record.state in UNFINISHED:
                 record.state, record.finished = INTERRUPTED, now
                 record.error = interrupted_message(record)
-                self.write(record)
-        kept = []
-        for record in dead:
-            if len(kept) < KEEP and now - (record.finished or record.created) <= KEEP_SECONDS:
-                kept.append(record)
-            else:
-                self.remove(record.id)
-        return kept
+            if record.state == INTERRUPTED:
+                interrupted.append(record)
+            self.remove(record.id)
+        return interrupted
 
 
 def _read(path: Path) -> TaskRecord | None:

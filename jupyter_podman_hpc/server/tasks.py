@@ -167,10 +167,14 @@ class TaskManager:
         self._persist(task)
 
     def _persist(self, task: Task) -> None:
-        """The task's state in its record (a failure to write is logged, the task goes on)."""
+        """The task's state in its record, removed once it ended but interrupted (a failure to
+        write is logged, the task goes on)."""
         if self._records is None:
             return
         try:
+            if task.state in FINISHED and task.state != INTERRUPTED:
+                self._records.remove(task.id)
+                return
             self._records.write(TaskRecord(task.id, task.kind, task.title, task.state, task.created, self._owner,
                                            task.finished, task.error))
         except OSError as err:

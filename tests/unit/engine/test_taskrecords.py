@@ -12,8 +12,7 @@ import pytest
 
 from jupyter_podman_hpc.engine import processes
 from jupyter_podman_hpc.engine.errors import EngineError
-from jupyter_podman_hpc.engine.taskrecords import (INTERRUPTED, KEEP, KEEP_SECONDS, TaskRecord, TaskRecords,
-                                                   interrupted_message)
+from jupyter_podman_hpc.engine.taskrecords import INTERRUPTED, TaskRecord, TaskRecords, interrupted_message
 
 
 def dead_owner() -> str:
@@ -44,12 +43,13 @@ def test_a_record_is_an_owner_only_file_in_a_private_directory(records, tmp_path
     assert [p.name for p in path.parent.iterdir()] == ["abc123.json"]  # no temporary file left
 
 
-def test_a_dead_owners_running_task_is_interrupted_with_one_line_and_a_live_owners_is_not(records):
+def test_a_dead_owners_unfinished_tasks_are_interrupted_with_one_line_and_a_live_owners_are_not(records):
     gone = dead_owner()
     records.write(record("aaa111", gone, "running"))
     records.write(record("bbb222", gone, "queued"))
-    records.write(record("ccc333", gone, "failed", finished=time.time(), error="cannot pull x: no such image"))
-    records.write(record("ddd444", processes.owner_token(), "running"))  # another live server's
+    records.write(record("ccc333", gone, INTERRUPTED, finished=time.time(), error="stopped by SIGTERM"))
+    records.write(record("ddd444", gone, "failed", finished=time.time(), error="cannot pull x: no such image"))
+    records.write(record("eee555", processes.owner_token(), "running"))  # another live server's
 
     recovered = {r.id: r for r in records.recover()}
     assert set(recovered) == {"aaa111", "bbb222", "ccc333"}
@@ -59,21 +59,10 @@ def test_a_dead_owners_running_task_is_interrupted_with_one_line_and_a_live_owne
                             "start it again"
     assert len(running.error.splitlines()) == 1
     assert recovered["bbb222"].state == INTERRUPTED
-    assert recovered["ccc333"].state == "failed" and recovered["ccc333"].error == "cannot pull x: no such image"
-    # written back: the next server reads it as interrupted too, the live one's record is untouched
-    on_disk = {r.id: r.state for r in records.read_all()}
-    assert on_disk == {"aaa111": INTERRUPTED, "bbb222": INTERRUPTED, "ccc333": "failed", "ddd444": "running"}
-
-
-def test_old_and_surplus_finished_records_are_pruned(records):
-    gone, now = dead_owner(), time.time()
-    records.write(record("01d000", gone, "succeeded", created=now - KEEP_SECONDS - 60,
-                         finished=now - KEEP_SECONDS - 10))
-    for n in range(KEEP + 3):
-        records.write(record(f"{n:06x}a", gone, "succeeded", created=now - n, finished=now - n))
-    kept = records.recover(now)
-    assert len(kept) == KEEP and kept[0].id == "000000a"
-    assert len(records.read_all()) == KEEP and "01d000" not in {r.id for r in records.read_all()}
+    assert recovered["ccc333"].error == "stopped by SIGTERM"  # as its server recorded it
+    # listed once: the dead owners' records are gone, the live one's is untouched
+    assert [(r.id, r.state) for r in records.read_all()] == [("eee555", "running")]
+    assert records.recover() == []
 
 
 @pytest.mark.parametrize("spoil", ["group-writable", "symlink", "garbage", "wrong-name", "wrong-types"])

@@ -27,12 +27,19 @@ def wait_state(task, states, timeout=10.0):
         time.sleep(0.02)
 
 
-def test_each_state_of_a_task_is_recorded(records):
+def test_a_running_task_is_recorded_and_its_record_removed_when_it_ends(records):
     manager = TaskManager(records=records)
-    task = manager.start("pull", "pull localhost/a:1", lambda progress, cancel: {"id": "x"})
-    wait_state(task, ("succeeded",))
+    release = threading.Event()
+    task = manager.start("pull", "pull localhost/a:1", lambda progress, cancel: release.wait(10) and {"id": "x"})
+    wait_state(task, ("running",))
+    deadline = time.monotonic() + 5  # the state is set, then written
+    while [r.state for r in records.read_all()] != ["running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
     on_disk = records.read_all()
-    assert [(r.id, r.state, r.owner) for r in on_disk] == [(task.id, "succeeded", processes.owner_token())]
+    assert [(r.id, r.state, r.owner) for r in on_disk] == [(task.id, "running", processes.owner_token())]
+    release.set()
+    wait_state(task, ("succeeded",))
+    assert records.read_all() == []
     manager.shutdown(grace=1)
 
 
