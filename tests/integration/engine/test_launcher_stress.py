@@ -22,7 +22,7 @@ SIZES = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (4, 2), (2, 1), (1, 1),
 CANCEL_EVERY = 10
 
 
-def wait_running(job, env, timeout=120):
+def wait_running(job, env, timeout=300):  # generous: another job may hold the nodes a while
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, check=False).stdout.strip()
@@ -58,12 +58,6 @@ def cancel_when_up(job, name, env, deadline, settle=1.5):
     return False
 
 
-# Known defect, open (stop 29): in 2 of 3 runs on 2026-12-02 one cancelled step left its step
-# directory on one node (e.g. 'stepdir 728.149.n2') past the 60 s wait; the step directory is now
-# made by the monitor itself (not the first task), which did not stop it. Reported as xfailed,
-# never as passed, until the cause is found; the other checks of this test still run in it.
-@pytest.mark.xfail(reason="a cancelled step sometimes leaves its step directory (open, see the stop 29 note)",
-                   strict=False)
 @pytest.mark.timeout(1500)  # 200 steps: minutes on a quiet machine, more under load
 def test_200_mixed_steps_some_cancelled_leave_nothing_behind(squashed_tiny, stack):
     hpc = squashed_tiny
