@@ -1,8 +1,11 @@
-"""Writing a file so that readers see the old content or the new one, never a part of it."""
+"""The user's own small files: written so that readers see the old content or the new one,
+never a part of it, and read back only when nobody else could have made or changed them."""
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 from pathlib import Path
 
 
@@ -36,3 +39,23 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int | None = 
         except FileNotFoundError:
             pass
         raise
+
+
+def read_own_json(path: str | os.PathLike, limit: int = 1 << 16):
+    """The JSON value in ``path`` when it is this user's regular file, writable by nobody else
+    and at most ``limit`` bytes; None otherwise (missing, a link, planted, too big, not JSON).
+    Opened without following a link and checked through the descriptor it is read from."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022 \
+                or st.st_size > limit:
+            return None
+        return json.loads(os.read(fd, limit))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)

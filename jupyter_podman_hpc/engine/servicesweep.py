@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import signal
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Mapping
 from . import processes
 from .config import SiteConfig
 from .errors import EngineError
+from .files import read_own_json
 from .podman import Podman
 from .service import OWNER_SUFFIX
 
@@ -66,23 +66,14 @@ def read_owners(run_root: str | os.PathLike) -> list[ServiceOwner]:
 
 
 def _read_owner(path: Path) -> ServiceOwner | None:
+    data = read_own_json(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            return None
-        data = json.loads(os.read(fd, 65536))
         socket = Path(str(data["socket"]))
         if socket.parent != path.parent or not socket.name.startswith("podman-hpc-op-"):
             return None  # a record names only a socket beside it
         return ServiceOwner(path, str(data["caller"]), str(data["service"]), str(socket), float(data["started"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
-    finally:
-        os.close(fd)
 
 
 def sweep(config: SiteConfig, environ: Mapping[str, str] | None = None) -> list[str]:

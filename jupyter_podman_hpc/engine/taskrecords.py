@@ -21,13 +21,12 @@ import contextlib
 import json
 import os
 import re
-import stat
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from . import processes
-from .files import atomic_write
+from .files import atomic_write, read_own_json
 from .private import private_dir
 
 DIRECTORY = "podman-hpc-tasks"
@@ -103,16 +102,8 @@ class TaskRecords:
 
 
 def _read(path: Path) -> TaskRecord | None:
+    data = read_own_json(path, _MAX_BYTES)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022 \
-                or st.st_size > _MAX_BYTES:
-            return None
-        data = json.loads(os.read(fd, _MAX_BYTES))
         names = {f.name for f in fields(TaskRecord)}
         record = TaskRecord(**{k: v for k, v in data.items() if k in names})
         texts = (record.id, record.kind, record.title, record.state, record.owner)
@@ -120,10 +111,8 @@ def _read(path: Path) -> TaskRecord | None:
                 or not _ID.match(record.id) or path.name != f"{record.id}.json":
             return None
         return record
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         return None
-    finally:
-        os.close(fd)
 
 
 __all__ = ["INTERRUPTED", "TaskRecord", "TaskRecords", "interrupted_message"]

@@ -1,4 +1,5 @@
-"""One write-temp-then-rename helper for the store, jobs, podman's caches and modules."""
+"""The user's own small files: one write-temp-then-rename helper (store, jobs, podman's caches,
+modules) and one trusted read (task and service records)."""
 
 import os
 
@@ -51,3 +52,19 @@ def test_a_link_planted_under_the_temporary_name_is_not_followed(tmp_path, monke
         atomic_write(tmp_path / "images.json", b"[]", 0o660)
     assert victim.read_text() == "private" and victim.stat().st_mode & 0o777 == 0o600
     assert planted.is_symlink() and not (tmp_path / "images.json").exists()
+
+
+def test_only_the_users_own_unshared_json_is_read_back(tmp_path):
+    good = tmp_path / "task.json"
+    atomic_write(good, '{"id": "a"}', 0o600)
+    assert files.read_own_json(good) == {"id": "a"}
+    link = tmp_path / "link.json"
+    link.symlink_to(good)
+    writable = tmp_path / "writable.json"
+    atomic_write(writable, '{"id": "b"}', 0o622)  # another user could have rewritten it
+    big = tmp_path / "big.json"
+    atomic_write(big, '["' + "x" * 100 + '"]', 0o600)
+    broken = tmp_path / "broken.json"
+    atomic_write(broken, '{"id": ', 0o600)
+    assert [files.read_own_json(path, limit=64) for path in (link, writable, big, broken, tmp_path / "none")] \
+        == [None] * 5
