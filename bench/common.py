@@ -93,6 +93,11 @@ def _version(argv: Sequence[str]) -> str:
         return "unknown"
 
 
+def package_version(package: str) -> str:
+    """The installed version of a Debian package on the host ("unknown" if it is not)."""
+    return _version(["dpkg-query", "-W", "-f", "${Version}", package])
+
+
 def machine() -> dict[str, str]:
     """What the results were measured on."""
     meminfo = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from common import (FRESH_NODE, BenchError, Failure, PrivateStorage, Sample, alternating, ensure_image,
-                    forget_unpacked, timed)
+                    forget_unpacked, package_version, timed)
 
 BENCHMARK = "deepcam"
 CONFIGS = ["bare", "podman-exec", FRESH_NODE, "per-process"]
@@ -122,8 +122,7 @@ def prepare(base_image: str, work: Path, storage: PrivateStorage, log: Callable[
 
 
 def describe(problem: Problem) -> str:
-    version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "python3-torch"], capture_output=True,
-                             text=True).stdout.strip() or "unknown"
+    version = package_version("python3-torch")
     return (f"A small U-Net segmenting synthetic climate-like fields, {problem}, strong scaling; "
             f"Debian python3-torch {version} on the host and in the image; DDP with gloo over loopback, "
             "one torch thread per rank (4 nodes share the machine's 2 cores). Phases end at the slowest "

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from common import MPI_ENV, BenchError, Failure, PrivateStorage, Sample, alternating, ensure_image, timed, which
+from common import (MPI_ENV, BenchError, Failure, PrivateStorage, Sample, alternating, ensure_image, package_version,
+                    timed, which)
 
 BENCHMARK = "lammps"
 CONFIGS = ["bare", "podman-exec", "podman-exec --no-join", "per-process"]
@@ -131,8 +132,7 @@ def prepare(base_image: str, work: Path, storage: PrivateStorage, log: Callable[
 
 
 def describe(problem: Problem) -> str:
-    version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "lammps"], capture_output=True,
-                             text=True).stdout.strip() or "unknown"
+    version = package_version("lammps")
     return (f"LJ melt (in.melt), {problem}, strong scaling over nodes x {TASKS_PER_NODE} task per node; "
             f"Debian lammps {version} on the host and in the image; Open MPI over TCP on loopback, idle ranks "
             "yielding (4 nodes share the machine's 2 cores). "
