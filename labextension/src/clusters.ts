@@ -7,11 +7,8 @@
  */
 
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
-import { PanelWithToolbar, refreshIcon, ToolbarButton } from '@jupyterlab/ui-components';
-import { Poll } from '@lumino/polling';
-import { Widget } from '@lumino/widgets';
-
 import { api, ICluster } from './api';
+import { PolledSection } from './polled';
 import { Settings } from './settings';
 import { button, h, messageOf, reconcileRows, setAttr, setText } from './util';
 
@@ -59,72 +56,23 @@ class ClusterRow {
   }
 }
 
-export class ClustersSection extends PanelWithToolbar {
-  private _list: HTMLElement;
-  private _status: HTMLElement;
+export class ClustersSection extends PolledSection {
   private _rows = new Map<string, ClusterRow>();
-  private _poll: Poll;
 
   constructor(settings: Settings) {
-    super();
-    this.id = 'jp-PodmanHpc-clusters';
-    this.addClass('jp-PodmanHpc-section');
-    this.addClass('jp-PodmanHpc-clustersSection');
-    this.title.label = 'Clusters';
-    this.toolbar.addItem(
-      'refresh',
-      new ToolbarButton({ icon: refreshIcon, tooltip: 'Refresh the clusters now', onClick: () => void this.refresh() })
-    );
-    this._status = h('div', { class: 'jp-PodmanHpc-status', 'aria-live': 'polite' });
-    this._list = h('ul', { class: 'jp-PodmanHpc-jobList', 'aria-label': 'Interactive clusters' });
-    this.addWidget(new Widget({ node: h('div', { class: 'jp-PodmanHpc-sectionBody' }, this._status, this._list) }));
-    const seconds = Math.max(1, settings.current.refreshInterval || 5);
-    this._poll = new Poll({
-      auto: false,
-      factory: () => this._refresh(),
-      frequency: { interval: seconds * 1000, backoff: true, max: Math.max(60_000, seconds * 1000) },
-      standby: () => !this.isVisible || 'when-hidden',
-      name: 'jupyter-podman-hpc:clusters'
-    });
+    super({ settings, name: 'clusters', label: 'Clusters', listLabel: 'Interactive clusters' });
   }
 
-  protected onAfterShow(): void {
-    this._shown();
-  }
-
-  protected onAfterAttach(): void {
-    this._shown();
-  }
-
-  private _shown(): void {
-    if (this._poll.isDisposed || !this.isVisible) {
-      return;
-    }
-    if (this._poll.state.phase === 'constructed') {
-      void this._poll.start();
-    } else {
-      void this.refresh();
-    }
-  }
-
-  async refresh(): Promise<void> {
-    try {
-      await this._refresh();
-    } catch {
-      // shown in the status line
-    }
-  }
-
-  private async _refresh(): Promise<void> {
+  protected async fetch(): Promise<void> {
     let clusters: ICluster[];
     try {
       clusters = await api.clusters();
     } catch (error) {
-      setText(this._status, `Cannot list the clusters: ${messageOf(error)}`);
+      this.showStatus(`Cannot list the clusters: ${messageOf(error)}`, true);
       throw error;
     }
-    reconcileRows(this._list, this._rows, clusters, c => c.id, c => new ClusterRow(c, this));
-    setText(this._status, clusters.length ? '' : 'No running cluster: choose “Interactive cluster” in “Run at scale”.');
+    reconcileRows(this.list, this._rows, clusters, c => c.id, c => new ClusterRow(c, this));
+    this.showStatus(clusters.length ? '' : 'No running cluster: choose “Interactive cluster” in “Run at scale”.');
   }
 
   async stop(cluster: ICluster): Promise<void> {
@@ -142,10 +90,5 @@ export class ClustersSection extends PanelWithToolbar {
       void showErrorMessage(`Cannot stop cluster ${cluster.id}`, messageOf(error));
     }
     void this.refresh();
-  }
-
-  dispose(): void {
-    this._poll.dispose();
-    super.dispose();
   }
 }

@@ -29,7 +29,6 @@ import {
   SidePanel,
   ToolbarButton
 } from '@jupyterlab/ui-components';
-import { Poll } from '@lumino/polling';
 import { AccordionPanel, Widget } from '@lumino/widgets';
 
 import {
@@ -42,6 +41,7 @@ import {
   ITask
 } from './api';
 import { ClustersSection } from './clusters';
+import { PolledSection } from './polled';
 import { containersIcon } from './icons';
 import { KernelForm } from './kernelForm';
 import { jobLabel } from './logs';
@@ -512,98 +512,36 @@ class JobRow {
   }
 }
 
-export class JobsSection extends PanelWithToolbar {
+export class JobsSection extends PolledSection {
   private _options: IPanelOptions;
-  private _list: HTMLElement;
-  private _status: HTMLElement;
   private _rows = new Map<string, JobRow>();
-  private _poll: Poll;
   private _loaded = false;
   private _selected: string | null = null;
 
   constructor(options: IPanelOptions) {
-    super();
+    super({ settings: options.settings, name: 'jobs', label: 'Jobs', listLabel: 'Slurm jobs' });
     this._options = options;
-    this.id = 'jp-PodmanHpc-jobs';
-    this.addClass('jp-PodmanHpc-section');
-    this.addClass('jp-PodmanHpc-jobsSection');
-    this.title.label = 'Jobs';
-    this.toolbar.addItem(
-      'refresh',
-      new ToolbarButton({
-        icon: refreshIcon,
-        tooltip: 'Refresh the jobs now',
-        onClick: () => void this.refresh()
-      })
-    );
-    this._status = statusLine();
-    this._list = h('ul', { class: 'jp-PodmanHpc-jobList', 'aria-label': 'Slurm jobs' });
-    this.addWidget(new Widget({ node: h('div', { class: 'jp-PodmanHpc-sectionBody' }, this._status, this._list) }));
-    this._poll = new Poll({
-      auto: false,
-      factory: () => this._refresh(),
-      frequency: this._frequency(),
-      standby: () => !this.isVisible || 'when-hidden',
-      name: 'jupyter-podman-hpc:jobs'
-    });
-    options.settings.changed.connect(() => {
-      this._poll.frequency = this._frequency();
-    });
   }
 
-  private _frequency() {
-    const seconds = Math.max(1, this._options.settings.current.refreshInterval || 5);
-    return { interval: seconds * 1000, backoff: true, max: Math.max(60_000, seconds * 1000) };
-  }
-
-  /** Start polling when first shown; refresh at once when shown again. */
-  private _shown(): void {
-    if (this._poll.isDisposed || !this.isVisible) {
-      return;
-    }
-    if (this._poll.state.phase === 'constructed') {
-      void this._poll.start();
-    } else {
-      void this.refresh();
-    }
-  }
-
-  protected onAfterShow(): void {
-    this._shown();
-  }
-
-  protected onAfterAttach(): void {
-    this._shown();
-  }
-
-  /** GET jobs now. */
-  async refresh(): Promise<void> {
-    try {
-      await this._refresh();
-    } catch {
-      // shown in the status line
-    }
-  }
-
-  private async _refresh(): Promise<void> {
+  protected async fetch(): Promise<void> {
     if (!this._loaded) {
-      showStatus(this._status, 'Loading jobs…');
+      this.showStatus('Loading jobs…');
     }
     let jobs: IJob[];
     try {
       jobs = await api.jobs();
     } catch (error) {
-      showStatus(this._status, `Cannot list the jobs: ${messageOf(error)}`, true);
+      this.showStatus(`Cannot list the jobs: ${messageOf(error)}`, true);
       throw error;
     }
     this._loaded = true;
     this._show(jobs);
-    showStatus(this._status, jobs.length ? '' : 'No jobs yet: use “Run at scale” in a notebook.');
+    this.showStatus(jobs.length ? '' : 'No jobs yet: use “Run at scale” in a notebook.');
   }
 
   private _show(jobs: IJob[]): void {
     const keyOf = (job: IJob) => job.id || job.directory;
-    reconcileRows(this._list, this._rows, jobs, keyOf, job => new JobRow(job, this));
+    reconcileRows(this.list, this._rows, jobs, keyOf, job => new JobRow(job, this));
     for (const [key, row] of this._rows) {
       row.node.classList.toggle('jp-mod-selected', key === this._selected);
     }
@@ -617,8 +555,8 @@ export class JobsSection extends PanelWithToolbar {
     if (!row) {
       row = new JobRow(job, this);
       this._rows.set(key, row);
-      this._list.prepend(row.node);
-      showStatus(this._status, '');
+      this.list.prepend(row.node);
+      this.showStatus('');
     } else {
       row.update(job);
     }
@@ -657,11 +595,6 @@ export class JobsSection extends PanelWithToolbar {
       void showErrorMessage(`Cannot cancel job ${job.id}`, messageOf(error));
     }
     void this.refresh();
-  }
-
-  dispose(): void {
-    this._poll.dispose();
-    super.dispose();
   }
 }
 
