@@ -14,7 +14,7 @@ there and the host's file systems in view. The hostile image has:
 
 import uuid
 
-from tests.conftest import run
+from tests.conftest import library_module
 
 ESCAPING_LDCONFIG = """\
 #!/usr/bin/python3
@@ -43,20 +43,7 @@ RUN chmod 755 /sbin/ldconfig && mkdir -p /opt && ln -s {target} /opt/jphevil \\
 
 def module_dir(tmp_path):
     """A modules.d with one module whose copies go into /opt/jphevil/ and /opt/jphrel/."""
-    modules = tmp_path / "modules.d"
-    modules.mkdir()
-    library = tmp_path / "libjphevil.so.1"
-    source = tmp_path / "jphevil.c"
-    source.write_text("int jph_evil(void) { return 7; }\n")
-    run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libjphevil.so.1", "-o", library, source])
-    (tmp_path / "jphevil.conf").write_text("/opt/jphevil\n")
-    (modules / "jphevil.yaml").write_text(
-        "name: jphevil\ncli_arg: jphevil\nenv: ENABLE_JPHEVIL\nhelp: test module\n"
-        f"copy:\n  - {library}:/opt/jphevil/\n  - {library}:/opt/jphrel/\n"
-        "  - ../jphevil.conf:/etc/ld.so.conf.d/jphevil.conf\n")
-    for path in (tmp_path, modules):
-        path.chmod(0o755)
-    return modules
+    return library_module(tmp_path, "jphevil", ["/opt/jphevil/", "/opt/jphrel/"], "/opt/jphevil")
 
 
 def test_hostile_image_cannot_write_outside_its_root_through_the_hook(victim, stack, tmp_path):
