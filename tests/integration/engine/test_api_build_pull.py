@@ -329,8 +329,12 @@ def test_cancelling_while_the_base_image_is_pulled_stops_the_build(hpc, stack):
 def test_an_interrupted_caller_stops_the_build_too(hpc, stack, how):
     """Ctrl-C in a kernel, or a progress callback that fails, must not leave the build running."""
 
+    interrupted = threading.Event()
+
     def progress(event):
-        if event.log == "sleeping":
+        # the RUN step's line, however the service cut its output (a whole line, or with its newline)
+        if "sleeping" in (event.log or "") and not interrupted.is_set():
+            interrupted.set()
             if how == "failing-callback":
                 raise CallbackFailed
             threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT)).start()

@@ -19,6 +19,7 @@ and what the step printed besides its ranks' own writes.
 """
 
 import concurrent.futures
+import signal
 import subprocess
 from pathlib import Path
 
@@ -134,8 +135,10 @@ def test_no_byte_of_any_rank_is_lost(squashed_tiny, stack):
 def test_a_rank_starts_with_the_default_signal_dispositions(squashed_tiny, stack):
     """Python ignores SIGPIPE and SIGXFSZ, and a joined task's command was exec'd with both still
     ignored: the 1 MB steps' ``yes | head`` above then ran for ever. Every mode starts a rank as
-    podman run does, with nothing ignored."""
+    podman run does, with SIGPIPE and SIGXFSZ at their defaults."""
     hpc = squashed_tiny
     for mode in MODES:
         result = hpc.srun("-N1", "-n1", "podman-hpc", *mode, stack.tiny_image, "grep", "^SigIgn:", "/proc/self/status")
-        assert result.stdout.split() == ["SigIgn:", "0000000000000000"], mode
+        ignored = int(result.stdout.split()[1], 16)
+        # bits are signal - 1; podman run itself may leave signal 32 (glibc's internal one) ignored
+        assert (mode, ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1))) == (mode, 0)
