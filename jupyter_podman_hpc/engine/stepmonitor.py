@@ -125,8 +125,7 @@ class StepMonitor:
             self.state = self._start_container()
             if "failed" in self.state:
                 self._log(self.state["failed"])
-            if self.stopped_by is None:
-                self._serve()
+            self._serve()
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_IGN)  # the clean-up runs to its end
@@ -202,7 +201,7 @@ class StepMonitor:
     def _serve(self) -> None:
         """Until every task of the node has come and gone (or nobody is left and nobody comes)."""
         self.serving = True
-        if self.stopped_by is not None:  # arrived between the check in run and here
+        if self.stopped_by is not None:  # a signal came while the container started
             return
         idle_limit = max(self.podman.config.wait_timeout * 6, 60.0)
         last_change = time.monotonic()
