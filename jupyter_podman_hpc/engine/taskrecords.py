@@ -48,9 +48,9 @@ class TaskRecord:
     error: str | None = None
 
 
-def interrupted_message(record: TaskRecord) -> str:
-    """The one line a user reads about a task whose server went away while it ran."""
-    return f"{record.title} was interrupted: the server stopped while it ran; start it again"
+def interrupted_message(title: str) -> str:
+    """The one line a user reads about a task (``title``) whose server went away while it ran."""
+    return f"{title} was interrupted: the server stopped while it ran; start it again"
 
 
 class TaskRecords:
@@ -94,7 +94,7 @@ class TaskRecords:
                 continue
             if record.state in UNFINISHED:
                 record.state, record.finished = INTERRUPTED, now
-                record.error = interrupted_message(record)
+                record.error = interrupted_message(record.title)
             if record.state == INTERRUPTED:
                 interrupted.append(record)
             self.remove(record.id)

@@ -153,8 +153,7 @@ class TaskManager:
         self._persist(task)
 
     def _interrupt(self, task: Task) -> None:
-        record = TaskRecord(task.id, task.kind, task.title, task.state, task.created, self._owner)
-        self._finish(task, INTERRUPTED, error=interrupted_message(record))
+        self._finish(task, INTERRUPTED, error=interrupted_message(task.title))
 
     def _finish(self, task: Task, state: str, *, result: Any = None, error: str | None = None) -> None:
         if task.state in FINISHED:

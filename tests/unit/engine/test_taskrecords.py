@@ -101,4 +101,4 @@ def test_a_run_root_others_may_write_is_refused(tmp_path):
 
 
 def test_the_message_names_the_task():
-    assert interrupted_message(record("abc123", "1:0")).startswith("build localhost/app:abc123 was interrupted")
+    assert interrupted_message(record("abc123", "1:0").title).startswith("build localhost/app:abc123 was interrupted")
