@@ -24,9 +24,6 @@ SQUASHFUSE_BIN, LOG (a file to append diagnostics to).
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
-import hashlib
 import os
 import select
 import shutil
@@ -40,15 +37,9 @@ from .private import own_dir
 from .readpath import (NoRoom, ReadPathSettings, UnpackedCopy, kernel_options, mount_overlay, note_fallback,
                        sweep_unused)
 from .records import is_id, is_link, layer_of_link_target
+from .squashmount import SquashMount, log, mounted_targets, mounts_dir
 from .squashcheck import VerifiedFiles, check, recorded, verified_dir
 from .storefs import Tree
-
-
-def _log(message: str) -> None:
-    target = os.environ.get("LOG")
-    if target:
-        with open(target, "a") as out:
-            out.write(f"[podman-hpc-mount {os.getpid()}] {message}\n")
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], str]:
@@ -239,89 +230,6 @@ def _with_lowers(argv: list[str], lowers: list[str]) -> list[str]:
     return result
 
 
-def mounted_targets() -> set[str]:
-    targets = set()
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            # the mount point is field 5; spaces and the like are octal-escaped
-            targets.add(line.split()[4].encode().decode("unicode_escape"))
-    return targets
-
-
-def squashfuse() -> str:
-    configured = os.environ.get("SQUASHFUSE_BIN")
-    if configured:
-        return configured
-    return shutil.which("squashfuse_ll") or shutil.which("squashfuse") or "squashfuse"
-
-
-class SquashMount:
-    """One squash file mounted on its lower directory, shared by reference.
-
-    Users hold a shared flock on ``<state>/<key>.ref`` for as long as their
-    overlay exists; mounting and unmounting happen under ``<state>/<key>.mutex``.
-    """
-
-    def __init__(self, squash: Path, target: Path, state_dir: Path):
-        self.squash = squash
-        self.target = Path(os.path.realpath(target))
-        key = hashlib.sha256(str(self.target).encode()).hexdigest()[:32]
-        self.mutex_path = state_dir / f"{key}.mutex"
-        self.ref_path = state_dir / f"{key}.ref"
-        self.ref_fd: int | None = None
-
-    def _mutex(self) -> int:
-        fd = os.open(self.mutex_path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return fd
-
-    def acquire(self) -> None:
-        mutex = self._mutex()
-        try:
-            self.ref_fd = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self.ref_fd, fcntl.LOCK_SH)
-            if str(self.target) not in mounted_targets():
-                _log(f"mount {self.squash} on {self.target}")
-                result = commands.run([squashfuse(), str(self.squash), str(self.target)],
-                                      capture_output=True, text=True)
-                if result.returncode != 0:
-                    self._drop_ref()
-                    raise SystemExit(f"podman-hpc-mount: cannot mount {self.squash}: "
-                                     f"{(result.stderr or result.stdout).strip()}")
-        finally:
-            os.close(mutex)
-
-    def _drop_ref(self) -> None:
-        if self.ref_fd is not None:
-            os.close(self.ref_fd)
-            self.ref_fd = None
-
-    def release(self) -> None:
-        """Drop our reference; unmount when nobody else holds one."""
-        mutex = self._mutex()
-        try:
-            self._drop_ref()
-            probe = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return  # another container still uses it
-            finally:
-                os.close(probe)
-            if str(self.target) in mounted_targets():
-                _log(f"unmount {self.target}")
-                _umount(str(self.target))
-        finally:
-            os.close(mutex)
-
-
-def _umount(target: str) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.umount2(target.encode(), 0) != 0:
-        # still busy (a process is leaving): detach it, the kernel finishes later
-        libc.umount2(target.encode(), 2)  # MNT_DETACH
-
-
 def wait_for_unmount(target: str) -> None:
     """Block until ``target`` is no longer a mount point (mount table changes wake us)."""
     with open("/proc/self/mountinfo") as mountinfo:
@@ -367,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         root = _squash_lower(*whole, settings, state_dir, held, verified, instead="the local layers") \
             if whole else ""
         if root:
-            _log(f"local image {paths[0]} read from its squashed copy {whole[0]}")
+            log(f"local image {paths[0]} read from its squashed copy {whole[0]}")
             lowers.append(root)
         else:
             for lower, path in zip(lower_dirs(options), paths):
@@ -382,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         code = 0 if mounted else _fuse_overlay(_with_lowers(argv, lowers))
     except EngineError as err:  # a squash file that is not its record's: one line, in podman's error
         _release(held)
-        _log(str(err))
+        log(str(err))
         sys.stderr.write(f"podman-hpc-mount: {err}")
         return 1
     except BaseException:
@@ -394,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         os.chmod(merged, 0o755)
     except OSError as err:  # fuse-overlayfs outside a user namespace: its root stays as it is
-        _log(f"cannot chmod {merged}: {err}")
+        log(f"cannot chmod {merged}: {err}")
     if _detach():
         try:
             wait_for_unmount(merged)
@@ -426,65 +334,53 @@ def _squash_lower(squash: Path, target: Path, digests: set[str], settings: ReadP
     fd = Tree(squash.parents[2]).open(("overlay", "l"), squash.name)
     try:
         if not check(fd, squash, digests, verified()):
-            _log(f"{squash}: no digest recorded (squashed by podman-hpc 1.2.2 or before the check): not checked")
+            log(f"{squash}: no digest recorded (squashed by podman-hpc 1.2.2 or before the check): not checked")
         if settings.unpacks:
             copy = UnpackedCopy(squash, Path(settings.unpack_dir), int(settings.unpack_max_mb * 2**20), source_fd=fd)
             try:
                 root = copy.acquire()
             except (NoRoom, OSError) as err:
-                _log(f"unpacked copy refused: {err}")
+                log(f"unpacked copy refused: {err}")
                 note_fallback(state_dir, f"no unpacked copy, {instead} instead: {err}")
                 root = None
             for key, why in copy.removed:  # past their time, or made room: infohpc says which and why
                 note_fallback(state_dir, f"removed unpacked copy {key}: {why}")
             if root is not None:
-                _log(f"{squash} unpacked at {root}")
+                log(f"{squash} unpacked at {root}")
                 held.append(copy)
                 return str(root)
         if instead != "squashfuse":
             return ""
-        mount = SquashMount(squash, target, _mounts_dir(settings, state_dir))
+        mount = SquashMount(squash, target, mounts_dir(settings.unpack_dir, state_dir))
         mount.acquire()
         held.append(mount)
+        if mount.revived:
+            note_fallback(state_dir, f"the squashfuse mount of {squash.name} had died under its containers: "
+                                     "mounted again for the next ones")
         return str(target)
     finally:
         os.close(fd)
-
-
-def _mounts_dir(settings: ReadPathSettings, state_dir: Path) -> Path:
-    """Where the references to this namespace's squashfuse mounts are counted.
-
-    A squashfuse mount sits on the squashed store's directory in podman's mount
-    namespace, which every storage (graph root) of the user on the node shares:
-    counting per graph root would let one storage unmount what another's
-    container is about to use. So: one directory per mount namespace, beside
-    the unpacked copies (node-local, the user's own).
-    """
-    if not settings.unpack_dir:
-        return state_dir
-    namespace = os.stat("/proc/self/ns/mnt").st_ino
-    return own_dir(own_dir(Path(settings.unpack_dir).parent / "squash-mounts") / str(namespace))
 
 
 def _kernel_overlay(options: list[str], lowers: list[str], merged: str, state_dir: Path) -> bool:
     """Mount kernel overlayfs; False (and a note) where the options or the node need fuse-overlayfs."""
     kernel = kernel_options(options, lowers)
     if kernel is None:
-        _log(f"options for fuse-overlayfs only: {options}")
+        log(f"options for fuse-overlayfs only: {options}")
         return False
     try:
         mount_overlay(merged, kernel)
     except OSError as err:
-        _log(f"kernel overlayfs refused: {err}")
+        log(f"kernel overlayfs refused: {err}")
         note_fallback(state_dir, f"kernel overlayfs refused ({err.strerror}), fuse-overlayfs instead")
         return False
-    _log(f"kernel overlayfs {kernel} on {merged}")
+    log(f"kernel overlayfs {kernel} on {merged}")
     return True
 
 
 def _fuse_overlay(argv: list[str]) -> int:
     overlay = os.environ.get("FUSE_OVERLAYFS_BIN") or shutil.which("fuse-overlayfs") or "/usr/bin/fuse-overlayfs"
-    _log(f"{overlay} {' '.join(argv)}")
+    log(f"{overlay} {' '.join(argv)}")
     return commands.run([overlay, *argv]).returncode
 
 
