@@ -14,6 +14,7 @@
 - ``squashcheck``: each squash file's sha256, checked once per file identity on a node
 - ``migrate``: squashing ("migrating") a local image into the squashed store, and removing it
 - ``mount``: the mount program podman calls for squashed images
+- ``squashmount``: the mount program's squashfuse mounts, shared by reference and mounted again when they die
 - ``readpath``: how a squashed image's files reach its containers on a node (unpacked, kernel, fuse)
 - ``hook``: the OCI hook for modules' ``copy`` entries and ldconfig
 - ``inroot``: paths resolved inside a container's root (openat2 RESOLVE_IN_ROOT)
