@@ -47,6 +47,7 @@ import { KernelForm } from './kernelForm';
 import { jobLabel } from './logs';
 import { describeProgress } from './output';
 import { Settings } from './settings';
+import { TaskList } from './tasklist';
 import { TaskView } from './taskview';
 import {
   button,
@@ -151,10 +152,9 @@ class ImageRow {
 export class ImagesSection extends PanelWithToolbar {
   private _options: IPanelOptions;
   private _list: HTMLElement;
-  private _tasks: HTMLElement;
+  private _tasks: TaskList;
   private _status: HTMLElement;
   private _rows = new Map<string, ImageRow>();
-  private _views = new Map<string, TaskView>();
   private _input: HTMLInputElement;
   private _squashAfterPull: HTMLInputElement;
   private _loaded = false;
@@ -200,11 +200,11 @@ export class ImagesSection extends PanelWithToolbar {
       event.preventDefault();
       void this.pull(this._input.value);
     });
-    this._tasks = h('ul', { class: 'jp-PodmanHpc-tasks', 'aria-label': 'Pulls and squashes' });
+    this._tasks = new TaskList({ label: 'Pulls and squashes', onSucceeded: () => void this.refresh() });
     this._status = statusLine();
     this._list = h('ul', { class: 'jp-PodmanHpc-imageList', 'aria-label': 'Images' });
     const body = new Widget({
-      node: h('div', { class: 'jp-PodmanHpc-sectionBody' }, form, this._tasks, this._status, this._list)
+      node: h('div', { class: 'jp-PodmanHpc-sectionBody' }, form, this._tasks.node, this._status, this._list)
     });
     this.addWidget(body);
   }
@@ -316,33 +316,13 @@ export class ImagesSection extends PanelWithToolbar {
     }
   }
 
-  /** Show a pull or squash task and follow it; the list is refreshed when it ends. */
+  /** Show a pull or squash task and follow it; the list is refreshed when it succeeds. */
   follow(task: ITask): TaskView {
-    const existing = this._views.get(task.id);
-    if (existing) {
-      return existing;
-    }
-    const view = new TaskView({
-      task,
-      onDone: finished => {
-        if (finished.state === 'succeeded') {
-          void this.refresh();
-        }
-      },
-      onDismiss: v => {
-        v.dispose();
-        this._views.delete(v.id);
-      }
-    });
-    this._views.set(task.id, view);
-    this._tasks.prepend(view.node);
-    return view;
+    return this._tasks.follow(task);
   }
 
   dispose(): void {
-    for (const view of this._views.values()) {
-      view.dispose();
-    }
+    this._tasks.dispose();
     super.dispose();
   }
 }
@@ -352,9 +332,8 @@ export class ImagesSection extends PanelWithToolbar {
 export class BuildsSection extends PanelWithToolbar {
   onBuilt: (task: ITask) => void = () => undefined;
   private _options: IPanelOptions;
-  private _tasks: HTMLElement;
+  private _tasks: TaskList;
   private _status: HTMLElement;
-  private _views = new Map<string, TaskView>();
 
   constructor(options: IPanelOptions) {
     super();
@@ -374,8 +353,8 @@ export class BuildsSection extends PanelWithToolbar {
     );
     this._status = statusLine();
     showStatus(this._status, 'Build an image: right-click a Containerfile in the file browser, or use Build….');
-    this._tasks = h('ul', { class: 'jp-PodmanHpc-tasks', 'aria-label': 'Builds' });
-    this.addWidget(new Widget({ node: h('div', { class: 'jp-PodmanHpc-sectionBody' }, this._status, this._tasks) }));
+    this._tasks = new TaskList({ label: 'Builds', logOpen: true, reveal: true, onSucceeded: task => this.onBuilt(task) });
+    this.addWidget(new Widget({ node: h('div', { class: 'jp-PodmanHpc-sectionBody' }, this._status, this._tasks.node) }));
   }
 
   async ask(): Promise<void> {
@@ -397,34 +376,13 @@ export class BuildsSection extends PanelWithToolbar {
     }
   }
 
+  /** Show a build and follow it (its log open); onBuilt is called when it succeeds. */
   follow(task: ITask): TaskView {
-    const existing = this._views.get(task.id);
-    if (existing) {
-      return existing;
-    }
-    const view = new TaskView({
-      task,
-      logOpen: true,
-      onDone: finished => {
-        if (finished.state === 'succeeded') {
-          this.onBuilt(finished);
-        }
-      },
-      onDismiss: v => {
-        v.dispose();
-        this._views.delete(v.id);
-      }
-    });
-    this._views.set(task.id, view);
-    this._tasks.prepend(view.node);
-    view.node.scrollIntoView({ block: 'nearest' });
-    return view;
+    return this._tasks.follow(task);
   }
 
   dispose(): void {
-    for (const view of this._views.values()) {
-      view.dispose();
-    }
+    this._tasks.dispose();
     super.dispose();
   }
 }
