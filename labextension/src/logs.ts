@@ -6,12 +6,11 @@
 
 import { MainAreaWidget } from '@jupyterlab/apputils';
 import { refreshIcon } from '@jupyterlab/ui-components';
-import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { api, IJob, IJobLogs } from './api';
+import { IShell, JobPoll, JobViews } from './jobview';
 import { button, formatElapsed, h, messageOf, setAttr, setText } from './util';
-import { scaleIcon } from './icons';
 
 /** What a job runs: its notebook's or script's name, else its record's name. */
 export function jobLabel(job: IJob): string {
@@ -36,7 +35,7 @@ export class JobLogsView extends Widget {
   private _ranks: HTMLElement;
   private _sections = new Map<string, ISection>();
   private _batch: ISection;
-  private _poll: Poll;
+  private _poll: JobPoll;
   private _finished = false;
 
   constructor(job: IJob, refreshInterval: number) {
@@ -70,16 +69,12 @@ export class JobLogsView extends Widget {
       h('div', { class: 'jp-PodmanHpc-batch' }, this._batch.node)
     );
     this._showStatus(job);
-    this._poll = new Poll({
-      factory: () => this._refresh(),
-      frequency: { interval: Math.max(1, refreshInterval) * 1000, backoff: true, max: 60_000 },
-      standby: () => this._finished || 'when-hidden',
-      name: `jupyter-podman-hpc:logs-${job.id}`
+    this._poll = new JobPoll({
+      name: `logs-${job.id}`,
+      refreshInterval,
+      refresh: () => this._refresh(),
+      finished: () => this._finished
     });
-  }
-
-  set refreshInterval(seconds: number) {
-    this._poll.frequency = { ...this._poll.frequency, interval: Math.max(1, seconds) * 1000 };
   }
 
   dispose(): void {
@@ -87,13 +82,9 @@ export class JobLogsView extends Widget {
     super.dispose();
   }
 
-  /** Fetch the job's status and logs now (errors are shown in the view). */
-  async refresh(): Promise<void> {
-    try {
-      await this._refresh();
-    } catch {
-      // shown in the status line
-    }
+  /** Fetch the job's status and logs now (errors are shown in the status line). */
+  refresh(): Promise<void> {
+    return this._poll.refresh();
   }
 
   private async _refresh(): Promise<void> {
@@ -195,31 +186,12 @@ export class JobLogsView extends Widget {
   }
 }
 
-/** Open (or bring forward) the logs of a job in the main area. */
-export function openJobLogs(
-  shell: { add: (widget: Widget, area: string) => void; activateById: (id: string) => void },
-  job: IJob,
-  refreshInterval: number
-): MainAreaWidget<JobLogsView> {
-  const id = `jp-PodmanHpc-logs-main-${job.id}`;
-  const widget = openWidgets.get(id);
-  if (widget && !widget.isDisposed) {
-    shell.activateById(id);
-    void widget.content.refresh();
-    return widget;
-  }
-  const content = new JobLogsView(job, refreshInterval);
-  const main = new MainAreaWidget({ content });
-  main.id = id;
-  main.title.label = `Job ${job.id} logs`;
-  main.title.caption = `Logs of job ${job.id} (${job.directory})`;
-  main.title.icon = scaleIcon;
-  main.title.closable = true;
-  openWidgets.set(id, main);
-  main.disposed.connect(() => openWidgets.delete(id));
-  shell.add(main, 'main');
-  shell.activateById(id);
-  return main;
-}
+const openLogs = new JobViews<JobLogsView>('logs');
 
-const openWidgets = new Map<string, MainAreaWidget<JobLogsView>>();
+/** Open (or bring forward) the logs of a job in the main area. */
+export function openJobLogs(shell: IShell, job: IJob, refreshInterval: number): MainAreaWidget<JobLogsView> {
+  return openLogs.open(shell, job, () => new JobLogsView(job, refreshInterval), {
+    label: `Job ${job.id} logs`,
+    caption: `Logs of job ${job.id} (${job.directory})`
+  });
+}

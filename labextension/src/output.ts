@@ -12,11 +12,10 @@ import { IEditorServices } from '@jupyterlab/codeeditor';
 import { NotebookModel, StaticNotebook } from '@jupyterlab/notebook';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { refreshIcon } from '@jupyterlab/ui-components';
-import { Poll } from '@lumino/polling';
 import { Panel, Widget } from '@lumino/widgets';
 
 import { api, IJob, IJobOutput } from './api';
-import { scaleIcon } from './icons';
+import { IShell, JobPoll, JobViews } from './jobview';
 import { button, h, messageOf, setText } from './util';
 
 /** One line on rank 0's progress: where it is, or which cell failed on which rank. */
@@ -44,7 +43,7 @@ export class OutputNotebookView extends Panel {
   private _header: HTMLElement;
   private _status: HTMLElement;
   private _notebook: StaticNotebook;
-  private _poll: Poll;
+  private _poll: JobPoll;
   private _modified: number | null = null;
   private _finished = false;
 
@@ -72,21 +71,17 @@ export class OutputNotebookView extends Panel {
     this._notebook.addClass('jp-PodmanHpc-outputNotebook');
     this._notebook.model = new NotebookModel();
     this.addWidget(this._notebook);
-    this._poll = new Poll({
-      factory: () => this._refresh(),
-      frequency: { interval: Math.max(1, refreshInterval) * 1000, backoff: true, max: 60_000 },
-      standby: () => this._finished || 'when-hidden',
-      name: `jupyter-podman-hpc:output-${job.id}`
+    this._poll = new JobPoll({
+      name: `output-${job.id}`,
+      refreshInterval,
+      refresh: () => this._refresh(),
+      finished: () => this._finished
     });
   }
 
-  /** Fetch the job and, if rank 0 rewrote it, its output notebook. */
-  async refresh(): Promise<void> {
-    try {
-      await this._refresh();
-    } catch {
-      // shown in the header
-    }
+  /** Fetch the job and, if rank 0 rewrote it, its output notebook (errors are shown in the header). */
+  refresh(): Promise<void> {
+    return this._poll.refresh();
   }
 
   private async _refresh(): Promise<void> {
@@ -121,32 +116,17 @@ export class OutputNotebookView extends Panel {
   }
 }
 
-const openWidgets = new Map<string, MainAreaWidget<OutputNotebookView>>();
+const openOutputs = new JobViews<OutputNotebookView>('output');
 
 /** Open (or show again) the output notebook of a job. */
 export function openJobOutput(
-  shell: { add: (widget: Widget, area: string) => void; activateById: (id: string) => void },
+  shell: IShell,
   job: IJob,
   services: IOutputServices,
   refreshInterval: number
 ): MainAreaWidget<OutputNotebookView> {
-  const id = `jp-PodmanHpc-output-main-${job.id}`;
-  const widget = openWidgets.get(id);
-  if (widget && !widget.isDisposed) {
-    shell.activateById(id);
-    void widget.content.refresh();
-    return widget;
-  }
-  const content = new OutputNotebookView(job, services, refreshInterval);
-  const main = new MainAreaWidget({ content });
-  main.id = id;
-  main.title.label = job.output?.name ?? `Job ${job.id} output`;
-  main.title.caption = `The output notebook of job ${job.id}, read-only (${job.output?.path ?? job.directory})`;
-  main.title.icon = scaleIcon;
-  main.title.closable = true;
-  openWidgets.set(id, main);
-  main.disposed.connect(() => openWidgets.delete(id));
-  shell.add(main, 'main');
-  shell.activateById(id);
-  return main;
+  return openOutputs.open(shell, job, () => new OutputNotebookView(job, services, refreshInterval), {
+    label: job.output?.name ?? `Job ${job.id} output`,
+    caption: `The output notebook of job ${job.id}, read-only (${job.output?.path ?? job.directory})`
+  });
 }
