@@ -18,7 +18,7 @@ export interface IJobPollOptions {
   refreshInterval: number;
   /** Fetch and show the job; throws (after the view said why) when it cannot. */
   refresh: () => Promise<void>;
-  /** Whether the last refresh saw the job finished: polling then stops. */
+  /** Whether the last refresh saw the job finished: the poll then stands by (refresh() still works). */
   finished: () => boolean;
 }
 
