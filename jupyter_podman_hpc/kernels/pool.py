@@ -19,19 +19,30 @@ Nothing outlives the pool's process: pool containers carry the kernel
 labels (the sweep of orphans removes them at the next start), each has a
 watchdog (the process is SIGKILLed), they are removed at exit (atexit) and
 when the kernelspec is removed or changed.
+
+Adoption: ``make`` builds a kernelspec's pool (under ``spec_key``), and a
+kernel start hands a pooled container its ``adoption_request``
+(``Pooled.hand_over``).
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import hashlib
+import json
 import logging
 import os
 import subprocess
 import threading
 import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
+
+from . import orphans
+from .container import KernelContainer, home, outermost
 
 CHECK_SECONDS = 2.0  # how often a pool checks its kernelspec and its containers
 HOLD_SECONDS = 5.0  # a refill waits this long after an adoption (unless the kernel is up sooner)
@@ -69,6 +80,16 @@ class Pooled:
                 self.process.stdin.close()
         except OSError:
             pass
+
+    def hand_over(self, request: dict) -> bool:
+        """Send the waiter its kernel (an ``adoption_request``); False if it cannot take it."""
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
+            self.process.stdin.close()
+        except (OSError, ValueError):
+            return False
+        return True
 
 
 class Pool:
@@ -224,3 +245,59 @@ def close_all() -> None:
         _pools.clear()
     for pool in pools:
         pool.close()
+
+
+# --- a kernelspec's pool, and a kernel start adopting one of its containers ----------
+
+def spec_key(spec_file: Path) -> str | None:
+    """The key of a kernelspec's pool: its name (its directory's) and a digest of its kernel.json,
+    so a changed kernelspec gets a new pool; None when kernel.json cannot be read."""
+    try:
+        stamp = spec_file.read_bytes()
+    except OSError:
+        return None
+    return f"{spec_file.parent.name}:{hashlib.sha256(stamp).hexdigest()[:16]}"
+
+
+def make(key: str, size: int, container: KernelContainer, spec_file: Path, env: dict[str, str],
+         cwd: str | None, start: Callable[[list[str], dict[str, str], str, Sequence[str]], Pooled],
+         logger: logging.Logger | logging.LoggerAdapter) -> Pool:
+    """A pool of ``size`` containers of the kernelspec ``spec_file`` (run as ``container`` says,
+    started by ``start(argv, podman_env, name, dirs)``), mounting $HOME and the server's root
+    directory (else ``cwd``)."""
+    extra = default_dirs or ((os.path.realpath(cwd),) if cwd else ())
+    dirs = outermost([home(), *extra])
+
+    def spawn() -> Pooled:
+        name = f"podman-hpc-pool-{uuid.uuid4().hex[:12]}"
+        argv, podman_env = container.pool_command(name, orphans.pool_labels(spec_file.parent.name), env, dirs)
+        return start(argv, podman_env, name, dirs)
+
+    def stamp() -> bytes | None:
+        try:
+            return spec_file.read_bytes()
+        except OSError:
+            return None
+
+    logger.info("podman-hpc: keeping %d kernel(s) of %s started (pool)", size, key)
+    return Pool(key, size, spawn, lambda names: container.podman.remove_containers(*names), stamp)
+
+
+def adoption_request(container: KernelContainer, connection_file: str, cmd: Sequence[str], env: dict[str, str],
+                     cwd: str | None, logger: logging.Logger | logging.LoggerAdapter) -> dict | None:
+    """What a pooled container reads on its stdin to become the kernel ``cmd`` (``boot.py --pool``):
+    the connection file (else the one in ``cmd``) and its contents, the working directory, the
+    environment and the kernel's arguments; None, with a warning, when the connection file cannot
+    be read (the kernel then starts on demand, which mounts it)."""
+    argv = container.argv_in_image(cmd)
+    connection_file = str(connection_file or argv[argv.index("-f") + 1])
+    try:
+        info = json.loads(Path(connection_file).read_text())
+    except (OSError, ValueError) as err:
+        logger.warning("podman-hpc: cannot read the connection file %s: %s", connection_file, err)
+        return None
+    env_args, values = container.environment(env)
+    names = env_args[1::2]
+    return {"connection_file": connection_file, "connection_info": info,
+            "cwd": os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else home(),
+            "env": {name: values[name] for name in names if name in values}, "argv": argv[3:]}

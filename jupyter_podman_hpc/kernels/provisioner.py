@@ -12,8 +12,9 @@ builder: the site's storage settings and squashed store, the site modules
 named in ``modules`` (and ``slurm`` where the host has Slurm: ``slurm``
 false opts out; ``engine/hostslurm.py``). The container's command line
 (network, mounts, user namespace, environment, the boot program) is
-``container.py``'s. With a pool size (``pool``), a start adopts a
-container of the kernelspec's pool (``pool.py``) when one can serve it.
+``container.py``'s, and ``spawn.py`` starts it. With a pool size (``pool``),
+a start adopts a container of the kernelspec's pool (``pool.py``) when one
+can serve it.
 
 The provisioner keeps the attached ``podman run`` as the kernel's process:
 it lives exactly as long as the container, so ``poll()`` is the container's
@@ -33,16 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,10 +52,9 @@ from ..engine.modules import ModuleSet
 from ..engine.runplan import Site
 from ..engine.podman import Podman, error_message
 from . import orphans, pool as pools
-from .boot import READY_LINE
-from .container import KernelContainer, KernelStartError, home, outermost
+from .container import KernelContainer, KernelStartError, home
+from .spawn import STDERR_TAIL, spawn
 
-STDERR_TAIL = 40  # lines of the container's stderr kept for error messages
 POLL_SECONDS = 0.01  # how often a starting kernel's heartbeat port is tried (a loopback connect)
 
 
@@ -177,11 +173,6 @@ class PodmanHPCProvisioner(LocalProvisioner):
         self._program = self._container.argv_in_image(cmd)[0] if cmd else ""
         return argv, podman_env
 
-    def build_pool_command(self, name: str, env: dict[str, str], dirs: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-        """``podman run`` of a pooled container: boot.py waiting for its kernel (see pool.py)."""
-        assert self._container is not None
-        return self._container.pool_command(name, orphans.pool_labels(self._pool_name()), env, dirs)
-
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         assert self._podman is not None, "pre_launch was not called"
         env = dict(kwargs.get("env") or os.environ)
@@ -206,26 +197,10 @@ class PodmanHPCProvisioner(LocalProvisioner):
 
     def _spawn(self, argv: Sequence[str], podman_env: dict[str, str], name: str,
                dirs: Sequence[str], interactive: bool = False) -> pools.Pooled:
-        """Start a kernel container: its ``podman run``, stderr drain and watchdog."""
+        """Start a kernel container: its ``podman run``, stderr drain and watchdog (``spawn.py``)."""
         assert self._podman is not None
-        self.log.debug("podman-hpc: %s", " ".join(argv))
-        try:
-            process = self._podman.popen(argv, env=podman_env, stdin=subprocess.PIPE if interactive else
-                                         subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        except EngineError as err:
-            raise KernelStartError(f"cannot start a kernel in image {self.image}: {err}")
-        tail: collections.deque = collections.deque(maxlen=STDERR_TAIL)
-        ready = threading.Event()
-        drain = threading.Thread(target=_drain, args=(process.stderr, tail, ready),
-                                 name=f"podman-hpc-kernel-stderr-{name}", daemon=True)
-        drain.start()
-        watchdog = None
-        if self.watchdog:
-            try:
-                watchdog = orphans.start_watchdog(orphans.owner_token(), process.pid, name)
-            except OSError as err:
-                self.log.warning("podman-hpc: no watchdog for kernel container %s: %s", name, err)
-        return pools.Pooled(name, process, tail, drain, ready, tuple(dirs), watchdog)
+        return spawn(self._podman, argv, podman_env, name, dirs, image=self.image, watchdog=self.watchdog,
+                     log=self.log, interactive=interactive)
 
     def _attach(self, entry: pools.Pooled, cwd: str | None) -> None:
         """Make ``entry``'s container this kernel's."""
@@ -238,30 +213,20 @@ class PodmanHPCProvisioner(LocalProvisioner):
 
     # --- the warm pool (see pool.py) ---------------------------------------------------
 
-    def _pool_size(self) -> int:
-        return self.pool if self.pool is not None else pools.default_size
-
-    def _pool_name(self) -> str:
-        return self._spec_file().parent.name  # the kernelspec's directory is its name
-
-    def _spec_file(self) -> Path:
-        return Path(getattr(self.kernel_spec, "resource_dir", "") or ".") / "kernel.json"
-
     def _pool(self, cmd: Sequence[str], cwd: str | None) -> pools.Pool | None:
         """This kernelspec's pool in this process (made on first use), if it can serve this kernel."""
         assert self._container is not None
-        if self._pool_size() <= 0 or self.kernel_spec is None or \
-                not self._container.boots(self._container.argv_in_image(cmd)):
+        size = self.pool if self.pool is not None else pools.default_size
+        if size <= 0 or self.kernel_spec is None or not self._container.boots(self._container.argv_in_image(cmd)):
             return None
         if self.connection_info.get("transport", "tcp") != "tcp":
             return None
-        try:
-            stamp = self._spec_file().read_bytes()
-        except OSError:
+        spec_file = Path(getattr(self.kernel_spec, "resource_dir", "") or ".") / "kernel.json"
+        key = pools.spec_key(spec_file)
+        if key is None:
             return None
-        key = f"{self._pool_name()}:{hashlib.sha256(stamp).hexdigest()[:16]}"
         try:
-            return pools.get(key, lambda: self.make_pool(key, cwd))
+            return pools.get(key, lambda: self._make_pool(key, size, spec_file, cwd))
         except EngineError as err:
             self.log.warning("podman-hpc: no kernel pool for %s: %s", key, err)
             return None
@@ -275,57 +240,26 @@ class PodmanHPCProvisioner(LocalProvisioner):
         provisioner._prepare_engine()
         return provisioner._pool(spec.argv, None)
 
-    def make_pool(self, key: str, cwd: str | None = None) -> pools.Pool:
-        """A pool of this kernelspec's containers, mounting $HOME and the server's root directory
-        (else ``cwd``)."""
+    def _make_pool(self, key: str, size: int, spec_file: Path, cwd: str | None) -> pools.Pool:
+        """The pool, whose containers a provisioner of its own starts (this one is its kernel's)."""
         template = type(self)(**self._settings, config=self.config, log=self.log)
         template.kernel_spec = self.kernel_spec
         template._prepare_engine()
-        assert template._podman is not None and self.kernel_spec is not None
-        extra = pools.default_dirs or ((os.path.realpath(cwd),) if cwd else ())
-        dirs = outermost([home(), *extra])
-        env = {**os.environ, **self.kernel_spec.env}
-        spec_file = self._spec_file()
-
-        def spawn() -> pools.Pooled:
-            name = f"podman-hpc-pool-{uuid.uuid4().hex[:12]}"
-            argv, podman_env = template.build_pool_command(name, env, dirs)
-            return template._spawn(argv, podman_env, name, dirs, interactive=True)
-
-        def stamp() -> bytes | None:
-            try:
-                return spec_file.read_bytes()
-            except OSError:
-                return None
-
-        self.log.info("podman-hpc: keeping %d kernel(s) of %s started (pool)", self._pool_size(), key)
-        return pools.Pool(key, self._pool_size(), spawn, lambda names: template._podman.remove_containers(*names),
-                          stamp)
+        assert template._container is not None and self.kernel_spec is not None
+        return pools.make(key, size, template._container, spec_file, {**os.environ, **self.kernel_spec.env}, cwd,
+                          lambda argv, env, name, dirs: template._spawn(argv, env, name, dirs, interactive=True),
+                          self.log)
 
     def _hand_over(self, entry: pools.Pooled, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> bool:
-        """Send the kernel's connection file, cwd and environment to a pooled container;
-        False if it cannot take them (the kernel then starts on demand)."""
+        """Make a pooled container this kernel (see pool.py); False if it cannot take it (the
+        kernel then starts on demand)."""
         assert self._container is not None
-        argv = self._container.argv_in_image(cmd)
-        connection_file = str(getattr(self.parent, "connection_file", "") or argv[argv.index("-f") + 1])
-        try:
-            info = json.loads(Path(connection_file).read_text())
-        except (OSError, ValueError) as err:  # then on demand, which mounts the file
-            self.log.warning("podman-hpc: cannot read the connection file %s: %s", connection_file, err)
+        request = pools.adoption_request(self._container, getattr(self.parent, "connection_file", ""), cmd, env,
+                                         cwd, self.log)
+        if request is None:
             return False
-        env_args, values = self._container.environment(env)
-        names = env_args[1::2]
-        request = {"connection_file": connection_file, "connection_info": info,
-                   "cwd": os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else home(),
-                   "env": {name: values[name] for name in names if name in values}, "argv": argv[3:]}
         self._attach(entry, cwd)
-        try:
-            assert entry.process.stdin is not None
-            entry.process.stdin.write((json.dumps(request) + "\n").encode())
-            entry.process.stdin.close()
-        except (OSError, ValueError):
-            return False
-        return True
+        return entry.hand_over(request)
 
     async def _wait_until_listening(self) -> None:
         """Return once the kernel listens on its ports; raise if its container ends first."""
@@ -490,28 +424,3 @@ class PodmanHPCProvisioner(LocalProvisioner):
         self.container_name = provisioner_info.get("container_name", "")
         self.image = provisioner_info.get("image", self.image)
 
-
-def _drain(stream, tail: collections.deque, ready: threading.Event | None = None) -> None:
-    """Copy the container's stderr to ours, keeping the last lines for error messages;
-    a pooled container's ready line sets ``ready`` instead."""
-    sink = getattr(sys.stderr, "buffer", None)
-    marker = READY_LINE.encode()
-    try:
-        for raw in iter(stream.readline, b""):
-            if ready is not None and not ready.is_set() and raw.rstrip() == marker:
-                ready.set()
-                continue
-            tail.append(raw.decode(errors="replace").rstrip())
-            try:
-                if sink is not None:
-                    sink.write(raw)
-                    sink.flush()
-                else:
-                    sys.stderr.write(raw.decode(errors="replace"))
-            except (OSError, ValueError):
-                sink = None
-    finally:
-        try:
-            stream.close()
-        except OSError:
-            pass

@@ -1,17 +1,25 @@
 """The warm pool's bookkeeping with stand-in containers (sleep processes): what it serves,
-refilling after an adoption, giving up on a broken image, closing with its kernelspec.
+refilling after an adoption, giving up on a broken image, closing with its kernelspec; and
+what a kernel start hands a pooled container (its key, its request, on its stdin).
 The pool with real containers: tests/integration/kernels/test_pool.py."""
 
 from __future__ import annotations
 
 import collections
+import json
+import logging
+import os
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
+from jupyter_podman_hpc.engine.podman import Podman
+from jupyter_podman_hpc.engine.config import load_config
 from jupyter_podman_hpc.kernels import pool as pools
+from jupyter_podman_hpc.kernels.container import KernelContainer
 
 
 class Site:
@@ -113,3 +121,55 @@ def test_the_registry_makes_one_pool_per_key_and_closes_all(site):
     assert pools.find("spec:1") is first
     pools.close_all()
     assert first.closed and pools.find("spec:1") is None
+
+
+def test_a_kernelspec_pool_key_changes_with_its_kernel_json(tmp_path):
+    spec_file = tmp_path / "python-base" / "kernel.json"
+    assert pools.spec_key(spec_file) is None  # no kernelspec: no pool
+    spec_file.parent.mkdir()
+    spec_file.write_text('{"argv": []}')
+    first = pools.spec_key(spec_file)
+    assert first is not None and first.startswith("python-base:")
+    spec_file.write_text('{"argv": ["python3"]}')
+    assert pools.spec_key(spec_file) not in (None, first)
+
+
+def container(tmp_path, monkeypatch) -> KernelContainer:
+    monkeypatch.setenv("PODMANHPC_GRAPH_ROOT", str(tmp_path / "graph"))
+    monkeypatch.setenv("PODMANHPC_RUN_ROOT", str(tmp_path / "run"))
+    monkeypatch.setenv("PODMANHPC_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    podman = Podman(load_config(os.environ), os.environ)
+    return KernelContainer(podman, "localhost/base:1", [], spec_argv=["python3", "-m", "ipykernel_launcher"],
+                           spec_env={"MY_VAR": "1"}, pass_env=["JPY_*"])
+
+
+def test_the_adoption_request_carries_the_connection_the_cwd_and_the_passed_environment(tmp_path, monkeypatch):
+    kernel = container(tmp_path, monkeypatch)
+    connection_file = tmp_path / "kernel-abc.json"
+    connection_file.write_text(json.dumps({"shell_port": 5}))
+    cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection_file)]
+    env = {"MY_VAR": "value", "JPY_SESSION_NAME": "nb", "SECRET": "x", "JPY_PARENT_PID": "7"}
+    request = pools.adoption_request(kernel, "", cmd, env, str(tmp_path), logging.getLogger("test"))
+    assert request == {"connection_file": str(connection_file), "connection_info": {"shell_port": 5},
+                       "cwd": str(tmp_path), "env": {"HOME": str(tmp_path), "JPY_SESSION_NAME": "nb",
+                                                     "MY_VAR": "value"},
+                       "argv": ["-f", str(connection_file)]}
+
+
+def test_an_unreadable_connection_file_means_no_adoption(tmp_path, monkeypatch, caplog):
+    kernel = container(tmp_path, monkeypatch)
+    missing = str(tmp_path / "gone.json")
+    cmd = ["python3", "-m", "ipykernel_launcher", "-f", missing]
+    assert pools.adoption_request(kernel, "", cmd, {}, None, logging.getLogger("test")) is None
+    assert f"cannot read the connection file {missing}" in caplog.text
+
+
+def test_a_pooled_container_reads_its_request_on_its_stdin():
+    process = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    entry = pools.Pooled("c0", process, collections.deque(), threading.Thread(target=lambda: None),
+                         threading.Event(), ())
+    assert entry.hand_over({"argv": ["-f", "k.json"]})
+    assert json.loads(process.stdout.read()) == {"argv": ["-f", "k.json"]}
+    process.wait()
+    assert not entry.hand_over({"argv": []})  # its stdin is closed: it cannot take another
