@@ -1,4 +1,8 @@
-"""An exclusive file lock that excludes other processes and other threads alike."""
+"""An exclusive file lock that excludes other processes and other threads alike.
+
+``flocked`` locks a path of ours with flock; ``lockf_held`` takes the fcntl (POSIX) lock
+containers/storage takes, on a lock file the caller opens (a squashed store's).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ import errno
 import fcntl
 import os
 import stat
+import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .errors import PermissionDenied
 
@@ -37,3 +42,25 @@ def flocked(path: str | Path, mode: int = 0o644) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def lockf_held(key: str, open_lock: Callable[[], int]) -> Iterator[int]:
+    """Hold an exclusive fcntl (POSIX) lock, the kind containers/storage and NFS honour, on the
+    lock file ``open_lock()`` opens (``key`` names it) for the ``with`` block; yields its descriptor.
+
+    POSIX locks belong to the process, so threads of one process (the Jupyter server) also
+    take a per-``key`` thread lock."""
+    with _thread_locks_guard:
+        thread_lock = _thread_locks.setdefault(key, threading.Lock())
+    with thread_lock:
+        fd = open_lock()
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield fd
+        finally:
+            os.close(fd)  # closing releases the lock

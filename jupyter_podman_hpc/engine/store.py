@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import stat
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -48,6 +46,7 @@ from .commands import LOGGER
 from .errors import ConfigError, EngineError, ImageNotFound, PermissionDenied
 from .files import atomic_write
 from .graphroot import IMAGES, GraphRoot
+from .locks import lockf_held
 from .private import describe, describe_access, user_name
 from .records import image_ok, is_id, is_link, layer_ok, set_squash_digest, split, squash_digest
 from .sharing import Sharing
@@ -84,30 +83,7 @@ LINKS = ("overlay", "l")
 LOCKS = (".locks",)
 RECORD_DIRS = ("overlay-images", "overlay-layers")
 
-_thread_locks: dict[str, threading.Lock] = {}
-_thread_locks_guard = threading.Lock()
 _warned: set[str] = set()
-
-
-@contextlib.contextmanager
-def _locked(tree: Tree, parts: tuple[str, ...], name: str, mode: int | None) -> Iterator[int]:
-    """An exclusive fcntl (POSIX) lock, the kind containers/storage and NFS honour.
-
-    POSIX locks belong to the process, so threads of one process (the
-    Jupyter server) also take a per-path thread lock. The lock file is
-    opened without following links (``Tree.lock_file``): a member could
-    otherwise swap it for a link to one of our files, which the token
-    write of ``_touch`` would overwrite.
-    """
-    with _thread_locks_guard:
-        thread_lock = _thread_locks.setdefault(str(tree.path(parts, name)), threading.Lock())
-    with thread_lock:
-        fd = tree.lock_file(parts, name, mode)  # other members lock it too: its group may write it
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-            yield fd
-        finally:
-            os.close(fd)  # closing releases the lock
 
 
 def _warn(key: str, message: str) -> None:
@@ -181,7 +157,12 @@ class SquashStore:
         return self.root / ".locks"
 
     def _lock(self, parts: tuple[str, ...], name: str):
-        return _locked(self.tree, parts, name, self.sharing.file_mode())
+        """containers/storage's lock on the lock file ``name``, opened without following links
+        (``Tree.lock_file``): a member could otherwise swap it for a link to one of our files,
+        which the token write of ``_touch`` would overwrite. Its group may write it: other
+        members lock it too."""
+        return lockf_held(str(self.tree.path(parts, name)),
+                          lambda: self.tree.lock_file(parts, name, self.sharing.file_mode()))
 
     def squash_path(self, link: str) -> Path:
         if not is_link(link):
