@@ -15,7 +15,11 @@
 - ``migrate``: squashing ("migrating") a local image into the squashed store, and removing it
 - ``mount``: the mount program podman calls for squashed images
 - ``squashmount``: the mount program's squashfuse mounts, shared by reference and mounted again when they die
-- ``readpath``: how a squashed image's files reach its containers on a node (unpacked, kernel, fuse)
+- ``readpath``: how a squashed image's files reach its containers on a node (unpacked, kernel, fuse):
+  the choice, its settings, the unpack budget, why a node fell back
+- ``unpack``: one squash file unpacked into the node-local cache, held while its containers run
+- ``unpackcache``: the node-local cache of unpacked copies: what it holds, what is in use, what goes (``sweep``)
+- ``kerneloverlay``: kernel overlayfs in podman's user namespace: options, mount(2), the probe
 - ``hook``: the OCI hook for modules' ``copy`` entries and ldconfig
 - ``inroot``: paths resolved inside a container's root (openat2 RESOLVE_IN_ROOT)
 - ``images``: local and squashed images as a user sees them

@@ -64,7 +64,7 @@ def read_path(site) -> Iterator[str]:
     yield from unpacked_copies(site)
     if settings.kernel_overlay:
         probe = podman.run(podman.command("unshare", sys.executable, "-m",
-                                          "jupyter_podman_hpc.engine.readpath", c.run_root),
+                                          "jupyter_podman_hpc.engine.kerneloverlay", c.run_root),
                            check=False)
         verdict = "yes" if probe.returncode == 0 else f"no ({probe.stdout.strip() or probe.stderr.strip()})"
         yield f" kernel overlayfs in podman's user namespace: {verdict}"
@@ -81,7 +81,7 @@ def unpacked_copies(site, release_job: bool = False) -> Iterator[str]:
     if not cache.is_dir() or not any(cache.glob("*.ref")):
         yield f" unpacked copies: none in {cache}"
         return
-    result = podman.run(podman.command("unshare", sys.executable, "-m", "jupyter_podman_hpc.engine.readpath",
+    result = podman.run(podman.command("unshare", sys.executable, "-m", "jupyter_podman_hpc.engine.unpackcache",
                                        "sweep", *(["--release-job"] if release_job else [])),
                         check=False)
     try:

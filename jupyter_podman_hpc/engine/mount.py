@@ -33,13 +33,15 @@ from pathlib import Path
 
 from . import commands
 from .errors import EngineError
+from .kerneloverlay import kernel_options, mount_overlay
 from .private import own_dir
-from .readpath import (NoRoom, ReadPathSettings, UnpackedCopy, kernel_options, mount_overlay, note_fallback,
-                       sweep_unused)
+from .readpath import ReadPathSettings, note_fallback
 from .records import is_id, is_link, layer_of_link_target
 from .squashmount import SquashMount, log, mounted_targets, mounts_dir
 from .squashcheck import VerifiedFiles, check, recorded, verified_dir
 from .storefs import Tree
+from .unpack import NoRoom, UnpackedCopy
+from .unpackcache import sweep_unused
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], str]:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from jupyter_podman_hpc.engine.readpath import cache_entries, in_use
+from jupyter_podman_hpc.engine.unpackcache import cache_entries, in_use
 
 # What the container's root is, by read path: (file system type, what its lower is).
 ROOTS = {"unpacked": ("overlay", "unpacked"), "kernel": ("overlay", "/overlay/l/"),
