@@ -7,7 +7,7 @@
 - ``reference``: image reference parsing and validation
 - ``store``: the squashed image store's on-disk format (records, squash files, locks)
 - ``graphroot``: a podman graph root's records read as podman reads them; ``GraphRoot.find`` matches a reference or id
-- ``storeaccess``: which squashed stores apply to the user (own, project, site) and what the user may do with each
+- ``storeaccess``: which squashed stores apply to the user (own, project, site) and what the user may do with each; writes and removals refused before they start
 - ``sharing``: project stores (setgid: their group's), and the modes a store's new files and directories get
 - ``records``: the store's records checked as they are read (ids, links)
 - ``storefs``: files of a shared store reached through directory descriptors, no link followed
@@ -22,7 +22,7 @@
 - ``kerneloverlay``: kernel overlayfs in podman's user namespace: options, mount(2), the probe
 - ``hook``: the OCI hook for modules' ``copy`` entries and ldconfig
 - ``inroot``: paths resolved inside a container's root (openat2 RESOLVE_IN_ROOT)
-- ``images``: local and squashed images as a user sees them
+- ``images``: local and squashed images as a user sees them; ``find_squashed`` finds one in the stores
 - ``pull``: pulling an image (through the REST service for the fronts, ``podman pull`` for the CLI), then squashing it
 - ``build``: building an image through the REST service, with structured progress and cancellation
 - ``launcher``: shared-run (podman-exec): a step's tasks on a node, the first one starting its container
@@ -42,7 +42,7 @@
 - ``commands``: the runner of every external command, which logs each at debug level
 - ``errors``: the kinds of error (invalid input, not found, conflict, ...) fronts map
 - ``files``: the one atomic write-temp-then-rename
-- ``locks``: an exclusive file lock across processes and threads
+- ``locks``: an exclusive file lock across processes and threads (flock; containers/storage's lockf)
 - ``private``: per-user state directories, made 0700 and verified before each use; why a path is closed to the user
 - ``processes``: what the engine asks about a process (psutil)
 """

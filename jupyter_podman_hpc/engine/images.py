@@ -38,6 +38,15 @@ class ImageInfo:
         return {**asdict(self), "short_id": self.short_id, "stores": self.stores}
 
 
+def find_squashed(config, ref: str) -> StoredImage | None:
+    """``ref`` in the user's squashed store or one of the additional stores, in that precedence."""
+    for directory in readable_stores(config):
+        found = SquashStore(directory).find(ref)
+        if found is not None:
+            return found
+    return None
+
+
 def _created(value) -> str:
     if isinstance(value, (int, float)):
         return dt.datetime.fromtimestamp(value, dt.timezone.utc).isoformat(timespec="seconds")

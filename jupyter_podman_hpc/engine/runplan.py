@@ -82,7 +82,7 @@ def refuse_damaged_squash(config: SiteConfig, ref: str) -> None:
     from .errors import EngineError
     from .squashcheck import SquashDamaged, damage
     from .graphroot import GraphRoot
-    from .storeaccess import find_squashed
+    from .images import find_squashed
 
     if GraphRoot(config.graph_root).find(ref) is not None:
         return

@@ -19,8 +19,9 @@ so a long-running podman notices the change.
 
 A store whose directory has the setgid bit is a *project store*: its group
 shares it, and what is written into it gets the modes ``sharing.Sharing``
-says. A store that exists but cannot be read is refused with one line
-naming it and why, before podman sees it (``storeaccess.readable_stores``).
+says. A store that exists but cannot be read, or written, is refused with
+one line naming it and why, before podman sees it or anything is written
+(``storeaccess``).
 
 Every member of a group-writable store can write its records and its
 directories, so nothing read from it is trusted as a path: records are
@@ -43,14 +44,15 @@ from typing import Iterator
 
 from . import reference
 from .commands import LOGGER
-from .errors import ConfigError, EngineError, ImageNotFound, PermissionDenied
+from .errors import EngineError, ImageNotFound, PermissionDenied
 from .files import atomic_write
 from .graphroot import IMAGES, GraphRoot
 from .locks import lockf_held
-from .private import describe, describe_access, user_name
+from .private import describe
 from .records import image_ok, is_id, is_link, layer_ok, set_squash_digest, split, squash_digest
 from .sharing import Sharing
 from .squashcheck import VerifiedFiles
+from .storeaccess import check_removable, check_writable, store_root
 from .storefs import EntryRefused, Tree, make_dirs
 
 
@@ -105,10 +107,7 @@ class SquashStore:
     """
 
     def __init__(self, root: str | Path):
-        if not str(root):
-            from .config import NO_SQUASH_DIR
-            raise ConfigError(NO_SQUASH_DIR)
-        self.root = Path(root)
+        self.root = store_root(root)
         self.tree = Tree(self.root)
         self.images_json = self.root / "overlay-images" / "images.json"
         self.layers_json = self.root / "overlay-layers" / "layers.json"
@@ -126,7 +125,7 @@ class SquashStore:
 
     def init(self) -> None:
         """Create the store's layout if missing; refuse in one line a store we may not write."""
-        self.check_writable()
+        check_writable(self.root)
         try:
             make_dirs(self.root, self.sharing.dir_mode())
             for parts in (LINKS, IMAGES, LAYERS, LOCKS):
@@ -140,21 +139,6 @@ class SquashStore:
                         self.tree.write(parts, name, b"[]", self.sharing.file_mode())
         except OSError as err:
             raise EngineError(f"cannot create the squashed image store {self.root}: {err.strerror}")
-
-    def check_writable(self) -> None:
-        """PermissionDenied, with who may write the store, unless this user may."""
-        existing = next((d for d in (self.root, self.root.parent) if d.exists()), None)
-        if existing is None or os.access(existing, os.W_OK | os.X_OK):
-            inner = [p for p in (self.images_json.parent, self.layers_json.parent, self.links, self.lock_dir)
-                     if p.exists() and not os.access(p, os.W_OK | os.X_OK)]
-            if not inner:
-                return
-            existing = inner[0]
-        raise PermissionDenied(f"cannot write to the image store {self.root}: {describe_access(existing)}")
-
-    @property
-    def lock_dir(self) -> Path:
-        return self.root / ".locks"
 
     def _lock(self, parts: tuple[str, ...], name: str):
         """containers/storage's lock on the lock file ``name``, opened without following links
@@ -455,27 +439,11 @@ class SquashStore:
             used = self._layers_in_use(images, layers)
             doomed = [(layer["id"], self.link_of(layer["id"])) for layer in layers if layer["id"] not in used]
             for layer_id, link in doomed:
-                self._check_removable(image, layer_id, link)
+                check_removable(self.tree, image.id, [(OVERLAY, layer_id)] +
+                                ([(LINKS, link), (LINKS, f"{link}.squash")] if link else []))
             layers[:] = [layer for layer in layers if layer["id"] in used]
         self._remove_files(image, doomed)
         return image, True
-
-    def _check_removable(self, image: StoredImage, layer: str, link: str) -> None:
-        """PermissionDenied if a sticky directory keeps us from removing a file of the layer."""
-        entries = [(OVERLAY, layer)] + ([(LINKS, link), (LINKS, f"{link}.squash")] if link else [])
-        me = os.getuid()
-        for parts, name in entries:
-            st = self.tree.lstat(parts, name)
-            if st is None or st.st_uid == me or me == 0:
-                continue
-            with self.tree.directory(parts) as dirfd:
-                parent = os.fstat(dirfd)
-            if parent.st_mode & stat.S_ISVTX and parent.st_uid != me:
-                path = self.tree.path(parts, name)
-                raise PermissionDenied(
-                    f"cannot remove {image.short_id} from the image store {self.root}: {describe(path, st)}, "
-                    f"and in this project store only a file's owner (or the owner of {path.parent}) may "
-                    f"remove it; ask {user_name(st.st_uid)} to run podman-hpc rmsqi")
 
     def _remove_files(self, image: StoredImage, doomed: list[tuple[str, str]]) -> None:
         """Records are gone: the files are unreachable now, delete them. The layer's

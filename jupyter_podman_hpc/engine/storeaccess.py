@@ -4,6 +4,9 @@ The user's own store comes first, then the additional (project or site)
 stores in the configured order (``configured_stores``). A store that is
 missing is left out; one that exists but is closed to this user is refused
 with one line naming it and why, before podman sees it (``readable_stores``).
+A write the user may not make is refused the same way before anything is
+written (``check_writable``), and so is a removal that another member's file
+in a sticky project store stands in the way of (``check_removable``).
 A project store is a store whose directory has the setgid bit: its group
 shares it (the modes its files get are ``sharing.Sharing``'s). The on-disk
 format of a store is ``engine.store``'s.
@@ -14,12 +17,25 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Iterable
 
-from .errors import EngineError, PermissionDenied
-from .private import describe_access, group_name
+from .errors import ConfigError, EngineError, PermissionDenied
+from .private import describe, describe_access, group_name, user_name
 from .sharing import Sharing
-from .store import SquashStore, StoredImage
-from .storefs import make_dirs
+from .storefs import Tree, make_dirs
+
+
+def store_root(directory: str | Path) -> Path:
+    """The root of the squashed store ``directory``; ConfigError when there is none (no SCRATCH)."""
+    if not str(directory):
+        from .config import NO_SQUASH_DIR
+        raise ConfigError(NO_SQUASH_DIR)
+    return Path(directory)
+
+
+def _record_dirs(root: Path) -> list[Path]:
+    """The directories every reader and writer of the store ``root`` enters."""
+    return [root / "overlay-images", root / "overlay-layers", root / "overlay" / "l"]
 
 
 def make_store_dir(path: str) -> None:
@@ -54,7 +70,7 @@ def readable_stores(config) -> list[str]:
             continue
         except PermissionError:
             raise PermissionDenied(_unreadable(root, root))
-        needed = [root, root / "overlay-images", root / "overlay-layers", root / "overlay" / "l"]
+        needed = [root, *_record_dirs(root)]
         needed += [root / "overlay-images" / "images.lock", root / "overlay-layers" / "layers.lock"]
         for path in needed:
             if path.exists() and not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
@@ -96,7 +112,7 @@ def store_access(directory: str) -> str:
     if not os.access(root, os.R_OK | os.X_OK):
         return f"no access ({describe_access(root, os.R_OK | os.X_OK)})"
     try:
-        SquashStore(root).check_writable()
+        check_writable(root)
         access = "read-write"
     except PermissionDenied:
         access = "read-only"
@@ -105,13 +121,37 @@ def store_access(directory: str) -> str:
     return access
 
 
-def find_squashed(config, ref: str) -> StoredImage | None:
-    """``ref`` in the user's squashed store or one of the additional stores, in that precedence."""
-    for directory in readable_stores(config):
-        found = SquashStore(directory).find(ref)
-        if found is not None:
-            return found
-    return None
+def check_writable(directory: str | Path) -> None:
+    """PermissionDenied, with who may write the store ``directory``, unless this user may."""
+    root = store_root(directory)
+    existing = next((d for d in (root, root.parent) if d.exists()), None)
+    if existing is None or os.access(existing, os.W_OK | os.X_OK):
+        inner = [p for p in [*_record_dirs(root), root / ".locks"]
+                 if p.exists() and not os.access(p, os.W_OK | os.X_OK)]
+        if not inner:
+            return
+        existing = inner[0]
+    raise PermissionDenied(f"cannot write to the image store {root}: {describe_access(existing)}")
 
 
-__all__ = ["configured_stores", "find_squashed", "make_store_dir", "readable_stores", "store_access"]
+def check_removable(tree: Tree, image_id: str, entries: Iterable[tuple[tuple[str, ...], str]]) -> None:
+    """PermissionDenied if a sticky directory of the store ``tree`` keeps this user from removing
+    one of ``entries`` (parts, name) of the image ``image_id``: in a project store only a file's
+    owner (or its directory's) may remove it."""
+    me = os.getuid()
+    for parts, name in entries:
+        st = tree.lstat(parts, name)
+        if st is None or st.st_uid == me or me == 0:
+            continue
+        with tree.directory(parts) as dirfd:
+            parent = os.fstat(dirfd)
+        if parent.st_mode & stat.S_ISVTX and parent.st_uid != me:
+            path = tree.path(parts, name)
+            raise PermissionDenied(
+                f"cannot remove {image_id[:12]} from the image store {tree.root}: {describe(path, st)}, "
+                f"and in this project store only a file's owner (or the owner of {path.parent}) may "
+                f"remove it; ask {user_name(st.st_uid)} to run podman-hpc rmsqi")
+
+
+__all__ = ["check_removable", "check_writable", "configured_stores", "make_store_dir", "readable_stores",
+           "store_access", "store_root"]

@@ -75,8 +75,8 @@ class Backend:
     def writable_store(config: SiteConfig) -> SiteConfig:
         """``config`` if its squashed store takes writes from this user; else PermissionDenied
         (a 403) before any task starts."""
-        from ..engine.store import SquashStore
-        SquashStore(config.squash_dir).check_writable()
+        from ..engine.storeaccess import check_writable
+        check_writable(config.squash_dir)
         return config
 
     def job_root(self) -> Path:

@@ -41,9 +41,9 @@ from typing import Mapping, Optional
 from ..engine.config import SiteConfig, load_config
 from ..engine.errors import EngineError, ImageNotFound, NotFound
 from ..engine.files import atomic_write
+from ..engine.images import find_squashed
 from ..engine.modules import ModuleSet
 from ..engine.progress import Progress, ProgressCallback, ignore
-from ..engine.storeaccess import find_squashed
 from . import notebook as notebooks
 from .client import JobStatus, SlurmClient, SlurmError
 from .script import PYTHON, RunTarget, render

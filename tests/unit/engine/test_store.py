@@ -1,7 +1,6 @@
-"""The squashed store's sharing and permission side, on plain directories (no podman)."""
+"""The squashed store on plain directories (no podman): the modes a project store's files get,
+records used as paths, removal, lock files, squash digests."""
 
-import base64
-import hashlib
 import json
 import os
 import stat
@@ -10,9 +9,8 @@ import pytest
 
 from jupyter_podman_hpc.engine.errors import PermissionDenied
 from jupyter_podman_hpc.engine.records import SQUASH_DIGEST
-from jupyter_podman_hpc.engine.graphroot import stored_command
 from jupyter_podman_hpc.engine.store import SquashStore
-from jupyter_podman_hpc.engine.storeaccess import make_store_dir, store_access
+from jupyter_podman_hpc.engine.storeaccess import make_store_dir
 
 
 def mode(path):
@@ -50,68 +48,6 @@ def test_a_personal_store_keeps_the_umask(tmp_path):
     store = SquashStore(tmp_path / "store")
     store.init()
     assert not mode(store.images_json) & 0o020 and not mode(store.root) & stat.S_ISGID
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes everything")
-def test_writes_into_a_store_we_may_not_write_are_refused_in_one_line(tmp_path):
-    store = SquashStore(tmp_path / "store")
-    store.init()
-    store.root.chmod(0o555)
-    try:
-        with pytest.raises(PermissionDenied) as refused:
-            SquashStore(store.root).init()
-        assert str(refused.value).startswith(f"cannot write to the image store {store.root}: {store.root} is ")
-        assert store_access(str(store.root)) == "read-only"
-    finally:
-        store.root.chmod(0o755)
-
-
-def storage_with(root, names, config, image_id=None):
-    """A storage's image records as containers/storage writes them (the config is big data,
-    the image id its digest)."""
-    data = json.dumps({"config": config}).encode()
-    image_id = image_id or hashlib.sha256(data).hexdigest()
-    images = root / "overlay-images"
-    (images / image_id).mkdir(parents=True)
-    (images / "images.json").write_text(json.dumps([{"id": image_id, "names": names}]))
-    key = base64.b64encode(f"sha256:{image_id}".encode()).decode()
-    if config is not None:
-        (images / image_id / f"={key}").write_bytes(data)
-    return str(root)
-
-
-def test_the_image_command_comes_from_the_first_storage_naming_the_image(tmp_path):
-    name = "registry.example:5000/team/app:1"
-    local = storage_with(tmp_path / "local", [name], {"Entrypoint": ["python3"], "Cmd": None})
-    squashed = storage_with(tmp_path / "squash", [name, "localhost/x:1"], {"Cmd": ["sh"]})
-    assert stored_command([local, squashed], name) == (["python3"], None)
-    assert stored_command([str(tmp_path / "missing"), squashed], name) == (None, ["sh"])
-    assert stored_command([local, squashed], "localhost/x") is None  # :latest is not x:1
-    assert stored_command([local, squashed], "localhost/x:1") == (None, ["sh"])
-
-
-def test_podman_answers_for_short_names_ids_and_records_without_a_config(tmp_path):
-    squashed = storage_with(tmp_path / "squash", ["localhost/x:1"], None, image_id="c" * 64)
-    assert stored_command([squashed], "x:1") is None  # short-name resolution is podman's
-    assert stored_command([squashed], "c" * 12) is None
-    assert stored_command([squashed], "localhost/x:1") is None  # the config is not there
-    assert stored_command([squashed], "localhost/other:1") is None
-
-
-def test_a_config_changed_in_a_shared_store_is_left_to_podman(tmp_path):
-    """The image id is the config's digest: a member who rewrites another's config (to change
-    its ENTRYPOINT) gets nothing from shared-run's shortcut, and podman refuses the image."""
-    squashed = storage_with(tmp_path / "squash", ["localhost/x:1"], {"Cmd": ["sh"]})
-    config = next((tmp_path / "squash" / "overlay-images").glob("*/=*"))
-    config.write_text(json.dumps({"config": {"Entrypoint": ["/tmp/evil"]}}))
-    assert stored_command([squashed], "localhost/x:1") is None
-
-
-def test_records_with_ids_that_are_not_ids_are_never_used_as_paths(tmp_path):
-    squashed = storage_with(tmp_path / "squash", ["localhost/x:1"], {"Cmd": ["sh"]})
-    images = tmp_path / "squash" / "overlay-images" / "images.json"
-    images.write_text(json.dumps([{"id": "../../etc", "names": ["localhost/x:1"]}]))
-    assert stored_command([squashed], "localhost/x:1") is None
 
 
 # --- records used as paths, and removal -------------------------------------------------
