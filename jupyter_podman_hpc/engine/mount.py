@@ -347,6 +347,9 @@ def _squash_lower(squash: Path, target: Path, digests: set[str], settings: ReadP
                 root = None
             for key, why in copy.removed:  # past their time, or made room: infohpc says which and why
                 note_fallback(state_dir, f"removed unpacked copy {key}: {why}")
+            if copy.lost:
+                note_fallback(state_dir, f"unpacked copy {copy.key} of {squash.name} was gone from {copy.cache} "
+                                         "(removed outside podman-hpc): unpacked again")
             if root is not None:
                 log(f"{squash} unpacked at {root}")
                 held.append(copy)

@@ -58,6 +58,7 @@ class UnpackedCopy:
         self.ref_fd: int | None = None
         self.estimate = st.st_size * UNPACK_ESTIMATE
         self.removed: list[tuple[str, str]] = []  # (key, why) of the copies acquire() removed
+        self.lost = False  # acquire() found this copy's tree gone (removed outside the cache's policy) and made it again
 
     def acquire(self) -> Path:
         """The unpacked tree, made if needed; NoRoom if the node cannot hold it."""
@@ -71,6 +72,7 @@ class UnpackedCopy:
             try:
                 self.removed = sweep(self.cache, self.settings, keep={self.key})
                 if not self.root.is_dir():
+                    self.lost = size_of(self.ref_path) > 0  # its ref says it was made
                     self._make()
                 elif read_meta(self.ref_path).get("job") != (self.settings.job or ""):
                     self._write_ref(size_of(self.ref_path))  # now this job's: its end releases it

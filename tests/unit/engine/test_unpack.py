@@ -1,6 +1,7 @@
 """An unpacked copy made with the real unsquashfs: once per node, shared, room made for it
 (oldest unused copies first), refused when there is none, and recorded as its job's."""
 
+import shutil
 import time
 
 import pytest
@@ -24,6 +25,18 @@ def test_a_copy_is_unpacked_once_and_shared(tmp_path):
     second.release()
     assert [key for key, size, _ in cache_entries(tmp_path / "cache")] == [first.key]
     assert cache_entries(tmp_path / "cache")[0][1] > 1000  # its size is recorded
+
+
+@needs_squashfs
+def test_a_copy_removed_from_outside_is_unpacked_again_and_said_lost(tmp_path):
+    squash = squash_file(tmp_path, "one")
+    first = UnpackedCopy(squash, tmp_path / "cache", 2**30)
+    assert not first.lost
+    shutil.rmtree(first.acquire())  # someone else's rm -rf, while a container holds it
+    again = UnpackedCopy(squash, tmp_path / "cache", 2**30)
+    assert (again.acquire() / "etc" / "hello").read_text() == "one" and again.lost
+    first.release()
+    again.release()
 
 
 @needs_squashfs
