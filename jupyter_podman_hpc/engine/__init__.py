@@ -13,6 +13,7 @@
 - ``storefs``: files of a shared store reached through directory descriptors, no link followed
 - ``squashcheck``: each squash file's sha256, checked once per file identity on a node
 - ``migrate``: squashing ("migrating") a local image into the squashed store, and removing it
+- ``storeremove``: removing an image (or one of its names) from a squashed store: records first, then files
 - ``mount``: the mount program podman calls for squashed images
 - ``squashmount``: the mount program's squashfuse mounts, shared by reference and mounted again when they die
 - ``readpath``: how a squashed image's files reach its containers on a node (unpacked, kernel, fuse):

@@ -32,7 +32,7 @@ import termios
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import reference
+from . import reference, storeremove
 from .errors import EngineError, ImageNotFound, PodmanError, StorageFull
 from .podman import Podman
 from .private import private_dir
@@ -211,6 +211,6 @@ def remove_squashed(podman: Podman, ref: str) -> tuple[StoredImage, bool]:
     store = SquashStore(podman.config.squash_dir)
     store.init()
     try:
-        return store.remove(ref)
+        return storeremove.remove(store, ref)
     except OSError as err:
         raise EngineError(f"cannot remove {ref} from {store.root}: {_why(err)}") from None

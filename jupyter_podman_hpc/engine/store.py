@@ -12,8 +12,8 @@ store and either tool runs the other's images::
 
 Writes follow one rule: files first, records last. Everything an image
 needs is written (under temporary names, then renamed) before its records
-appear in the JSON files, and records are removed before files. The JSON
-files are replaced atomically while holding the same fcntl locks
+appear in the JSON files, and records are removed before files
+(``storeremove``). The JSON files are replaced atomically while holding the same fcntl locks
 containers/storage takes, and the lock files get a new "last writer" token
 so a long-running podman notices the change.
 
@@ -52,7 +52,7 @@ from .private import describe
 from .records import image_ok, is_id, is_link, layer_ok, set_squash_digest, split, squash_digest
 from .sharing import Sharing
 from .squashcheck import VerifiedFiles
-from .storeaccess import check_removable, check_writable, store_root
+from .storeaccess import check_writable, store_root
 from .storefs import EntryRefused, Tree, make_dirs
 
 
@@ -88,7 +88,7 @@ RECORD_DIRS = ("overlay-images", "overlay-layers")
 _warned: set[str] = set()
 
 
-def _warn(key: str, message: str) -> None:
+def warn_once(key: str, message: str) -> None:
     """Say it once per process (a listing reads a store many times)."""
     if key not in _warned:
         _warned.add(key)
@@ -172,7 +172,7 @@ class SquashStore:
         good, bad = split(self._read(parts, name), ok)
         if bad:
             path = self.tree.path(parts, name)
-            _warn(f"records:{path}", f"ignoring {len(bad)} record(s) of {path} whose id is not a "
+            warn_once(f"records:{path}", f"ignoring {len(bad)} record(s) of {path} whose id is not a "
                                      f"64-digit hex id (a member of the store's group may have written them): "
                                      f"they are never acted on")
         return good, bad
@@ -187,11 +187,11 @@ class SquashStore:
         try:
             data = self.tree.read(OVERLAY + (layer,), "link")
         except EntryRefused as refused:
-            _warn(f"link:{layer}", str(refused))
+            warn_once(f"link:{layer}", str(refused))
             return ""
         link = (data or b"").decode(errors="replace").strip()
         if data is not None and not is_link(link):
-            _warn(f"link:{layer}", f"ignoring the link of layer {layer[:12]} in {self.root}: {link[:40]!r} "
+            warn_once(f"link:{layer}", f"ignoring the link of layer {layer[:12]} in {self.root}: {link[:40]!r} "
                                    f"is not a link name")
             return ""
         return link
@@ -284,7 +284,7 @@ class SquashStore:
             yield
 
     @contextlib.contextmanager
-    def _records(self) -> Iterator[tuple[list[dict], list[dict]]]:
+    def records(self) -> Iterator[tuple[list[dict], list[dict]]]:
         """Both lists of valid records, locked as containers/storage locks them; written back on
         success (with the invalid records they skipped, untouched)."""
         with self._lock(LAYERS, "layers.lock") as layers_fd, self._lock(IMAGES, "images.lock") as images_fd:
@@ -385,7 +385,7 @@ class SquashStore:
         sha256 of the squash file) goes into every record of that top layer.
         """
         names = list(record.get("names") or [])
-        with self._records() as (images, layers):
+        with self.records() as (images, layers):
             known = {layer["id"] for layer in layers}
             layers.extend(layer for layer in reversed(chain) if layer["id"] not in known)
             for other in images:
@@ -406,7 +406,7 @@ class SquashStore:
             return self._stored(next(image for image in images if image["id"] == record["id"]))
 
     def add_names(self, image_id: str, names: list[str]) -> StoredImage:
-        with self._records() as (images, _):
+        with self.records() as (images, _):
             target = next((image for image in images if image["id"] == image_id), None)
             if target is None:
                 raise ImageNotFound(f"image {image_id[:12]} is not in the squashed store")
@@ -416,71 +416,6 @@ class SquashStore:
             target["names"] = list(target.get("names") or []) + [
                 n for n in names if n not in (target.get("names") or [])]
             return self._stored(target)
-
-    def remove(self, ref: str) -> tuple[StoredImage, bool]:
-        """Remove a name, or the whole image when it was the last name or ``ref`` is an id.
-
-        Returns the image and whether its data was deleted. Layers still used
-        by another squashed image are kept. In a sticky project store, an image
-        whose files another member owns is refused before anything changes.
-        """
-        image = self.find(ref)
-        if image is None:
-            raise ImageNotFound(f"image {ref} is not in the squashed store {self.root}")
-        by_id = reference.is_image_id(ref) and image.id.startswith(ref.removeprefix("sha256:"))
-        with self._records() as (images, layers):
-            record = next(r for r in images if r["id"] == image.id)
-            if not by_id:
-                matched = next(n for n in reference.candidate_names(ref) if n in (record.get("names") or []))
-                record["names"] = [n for n in record["names"] if n != matched]
-                if record["names"]:
-                    return image, False
-            images.remove(record)
-            used = self._layers_in_use(images, layers)
-            doomed = [(layer["id"], self.link_of(layer["id"])) for layer in layers if layer["id"] not in used]
-            for layer_id, link in doomed:
-                check_removable(self.tree, image.id, [(OVERLAY, layer_id)] +
-                                ([(LINKS, link), (LINKS, f"{link}.squash")] if link else []))
-            layers[:] = [layer for layer in layers if layer["id"] in used]
-        self._remove_files(image, doomed)
-        return image, True
-
-    def _remove_files(self, image: StoredImage, doomed: list[tuple[str, str]]) -> None:
-        """Records are gone: the files are unreachable now, delete them. The layer's
-        directory goes before its squash file: an empty layer directory left by a
-        kill would hide the same layer in a later store from podman (upstream #172)."""
-        failed: list[str] = []
-
-        def attempt(action, parts, name):
-            try:
-                action(parts, name)
-            except EngineError as err:
-                failed.append(str(err))
-            except OSError as err:
-                failed.append(f"{self.tree.path(parts, name)}: {err.strerror}")
-
-        attempt(self.tree.rmtree, IMAGES, image.id)
-        for layer_id, link in doomed:
-            if link:
-                attempt(self.tree.unlink, LINKS, link)
-            attempt(self.tree.rmtree, OVERLAY, layer_id)
-            if link:
-                attempt(self.tree.unlink, LINKS, f"{link}.squash")
-            attempt(self.tree.unlink, LAYERS, f"{layer_id}.tar-split.gz")
-        if failed:
-            _warn(f"remove:{image.id}", f"removed {image.short_id} from {self.root}; {len(failed)} file(s) "
-                                        f"stay: {failed[0]}")
-
-    @staticmethod
-    def _layers_in_use(images: list[dict], layers: list[dict]) -> set[str]:
-        parents = {layer["id"]: layer.get("parent", "") for layer in layers}
-        used: set[str] = set()
-        for image in images:
-            current = image.get("layer", "")
-            while current and current not in used:
-                used.add(current)
-                current = parents.get(current, "")
-        return used
 
     def remove_stale_temporaries(self, link: str) -> None:
         """Partial squash files of ``link`` left by killed migrations (call under the squash lock);

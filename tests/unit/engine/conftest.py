@@ -1,6 +1,8 @@
 """Helpers of the engine's unit tests: squash files made with the real mksquashfs, and
-copies of them unpacked into a cache (engine/unpack.py, engine/unpackcache.py)."""
+copies of them unpacked into a cache (engine/unpack.py, engine/unpackcache.py); images
+squashed into a store as migrate leaves them (engine/store.py, engine/storeremove.py)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -37,3 +39,19 @@ def made_copy(tmp_path: Path, name: str, job: str = "", cache: str = "cache") ->
 def age(copy: UnpackedCopy, minutes: float) -> None:
     then = time.time() - minutes * 60
     os.utime(copy.ref_path, (then, then))
+
+
+LINK = "HH27KLVLMHONA4FWTLH3LL54FO"
+
+
+def squashed_image(store, image_id, layer, link, names):
+    """An image as migrate leaves it in the store: big data, layer skeleton, link, squash file, records."""
+    (store.root / "overlay-images" / image_id).mkdir()
+    (store.root / "overlay-images" / image_id / "manifest").write_text("{}")
+    (store.root / "overlay" / layer / "diff").mkdir(parents=True)
+    (store.root / "overlay" / layer / "link").write_text(link)
+    (store.links / link).symlink_to(f"../{layer}/diff")
+    (store.links / f"{link}.squash").write_bytes(b"hsqs" + os.urandom(1000))
+    for path, record in ((store.images_json, {"id": image_id, "layer": layer, "names": names}),
+                         (store.layers_json, {"id": layer})):
+        path.write_text(json.dumps(json.loads(path.read_text()) + [record]))

@@ -1,8 +1,7 @@
 """The squashed store on plain directories (no podman): the modes a project store's files get,
-records used as paths, removal, lock files, squash digests."""
+records used as paths, lock files, squash digests."""
 
 import json
-import os
 import stat
 
 import pytest
@@ -11,6 +10,7 @@ from jupyter_podman_hpc.engine.errors import PermissionDenied
 from jupyter_podman_hpc.engine.records import SQUASH_DIGEST
 from jupyter_podman_hpc.engine.store import SquashStore
 from jupyter_podman_hpc.engine.storeaccess import make_store_dir
+from tests.unit.engine.conftest import LINK, squashed_image
 
 
 def mode(path):
@@ -50,52 +50,7 @@ def test_a_personal_store_keeps_the_umask(tmp_path):
     assert not mode(store.images_json) & 0o020 and not mode(store.root) & stat.S_ISGID
 
 
-# --- records used as paths, and removal -------------------------------------------------
-
-LINK = "HH27KLVLMHONA4FWTLH3LL54FO"
-
-
-def squashed_image(store, image_id, layer, link, names):
-    """An image as migrate leaves it in the store: big data, layer skeleton, link, squash file, records."""
-    (store.root / "overlay-images" / image_id).mkdir()
-    (store.root / "overlay-images" / image_id / "manifest").write_text("{}")
-    (store.root / "overlay" / layer / "diff").mkdir(parents=True)
-    (store.root / "overlay" / layer / "link").write_text(link)
-    (store.links / link).symlink_to(f"../{layer}/diff")
-    (store.links / f"{link}.squash").write_bytes(b"hsqs" + os.urandom(1000))
-    for path, record in ((store.images_json, {"id": image_id, "layer": layer, "names": names}),
-                         (store.layers_json, {"id": layer})):
-        path.write_text(json.dumps(json.loads(path.read_text()) + [record]))
-
-
-def test_rmsqi_never_acts_on_records_whose_ids_are_paths(tmp_path, caplog):
-    """A member appends layer records whose ids lead out of the store (to the victim's home);
-    the victim's next removal of an unrelated image removes that image only."""
-    home = tmp_path / "home" / "victim"
-    (home / "keep").mkdir(parents=True)
-    (home / "keep" / "thesis.tex").write_text("years of work")
-    store = SquashStore(tmp_path / "store")
-    store.init()
-    squashed_image(store, "a" * 64, "1" * 64, LINK, ["localhost/unrelated:1"])
-    squashed_image(store, "b" * 64, "2" * 64, "Q" * 26, ["localhost/other:1"])
-    depth = len(store.root.joinpath("overlay").parts) - 1
-    planted = [{"id": str(home / "keep")}, {"id": "../" * depth + str(home / "keep")[1:]},
-               {"id": "3" * 64, "parent": "../../home"}]
-    store.layers_json.write_text(json.dumps(json.loads(store.layers_json.read_text()) + planted))
-    (store.root / "overlay" / ("4" * 64)).symlink_to(home / "keep")  # a valid id, its directory a link
-    store.layers_json.write_text(json.dumps(json.loads(store.layers_json.read_text()) + [{"id": "4" * 64}]))
-
-    image, deleted = store.remove("localhost/unrelated:1")
-    assert deleted and image.id == "a" * 64
-    assert (home / "keep" / "thesis.tex").read_text() == "years of work"
-    assert not (store.links / f"{LINK}.squash").exists() and not (store.root / "overlay" / ("1" * 64)).exists()
-    assert (store.links / f"{'Q' * 26}.squash").exists()  # the other image is whole
-    assert [i.names for i in store.images()] == [("localhost/other:1",)]
-    assert "ignoring 3 record(s)" in caplog.text and "never acted on" in caplog.text
-    # the records it skipped stay as they were (nothing acts on them); the valid unused one went
-    left = json.loads(store.layers_json.read_text())
-    assert [r["id"] for r in left] == ["2" * 64] + [r["id"] for r in planted]
-
+# --- records used as paths --------------------------------------------------------------
 
 def test_a_link_that_is_no_link_name_is_not_used_as_a_file_name(tmp_path):
     store = SquashStore(tmp_path / "store")
