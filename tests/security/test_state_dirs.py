@@ -21,29 +21,6 @@ exec "$@"
 
 
 @pytest.fixture
-def plant(outsider):
-    """Create files as hpcoutsider, left open to everyone; removed (as hpcoutsider) at the end."""
-    made: list[str] = []
-
-    def make(path: str | Path, text: str | None = None, mode: str = "0777") -> Path:
-        path = Path(path)
-        top = next((str(p) for p in [path, *path.parents] if p.parent in (Path("/tmp"), Path("/dev/shm"))), None)
-        assert top, f"{path} is not below /tmp or /dev/shm"
-        made.append(top)
-        if text is None:
-            outsider.sh("mkdir", "-p", "-m", "0777", path)
-        else:
-            outsider.sh("mkdir", "-p", "-m", "0777", path.parent)
-            outsider.sh("sh", "-c", 'cat > "$1" && chmod "$2" "$1"', "sh", path, mode, input=text)
-        outsider.sh("sh", "-c", 'find "$1" -type d -exec chmod 0777 {} +', "sh", top)
-        return path
-
-    yield make
-    for top in made:
-        outsider.sh("rm", "-rf", top, check=False)
-
-
-@pytest.fixture
 def marker(outsider):
     """Where the attacker's program would leave proof that it ran as the victim."""
     directory = Path(f"/tmp/jph-attack-{uuid.uuid4().hex[:8]}")

@@ -3,7 +3,6 @@ time in one allocation: afterwards no container, step directory, socket, mount o
 remains on any node, and no monitor had to give up removing its container."""
 
 import concurrent.futures
-import contextlib
 import itertools
 import subprocess
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from jupyter_podman_hpc.engine.stepmonitor import MONITOR_LOG
 from tests.conftest import run
+from tests.integration.engine.conftest import allocation
 
 STEPS = 200
 AT_ONCE = 4
@@ -20,28 +20,6 @@ AT_ONCE = 4
 SIZES = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (4, 2), (2, 1), (1, 1), (4, 1),
          (1, 8), (2, 4), (1, 1), (4, 8), (2, 2), (4, 1), (1, 2), (2, 8), (1, 1), (4, 4)]
 CANCEL_EVERY = 10
-
-
-def wait_running(job, env, timeout=300):  # generous: another job may hold the nodes a while
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, check=False).stdout.strip()
-        if state == "RUNNING":
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"job {job} did not start: {state}")
-
-
-@contextlib.contextmanager
-def allocation(stack, env):
-    """A job holding every node (its id) for the steps of a test, cancelled however the test ends."""
-    job = run(["sbatch", "--parsable", f"-N{len(stack.nodes)}", "-o", "/dev/null", "--wrap", "sleep 1800"],
-              env=env).stdout.strip()
-    try:
-        wait_running(job, env)
-        yield job
-    finally:
-        run(["scancel", job], env=env, check=False)
 
 
 def cancel_when_up(job, name, env, deadline, settle=1.5):

@@ -24,7 +24,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import run
-from tests.integration.engine.test_launcher_stress import wait_running
+from tests.integration.engine.conftest import wait_running
 
 STEPS = 300
 AT_ONCE = 6

@@ -33,7 +33,8 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 from jupyter_podman_hpc.kernels import kernelspec
-from jupyter_podman_hpc.kernels.orphans import LABEL
+from jupyter_podman_hpc.kernels.orphans import LABEL, POOL_LABEL
+from tests.conftest import run as run_command
 from tests.integration.conftest import Hpc
 
 ENGINE_VARS = ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME", "SQUASH_DIR")
@@ -391,3 +392,34 @@ def run(kc, code: str, timeout: float = 30) -> tuple[dict, str]:
 
     reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
     return reply["content"], "".join(out)
+
+
+# --- warm pools (tests/integration/kernels/test_pool.py, tests/faults) ---
+
+
+def pool_containers(site, kernel_name: str) -> list[str]:
+    out = site.hpc("ps", "--all", "--filter", f"label={POOL_LABEL}={kernel_name}", "--format", "json").stdout
+    return sorted(c["Names"][0] for c in json.loads(out or "[]") or [])
+
+
+def wait_for(what, condition, timeout: float, interval: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def install(site, stack, name: str, pool: int) -> None:
+    run_command([str(BIN / "jupyter"), "podman-hpc", "kernel", "install", stack.base_image, "--name", name,
+         "--pool", str(pool)], env=site.env)
+
+
+def open_notebook(base: str, token: str, path: str, kernel_name: str) -> str:
+    status, session = http("POST", f"{base}/api/sessions", token, {
+        "path": path, "name": os.path.basename(path), "type": "notebook", "kernel": {"name": kernel_name}})
+    assert status == 201, session
+    return session["kernel"]["id"]

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.kernels.orphans import POOL_LABEL
-
 from tests.conftest import run
 
-from .conftest import BIN, execute_over_websocket, http, jupyter_server, processes_mentioning
+from .conftest import (BIN, execute_over_websocket, http, install, jupyter_server, open_notebook, pool_containers,
+                       processes_mentioning, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -36,39 +35,11 @@ print(json.dumps({"cwd": os.getcwd(), "session": os.environ.get("JPY_SESSION_NAM
 """
 
 
-def pool_containers(site, kernel_name: str) -> list[str]:
-    out = site.hpc("ps", "--all", "--filter", f"label={POOL_LABEL}={kernel_name}", "--format", "json").stdout
-    return sorted(c["Names"][0] for c in json.loads(out or "[]") or [])
-
-
-def wait_for(what, condition, timeout: float, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-def install(site, stack, name: str, pool: int) -> None:
-    run([str(BIN / "jupyter"), "podman-hpc", "kernel", "install", stack.base_image, "--name", name,
-         "--pool", str(pool)], env=site.env)
-
-
 def probe(base: str, token: str, kernel_id: str) -> dict:
     ws = f"ws://127.0.0.1:{base.rsplit(':', 1)[1]}/api/kernels/{kernel_id}/channels"
     reply, out = asyncio.run(execute_over_websocket(ws, token, PROBE))
     assert reply["status"] == "ok", reply
     return json.loads(out.strip().splitlines()[-1])
-
-
-def open_notebook(base: str, token: str, path: str, kernel_name: str) -> str:
-    status, session = http("POST", f"{base}/api/sessions", token, {
-        "path": path, "name": os.path.basename(path), "type": "notebook", "kernel": {"name": kernel_name}})
-    assert status == 201, session
-    return session["kernel"]["id"]
 
 
 def test_a_pooled_kernel_is_like_one_started_on_demand(kernel_site, stack, tmp_path):
