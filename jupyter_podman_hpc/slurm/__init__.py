@@ -4,7 +4,10 @@
 - ``script``: ``render(spec, job_dir)``, the batch script a user would write by hand
 - ``client``: the only module that runs sbatch, squeue, sacct, scontrol, scancel and sinfo
 - ``jobs``: ``Job``, a job directory on the shared scratch, found again after a restart
-- ``notebook``: a notebook every rank runs cell by cell (``nbrunner``); rank 0 writes the executed notebook
+- ``notebook``: a notebook every rank runs cell by cell; rank 0 writes the executed notebook
+- ``nbrunner``: the runner, copied into the job directory (standard library only): reads the plan, runs the
+  cells in order, ``--finish`` after the step; with ``nbcells`` (running a cell: plain Python or IPython)
+  and ``nbrecorder`` (rank 0's output notebook, the other ranks' errors merged in)
 - ``cluster``: interactive clusters, IPython Parallel engines as a job's ranks (its record in
   ``clusterrecord``, its controller run by ``watchdog``)
 

@@ -2,9 +2,10 @@
 
 At submit, ``prepare`` puts into the job directory the notebook (with the
 job's parameters injected after its cell tagged ``parameters``, papermill's
-convention), ``nbrunner.py`` (the runner, Python's standard library only) and
-``nbrun/plan.json`` (what the runner runs). Every rank runs the notebook; rank
-0 writes ``<stem>.out.ipynb`` as its cells run (see ``nbrunner``).
+convention), the runner (``nbrunner.py`` and its modules ``nbcells.py`` and
+``nbrecorder.py``, Python's standard library only) and ``nbrun/plan.json``
+(what the runner runs). Every rank runs the notebook; rank 0 writes
+``<stem>.out.ipynb`` as its cells run (see ``nbrunner``).
 
 IPython magics and shell escapes (``%time``, ``!ls``, ``%%bash``) are found
 with IPython's own input transformer. ``JobSpec.notebook_magics``:
@@ -37,6 +38,7 @@ _MAGIC_CALL = re.compile(r"get_ipython\(\)")
 # A notebook that mentions one of these probably displays rich output: IPython is used when there.
 _DISPLAY_HINT = re.compile(r"\b(display|IPython|matplotlib|_repr_\w+_)\b")
 RUNNER = "nbrunner.py"
+RUNNER_FILES = (RUNNER, "nbcells.py", "nbrecorder.py")  # copied into the job directory, side by side
 STATE_DIR = "nbrun"
 PLAN = "plan.json"
 PROGRESS = "progress.json"
@@ -148,7 +150,8 @@ def prepare(source: str | Path, staging: Path, *, magics: str = "ipython",
     name = f"{source.stem}.ipynb"
     output = f"{source.stem}.out.ipynb"
     nbformat.write(notebook, str(staging / name))
-    shutil.copyfile(Path(__file__).with_name(RUNNER), staging / RUNNER)
+    for runner_file in RUNNER_FILES:
+        shutil.copyfile(Path(__file__).with_name(runner_file), staging / runner_file)
     state = staging / STATE_DIR
     state.mkdir(0o700)
     plan = {"version": 1, "notebook": name, "output": output, "ipython": ipython, "code": code}
@@ -171,7 +174,7 @@ def target(spec, staging: Path, directory: Path) -> tuple[RunTarget, dict]:
             f"rank 0 writes {prepared.output}.")
     return RunTarget(argv, "notebook", note, finish), {
         "kind": "notebook", "argv": list(argv), "source": str(source.resolve()),
-        "inputs": [prepared.notebook, RUNNER], "output": prepared.output, "ipython": prepared.ipython,
+        "inputs": [prepared.notebook, *RUNNER_FILES], "output": prepared.output, "ipython": prepared.ipython,
         "magics": list(prepared.magics), "warnings": list(prepared.warnings),
         "parameters": dict(spec.parameters)}
 
@@ -227,4 +230,4 @@ def read_output(info: dict) -> dict:
 
 
 __all__ = ["PreparedNotebook", "read_notebook", "check_parameters", "inject_parameters", "prepare", "target",
-           "output_info", "describe_progress", "read_output", "RUNNER", "STATE_DIR"]
+           "output_info", "describe_progress", "read_output", "RUNNER", "RUNNER_FILES", "STATE_DIR"]

@@ -101,13 +101,14 @@ def test_a_notebook_goes_into_the_job_directory_with_its_runner(tmp_path):
     nbformat.write(notebook, str(tmp_path / "Study.ipynb"))
     spec = JobSpec(image=IMAGE, notebook=str(tmp_path / "Study.ipynb"), parameters={"n": "2"})
     job = submit(tmp_path, spec)
-    assert {p.name for p in job.directory.iterdir()} == {"Study.ipynb", "nbrunner.py", "nbrun", "job.sh", "job.json"}
+    assert {p.name for p in job.directory.iterdir()} == {"Study.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py",
+                                                         "nbrun", "job.sh", "job.json"}
     assert f"python3 -u {job.directory}/nbrunner.py {job.directory}/nbrun/plan.json" in job.script
     assert ("# Notebook Study.ipynb run cell by cell by nbrunner.py on every rank, under IPython (it uses "
             "magics); rank 0 writes Study.out.ipynb.") in job.script
     run = job.record.run
     assert (run["output"], run["ipython"], run["parameters"]) == ("Study.out.ipynb", "require", {"n": "2"})
-    assert run["magics"] and run["inputs"] == ["Study.ipynb", "nbrunner.py"]
+    assert run["magics"] and run["inputs"] == ["Study.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py"]
     assert job.record.spec["parameters"] == {"n": "2"}
     assert nbformat.read(str(job.directory / "Study.ipynb"), as_version=4).cells[1].source.endswith("n = 2")
     output = job.as_dict()["output"]

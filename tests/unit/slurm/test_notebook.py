@@ -31,7 +31,7 @@ def test_a_plain_notebook_runs_without_ipython(tmp_path):
     prepared = prepare(path, out)
     assert (prepared.notebook, prepared.output, prepared.ipython) == ("plain.ipynb", "plain.out.ipynb", "never")
     assert prepared.magics == () and prepared.warnings == ()
-    assert {p.name for p in out.iterdir()} == {"plain.ipynb", "nbrunner.py", "nbrun"}
+    assert {p.name for p in out.iterdir()} == {"plain.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py", "nbrun"}
     assert plan_of(out) == {"version": 1, "notebook": "plain.ipynb", "output": "plain.out.ipynb",
                             "ipython": "never", "code": {}}
     assert (out / "nbrun").stat().st_mode & 0o777 == 0o700

@@ -1,0 +1,276 @@
+"""Rank 0's executed notebook: each cell's outputs recorded as they come, and written out.
+
+Part of the notebook runner (``nbrunner.py``), copied beside it into the job
+directory: Python's standard library only. The output notebook (nbformat 4)
+is rewritten, temporary file and rename, when a cell starts, when it ends, and
+at most every second while it prints; ``nbrun/progress.json`` says which cell
+rank 0 is in. The cell running when the job is stopped keeps a note saying so.
+The other ranks' errors (``nbrun/rank-<N>.json``) are merged in at each write.
+"""
+
+import base64
+import datetime
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+WRITE_EVERY = 1.0  # seconds between rewrites of the output notebook while a cell prints
+BINARY_MIME = ("image/png", "image/jpeg", "image/gif", "application/pdf")
+RUNNING_NOTE = "podman-hpc: rank 0 started this cell at {started} and had not finished it when this notebook was last written."
+STOPPED_NOTE = "podman-hpc: the job was stopped ({signal}) while rank 0 ran this cell, {elapsed:.1f} s after it started."
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def write_json(path, data):
+    """Readers see the old file or the new one, never a part of it."""
+    tmp = "%s.%s.%d.tmp" % (path, os.uname().nodename, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(data, out, indent=1, ensure_ascii=False, default=repr)
+        out.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as source:
+        return json.load(source)
+
+
+def mime_value(mime, value):
+    """A value as nbformat stores it: base64 for binary types, text otherwise (JSON as is)."""
+    if isinstance(value, (bytes, bytearray)):
+        if mime in BINARY_MIME or not mime.startswith("text/"):
+            return base64.b64encode(bytes(value)).decode("ascii")
+        return bytes(value).decode("utf-8", "replace")
+    if mime == "application/json" or mime.endswith("+json"):
+        return value
+    return value if isinstance(value, str) else str(value)
+
+
+def bundle(data):
+    return {mime: mime_value(mime, value) for mime, value in (data or {}).items()}
+
+
+def locked(method):
+    """Rank 0's notebook is changed by the cells (main thread) and written by the flusher too."""
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    run.__name__, run.__doc__ = method.__name__, method.__doc__
+    return run
+
+
+class Recorder:
+    """Rank 0's executed notebook: the cells' outputs as they come, written to disk as they change."""
+
+    def __init__(self, plan, notebook, rank, size):
+        self.plan = plan
+        self.notebook = notebook
+        self.size = size
+        self.merged = set()          # rank files already merged
+        self.extra = {}              # cell index -> the other ranks' errors there
+        self.cell = None             # index of the running cell
+        self.outputs = []
+        self.started = 0.0
+        self.last_write = 0.0
+        self.clear_pending = False
+        self.writing = False
+        self.stop_signal = None      # a SIGTERM that came during a write, handled once it is done
+        self.write_failed = False
+        self.lock = threading.RLock()
+        self.dirty = False           # outputs not written yet (the flusher writes them within a second)
+        self.disabled = False        # in a process the cells forked: not the recorder
+        os.register_at_fork(after_in_child=self.forget)
+        for cell in notebook["cells"]:
+            if cell.get("cell_type") == "code":
+                cell["outputs"], cell["execution_count"] = [], None
+            cell.get("metadata", {}).pop("podman_hpc", None)
+        self.meta = notebook.setdefault("metadata", {})["podman_hpc"] = {
+            "state": "running", "started": now(), "updated": None, "cell": None, "ntasks": size,
+            "job_id": os.environ.get("SLURM_JOB_ID", ""), "errors": []}
+        self.code_cells = [i for i, c in enumerate(notebook["cells"]) if c.get("cell_type") == "code"]
+
+    def forget(self):
+        self.disabled, self.lock = True, threading.RLock()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def flush_forever(self):
+        """A daemon thread: output a cell printed while it goes on running reaches the disk within a second."""
+        while True:
+            time.sleep(WRITE_EVERY / 2)
+            if self.dirty and not self.disabled and time.monotonic() - self.last_write >= WRITE_EVERY:
+                self.write()
+
+    # outputs of the running cell
+    @locked
+    def add(self, output):
+        if self.cell is None or self.disabled:
+            return
+        if self.clear_pending:
+            self.outputs, self.clear_pending = [], False
+        if output["output_type"] == "stream" and self.outputs:
+            last = self.outputs[-1]
+            if last["output_type"] == "stream" and last["name"] == output["name"]:
+                last["text"] += output["text"]
+                output = None
+        if output is not None:
+            self.outputs.append(output)
+        self.dirty = True
+        if time.monotonic() - self.last_write >= WRITE_EVERY:
+            self.write()
+
+    def stream(self, name, text):
+        if text:
+            self.add({"output_type": "stream", "name": name, "text": text})
+
+    def display(self, data, metadata=None, kind="display_data"):
+        output = {"output_type": kind, "data": bundle(data), "metadata": metadata or {}}
+        if kind == "execute_result":
+            running = self.notebook["cells"][self.cell] if self.cell is not None else {}
+            output["execution_count"] = running.get("execution_count")
+        self.add(output)
+
+    def error(self, ename, evalue, lines):
+        self.add({"output_type": "error", "ename": ename, "evalue": evalue, "traceback": list(lines)})
+
+    @locked
+    def clear(self, wait=False):
+        if wait:
+            self.clear_pending = True
+        else:
+            self.outputs, self.clear_pending = [], False
+
+    def has_error(self):
+        return any(o["output_type"] == "error" for o in self.outputs)
+
+    # cells
+    @locked
+    def start(self, index, count):
+        self.cell, self.outputs, self.started = index, [], time.monotonic()
+        cell = self.notebook["cells"][index]
+        cell["execution_count"] = count
+        rank_errors = cell.get("metadata", {}).get("podman_hpc", {}).get("rank_errors")
+        cell.setdefault("metadata", {})["podman_hpc"] = {"status": "running", "started": now()}
+        if rank_errors:  # another rank got here first, and raised
+            cell["metadata"]["podman_hpc"]["rank_errors"] = rank_errors
+        self.meta["cell"] = index
+        self.write()
+
+    @locked
+    def end(self, status):
+        cell = self.notebook["cells"][self.cell]
+        cell["outputs"] = self.outputs + self.extra.get(self.cell, [])
+        info = cell["metadata"]["podman_hpc"]
+        info.update(status=status, finished=now(), duration=round(time.monotonic() - self.started, 3))
+        self.cell, self.outputs = None, []
+        self.write()
+
+    @locked
+    def stopped(self, signame):
+        """The job is being stopped: say so at the running cell, and write a last time."""
+        if self.cell is not None:
+            cell = self.notebook["cells"][self.cell]
+            cell["outputs"] = self.outputs + [note(STOPPED_NOTE.format(
+                signal=signame, elapsed=time.monotonic() - self.started))] + self.extra.get(self.cell, [])
+            cell["metadata"]["podman_hpc"].update(status="stopped", finished=now())
+        self.meta["state"] = "stopped"
+        self.cell = None
+        self.write()
+
+    @locked
+    def write(self, state=None):
+        if self.writing or self.disabled:
+            return
+        self.writing, self.dirty = True, False
+        try:
+            if state:
+                self.meta["state"] = state
+            for index, output in merge_rank_files(self.plan, self.notebook, self.merged):
+                self.extra.setdefault(index, []).append(output)
+                if index != self.cell:
+                    self.notebook["cells"][index].setdefault("outputs", []).append(output)
+            if self.cell is not None:
+                cell = self.notebook["cells"][self.cell]
+                started = cell["metadata"]["podman_hpc"]["started"]
+                cell["outputs"] = (self.outputs + [note(RUNNING_NOTE.format(started=started))]
+                                   + self.extra.get(self.cell, []))
+            self.meta["cell"] = self.cell
+            self.meta["updated"] = now()
+            try:
+                write_json(self.plan.output, self.notebook)
+                write_json(self.plan.progress, progress_of(self.notebook, self.plan))
+            except OSError as err:  # a full or gone file system must not stop the computation
+                if not self.write_failed:
+                    sys.__stderr__.write("nbrunner: cannot write the output notebook: %s\n" % err)
+                self.write_failed = True
+            self.last_write = time.monotonic()
+        finally:
+            self.writing = False
+        if self.stop_signal:
+            self.stop_now(self.stop_signal)
+
+    def on_signal(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.writing:
+            self.stop_signal = name  # the write under way finishes first
+        else:
+            self.stop_now(name)
+
+    def stop_now(self, signame):
+        self.stop_signal = None
+        self.stopped(signame)
+        sys.__stdout__.flush()
+        os._exit(128 + getattr(signal, signame))
+
+
+def note(text):
+    return {"output_type": "display_data", "data": {"text/plain": text}, "metadata": {"podman_hpc": "note"}}
+
+
+def progress_of(notebook, plan):
+    """What the job panel and the magic show while the job runs: rank 0's cell, the errors so far."""
+    meta = notebook["metadata"]["podman_hpc"]
+    code = [i for i, c in enumerate(notebook["cells"]) if c.get("cell_type") == "code"]
+    current = meta.get("cell")
+    return {"state": meta.get("state"), "cell": None if current is None else current + 1,
+            "code_cell": None if current is None else code.index(current) + 1, "code_cells": len(code),
+            "cells": len(notebook["cells"]), "updated": meta.get("updated"), "errors": meta.get("errors", []),
+            "output": os.path.basename(plan.output)}
+
+
+def merge_rank_files(plan, notebook, merged):
+    """Each other rank's error (``rank-N.json``) not merged yet, noted in its cell's metadata:
+    [(cell index, error output)] for the caller to show there."""
+    found = []
+    try:
+        names = sorted(os.listdir(plan.state_dir))
+    except OSError:
+        return found
+    meta = notebook["metadata"]["podman_hpc"]
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".json")) or name in merged:
+            continue
+        try:
+            report = read_json(os.path.join(plan.state_dir, name))
+            index = int(report["cell"])
+            cell = notebook["cells"][index]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            continue  # being written, or not ours
+        merged.add(name)
+        info = cell.setdefault("metadata", {}).setdefault("podman_hpc", {})
+        errors = info.setdefault("rank_errors", [])
+        if any(e.get("rank") == report.get("rank") for e in errors):
+            continue
+        summary = {k: report.get(k) for k in ("rank", "node", "ename", "evalue")}
+        errors.append(summary)
+        header = "rank %s (on %s) raised this in this cell and stopped:" % (report.get("rank"), report.get("node") or "?")
+        found.append((index, {"output_type": "error", "ename": report.get("ename", "Error"),
+                              "evalue": report.get("evalue", ""),
+                              "traceback": [header] + list(report.get("traceback", []))}))
+        meta.setdefault("errors", []).append(dict(summary, cell=index + 1))
+    return found
