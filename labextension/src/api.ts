@@ -109,7 +109,7 @@ export interface IJob {
   output?: IJobOutput | null;
 }
 
-/** Rank 0's progress through a notebook (nbrunner.py `progress_of`). */
+/** Rank 0's progress through a notebook (slurm/nbrecorder.py `progress_of`). */
 export interface INotebookProgress {
   state: string | null;
   /** The cell rank 0 is in (1-based, all cells counted), while it runs. */
