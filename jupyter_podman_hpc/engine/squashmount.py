@@ -30,6 +30,7 @@ def log(message: str) -> None:
 
 
 def mounted_targets() -> set[str]:
+    """The mount points of this mount namespace, unescaped."""
     targets = set()
     with open("/proc/self/mountinfo") as mountinfo:
         for line in mountinfo:
@@ -39,6 +40,7 @@ def mounted_targets() -> set[str]:
 
 
 def squashfuse() -> str:
+    """The squashfuse program: ``SQUASHFUSE_BIN``, else squashfuse_ll (faster), else squashfuse."""
     configured = os.environ.get("SQUASHFUSE_BIN")
     if configured:
         return configured
@@ -76,6 +78,8 @@ class SquashMount:
         return fd
 
     def acquire(self) -> None:
+        """Hold a reference to the mount, mounting it (again, if its squashfuse died) when needed;
+        SystemExit with one line if squashfuse cannot mount the file."""
         mutex = self._mutex()
         try:
             self.ref_fd = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -120,6 +124,7 @@ class SquashMount:
 
 
 def unmount(target: str) -> None:
+    """Unmount ``target``, detaching it when still busy (a dead mount, a process on its way out)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.umount2(target.encode(), 0) != 0:
         # still busy (a process is leaving): detach it, the kernel finishes later
