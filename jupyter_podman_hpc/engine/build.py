@@ -104,17 +104,23 @@ class BuildLog:
         self._partial = ""
 
     def feed(self, text: str) -> None:
+        """Take the next chunk of podman build's output: each line it completes goes to ``line``, the rest
+        waits for the next chunk (or ``flush``)."""
         self._partial += text
         *lines, self._partial = self._partial.split("\n")
         for line in lines:
             self.line(line)
 
     def flush(self) -> None:
+        """Handle the last line of the output when it had no newline; at the end of the build."""
         if self._partial:
             line, self._partial = self._partial, ""
             self.line(line)
 
     def line(self, line: str) -> None:
+        """Read one line of the build's output: a ``STEP n/m`` line starts a step, a bare image id is the
+        built image's (``image_id``), any other line is kept as the step's output; each sends a Progress
+        event with the line as its log."""
         line = line.rstrip("\r")
         step = parse_step(line)
         if step is not None:

@@ -82,11 +82,13 @@ class Process(subprocess.Popen):
             _log(self._argv, f"exit {self.returncode}", self._started)
 
     def wait(self, timeout: float | None = None) -> int:
+        """``Popen.wait``, and the exit logged (once) when the process has ended."""
         code = super().wait(timeout)
         self._note_exit()
         return code
 
     def poll(self) -> int | None:
+        """``Popen.poll``, and the exit logged (once) when the process has ended."""
         code = super().poll()
         self._note_exit()
         return code

@@ -94,9 +94,12 @@ class SiteConfig:
 
     @classmethod
     def keys(cls) -> list[str]:
+        """The keys a site configuration file may set, in field order (not those derived at load time: user,
+        uid, sources...)."""
         return [f.name for f in fields(cls) if not f.metadata.get("derived")]
 
     def as_dict(self) -> dict[str, Any]:
+        """The settable keys and their values, as a configuration file would write them."""
         return {key: getattr(self, key) for key in self.keys()}
 
     def podman_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -134,6 +137,8 @@ class SiteConfig:
 
     @property
     def read_path(self) -> ReadPathSettings:
+        """The read-path settings this configuration gives the mount program on this node (the budget that
+        applies here: login node or job)."""
         return ReadPathSettings(self.squash_read_path, self.squash_unpack_dir, budget_mb(self.budget_key[1]),
                                 self.squash_unpack_idle_minutes, self.slurm_job_id)
 

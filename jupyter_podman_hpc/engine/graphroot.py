@@ -60,6 +60,7 @@ class GraphRoot:
         return next((record for record in records if names & set(record.get("names") or ())), None)
 
     def image_record(self, image_id: str) -> dict:
+        """The images.json record of ``image_id`` when it is complete; ImageNotFound otherwise."""
         for record in self._json("overlay-images/images.json"):
             if record.get("id") == image_id and image_ok(record):
                 return record
@@ -77,18 +78,24 @@ class GraphRoot:
         return chain
 
     def link(self, layer: str) -> str:
+        """The short link name of ``layer`` (its ``overlay/<id>/link`` file); EngineError when the id or
+        link is not one containers/storage would write."""
         link = (self.root / "overlay" / layer / "link").read_text().strip() if is_id(layer) else ""
         if not is_link(link):
             raise EngineError(f"layer {layer[:12]} of {self.root} has no valid link: the local storage is damaged")
         return link
 
     def diff(self, layer: str) -> Path:
+        """The directory that holds ``layer``'s files (``overlay/<id>/diff``); not checked."""
         return self.root / "overlay" / layer / "diff"
 
     def big_data(self, image_id: str) -> Path:
+        """The directory of ``image_id``'s manifest and config (``overlay-images/<id>``); not checked."""
         return self.root / "overlay-images" / image_id
 
     def tar_split(self, layer: str) -> Path:
+        """The tar-split file of ``layer`` (``overlay-layers/<id>.tar-split.gz``), which podman needs to
+        push or save it; not checked."""
         return self.root / "overlay-layers" / f"{layer}.tar-split.gz"
 
 

@@ -184,6 +184,8 @@ def run_hook(state: dict, config: dict, hook_env: dict[str, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The hook's entry point: reads the OCI state from stdin and the bundle's config.json, runs the
+    modules' copy rules; 0, or 1 with one ``podman-hpc-hook:`` line on stderr, which the runtime shows."""
     try:
         state = json.load(sys.stdin)
         bundle = Path(state.get("bundle") or os.getcwd())

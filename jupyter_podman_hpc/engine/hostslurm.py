@@ -68,6 +68,8 @@ class HostIds:
     home: str = ""
 
     def defines(self) -> list[str]:
+        """The compiler flags that build these ids into the shim; the name and home only when they are plain
+        enough to quote in C."""
         flags = [f"-DPODMANHPC_HOST_UID={self.uid}", f"-DPODMANHPC_HOST_GID={self.gid}"]
         if _PLAIN_NAME.fullmatch(self.user) and _PLAIN_PATH.fullmatch(self.home):
             flags += [f'-DPODMANHPC_HOST_USER="{self.user}"', f'-DPODMANHPC_HOST_HOME="{self.home}"']
@@ -97,6 +99,8 @@ def host_has_slurm(environ: Mapping[str, str]) -> bool:
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
+    """The user's cache directory (``~/.cache/podman-hpc``), where the built shim is kept; as the step
+    socket defines it."""
     return Path(stepsocket.cache_dir(environ))  # the user's ~/.cache/podman-hpc, defined once
 
 

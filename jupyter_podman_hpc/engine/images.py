@@ -27,14 +27,18 @@ class ImageInfo:
 
     @property
     def short_id(self) -> str:
+        """The image id's first 12 hex digits, as podman shows it."""
         return self.id[:12]
 
     @property
     def stores(self) -> str:
+        """Where the image is, for a table: ``local``, ``squashed`` (``squashed in STORE`` for an additional
+        store), or both joined by ``+``."""
         squashed = f"squashed in {self.store}" if self.additional else "squashed"
         return " + ".join(s for s, present in (("local", self.local), (squashed, self.squashed)) if present)
 
     def as_dict(self) -> dict:
+        """The fields, with ``short_id`` and ``stores``, as the server and ``--json`` send them."""
         return {**asdict(self), "short_id": self.short_id, "stores": self.stores}
 
 

@@ -59,6 +59,7 @@ class Module:
 
     @property
     def flag(self) -> str:
+        """The run option that turns the module on (``--<cli_arg>``)."""
         return f"--{self.cli_arg}"
 
     def podman_args(self) -> list[str]:
@@ -69,6 +70,8 @@ class Module:
         return args
 
     def describe(self) -> dict:
+        """What a front lists of the module: name, flag (empty when it has none), help, conflicts,
+        dependencies, shared_run, hidden."""
         return {"name": self.name, "flag": self.flag if self.cli_arg else "", "help": self.help,
                 "conflicts": list(self.conflicts), "depends_on": list(self.depends_on),
                 "shared_run": self.shared_run, "hidden": self.hidden}
@@ -84,6 +87,8 @@ def _strings(data: dict, key: str, path: Path) -> tuple[str, ...]:
 
 
 def load_module(path: Path) -> Module:
+    """The module a site's YAML file defines, checked (keys, required name and env, bind and copy rules);
+    ModuleError with one line naming the file otherwise."""
     import yaml  # here, not at the top: a cached module set does not need it
 
     from .config import yaml_problem
@@ -162,6 +167,8 @@ class ModuleSet:
         return iter(self.modules)
 
     def by_name(self, name: str) -> Module:
+        """The module called ``name`` (or whose ``cli_arg`` it is); ModuleError listing the available ones
+        otherwise."""
         for module in self.modules:
             if name in (module.name, module.cli_arg):
                 return module
@@ -169,6 +176,7 @@ class ModuleSet:
         raise ModuleError(f"unknown module '{name}' (available: {known})")
 
     def by_flag(self) -> dict[str, Module]:
+        """The modules that have a run option, by that option (``--gpu``: the module)."""
         return {m.flag: m for m in self.modules if m.cli_arg}
 
     def select(self, names: Iterable[str]) -> list[Module]:

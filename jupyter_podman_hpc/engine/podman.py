@@ -140,6 +140,8 @@ class Podman:
         return self.run(self.remove_command(*names), check=False) if names else None
 
     def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+        """Start podman (``argv`` from ``command``) through the command builder, with this user's
+        environment unless ``env`` is given; PodmanError (127) when the podman binary is missing."""
         kwargs.setdefault("env", self.env)
         try:
             return commands.popen(argv, **kwargs)
@@ -265,6 +267,7 @@ def group_options(args: Sequence[str], options: Mapping[str, bool]) -> list[list
 
 
 def flag_name(group: Sequence[str]) -> str:
+    """The option name of one grouped option (``--env=A=1`` and ``["--env", "A=1"]``: ``--env``)."""
     return group[0].split("=", 1)[0]
 
 

@@ -78,6 +78,7 @@ def wait_any(tokens: Sequence[str], wake_fds: Sequence[int] = ()) -> str | None:
 
 
 def cmdline(pid: int) -> list[str]:
+    """The command line of process ``pid``; empty when it is gone or we may not look at it."""
     import psutil
     try:
         return psutil.Process(pid).cmdline()

@@ -21,11 +21,13 @@ class Progress:
 
     @property
     def fraction(self) -> Optional[float]:
+        """How far along, 0.0 to 1.0, when current and total are known; None otherwise."""
         if self.current is None or not self.total:
             return None
         return min(1.0, self.current / self.total)
 
     def as_dict(self) -> dict:
+        """The event's fields as a dict, as a front sends it (JSON)."""
         return asdict(self)
 
 

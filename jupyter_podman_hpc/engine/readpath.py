@@ -64,6 +64,8 @@ class ReadPathSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ReadPathSettings":
+        """The settings in ``env`` (the process environment by default), as ``env()`` wrote them; a value
+        that does not parse falls back to its default, an unknown mode to ``auto``."""
         env = os.environ if env is None else env
         mode = env.get(cls.VARIABLES["mode"], "auto")
         try:
@@ -79,6 +81,8 @@ class ReadPathSettings:
                    idle_minutes=idle, job=env.get(cls.VARIABLES["job"]))
 
     def env(self) -> dict[str, str]:
+        """The environment variables that hand these settings to the mount program (``from_env`` reads them
+        back)."""
         env = {self.VARIABLES["mode"]: self.mode, self.VARIABLES["unpack_dir"]: self.unpack_dir,
                self.VARIABLES["unpack_max_mb"]: f"{self.unpack_max_mb:g}",
                self.VARIABLES["idle_minutes"]: f"{self.idle_minutes:g}"}
@@ -88,15 +92,19 @@ class ReadPathSettings:
 
     @property
     def login_node(self) -> bool:
+        """Not inside a Slurm job: the login node's budget applies and nothing is unpacked in ``auto`` mode."""
         return self.job == ""
 
     @property
     def unpacks(self) -> bool:
+        """Squashed images are read from unpacked copies here: mode ``unpacked``, or ``auto`` inside a job,
+        and an unpack directory set."""
         wanted = self.mode == "unpacked" or (self.mode == "auto" and not self.login_node)
         return wanted and bool(self.unpack_dir)
 
     @property
     def kernel_overlay(self) -> bool:
+        """Layers are mounted with the kernel's squashfs and overlay (every mode but ``fuse``)."""
         return self.mode != "fuse"
 
 
@@ -176,6 +184,7 @@ def note_fallback(state_dir: Path, message: str) -> None:
 
 
 def fallbacks(state_dir: Path) -> list[str]:
+    """The lines ``note_fallback`` wrote in ``state_dir`` (why this node fell back, dated); empty when none."""
     try:
         return (state_dir / "read-path.log").read_text().splitlines()
     except OSError:

@@ -36,6 +36,7 @@ def is_link(value: object) -> bool:
 
 
 def is_digest(value: object) -> bool:
+    """A ``sha256:`` digest with 64 hex digits, as image records hold them."""
     return isinstance(value, str) and value.startswith("sha256:") and is_id(value[7:])
 
 
@@ -73,6 +74,8 @@ def squash_digest(record: dict) -> str:
 
 
 def set_squash_digest(record: dict, digest: str) -> None:
+    """Note in an image record (its flags) the sha256 digest of its squash file, as ``sha256:<hex>``; other
+    flags are kept."""
     flags = record.get("flags")
     record["flags"] = {**(flags if isinstance(flags, dict) else {}), SQUASH_DIGEST: f"sha256:{digest}"}
 

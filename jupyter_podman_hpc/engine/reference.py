@@ -70,6 +70,8 @@ def parse(text: str) -> Reference:
 
 
 def is_image_id(text: str) -> bool:
+    """The text can be an image id or a prefix of one, as a user types it (3 to 64 hex digits, ``sha256:``
+    allowed), not a name."""
     return bool(_IMAGE_ID.match(text))
 
 

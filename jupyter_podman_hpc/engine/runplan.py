@@ -50,6 +50,8 @@ class Site:
     @classmethod
     def load(cls, environ: Mapping[str, str], *, squash_dir: str | None = None,
              additional_stores: Sequence[str] = (), log_level: str | None = None) -> "Site":
+        """Everything a run needs of this site for this user: the configuration (``squash_dir``, extra
+        stores and log level as given), podman and the module set."""
         config = load_config(environ, squash_dir=squash_dir)
         config.additional_stores += list(additional_stores)
         if log_level:

@@ -162,6 +162,7 @@ class ApiService:
 
     @property
     def url(self) -> str:
+        """The service's address for a podman client (``unix://`` and its socket)."""
         return f"unix://{self.socket}"
 
     def command(self) -> list[str]:
@@ -183,6 +184,7 @@ class ApiService:
         return None
 
     def alive(self, timeout: float = PING_TIMEOUT) -> bool:
+        """The service answers a ping on its socket within ``timeout`` seconds."""
         return self.socket.is_socket() and ping(self.socket, timeout)
 
     def _locked(self):
@@ -308,13 +310,19 @@ class PrivateService:
 
     @property
     def url(self) -> str:
+        """The service's address for a podman client (``unix://`` and its socket)."""
         return f"unix://{self.socket}"
 
     def command(self) -> list[str]:
+        """The ``podman system service`` command line: this service's socket and idle time, with or without
+        the squashed store."""
         return self.podman.command(["system", "service"], "--time", str(self.idle), self.url,
                                    squashed=self.squashed)
 
     def start(self) -> "PrivateService":
+        """Start the service, note its owner for the sweep of orphans, and wait until it answers (the
+        service itself returned); ServiceError with its log's last line when it exits, or when it does
+        not answer in time."""
         _run_root(self.config)
         with open(self.log_path, "ab") as log:
             self.process = self.podman.popen(
@@ -327,6 +335,7 @@ class PrivateService:
         return self
 
     def client(self, timeout: float | None = None):
+        """A podman client (podman-py) connected to this service."""
         from podman import PodmanClient
 
         return PodmanClient(base_url=self.url, timeout=timeout)

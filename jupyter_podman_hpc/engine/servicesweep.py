@@ -51,6 +51,7 @@ class ServiceOwner:
 
     @property
     def orphaned(self) -> bool:
+        """The process that started the service is gone: the service is left over and may be stopped."""
         return not processes.owner_alive(self.caller)
 
 

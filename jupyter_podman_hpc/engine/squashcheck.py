@@ -115,6 +115,8 @@ class VerifiedFiles:
         self.directory = Path(directory)
 
     def known(self, st: os.stat_result) -> str:
+        """The digest remembered for the file ``st`` describes (same device, inode, size and times); "" when
+        none."""
         try:
             fd = os.open(self.directory / identity(st), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -124,6 +126,8 @@ class VerifiedFiles:
         return value if is_id(value) else ""
 
     def remember(self, st: os.stat_result, digest: str) -> None:
+        """Remember ``digest`` for the file ``st`` describes, so that the next start need not read it; a
+        failure to write is ignored."""
         try:
             atomic_write(self.directory / identity(st), digest + "\n", 0o600)
         except OSError:

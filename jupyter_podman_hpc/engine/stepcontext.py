@@ -23,9 +23,12 @@ class StepContext:
 
     @property
     def key(self) -> str:
+        """The step's key (job, step, node), which names its socket and its container; one definition, in
+        stepsocket."""
         return stepsocket.step_key(self.job_id, self.step_id, self.node)
 
     def container_name(self, uid: int) -> str:
+        """The name of the step's container on this node for the user ``uid``."""
         return stepsocket.container_name(uid, self.key)
 
 
@@ -62,6 +65,7 @@ def step_context(config, environ: Mapping[str, str]) -> StepContext:
 
 
 def in_slurm_step(environ: Mapping[str, str]) -> bool:
+    """The process runs inside a Slurm job step (srun), not only a job's batch script."""
     return bool(environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
 
 

@@ -109,6 +109,9 @@ class StepMonitor:
         self.stopped_by: int | None = None  # the signal that asked this monitor to end the step
 
     def run(self) -> int:
+        """Start the step's container, serve the tasks that join it until the step ends or a signal stops
+        it, then remove the container, the socket and the step directory; 0 if the container came up,
+        else 1."""
         signal.signal(signal.SIGTERM, self._on_signal)
         # listen() again: a connecting task's SO_PEERCRED names the process that listened
         # last, which must be this one, alive until the step ends (not the first task)

@@ -71,9 +71,11 @@ class StoredImage:
 
     @property
     def short_id(self) -> str:
+        """The image id's first 12 hex digits, as podman shows it."""
         return self.id[:12]
 
     def as_dict(self) -> dict:
+        """The record as a front shows it: id, names, digest, created, size and squash file."""
         return {"id": self.id, "names": list(self.names), "digest": self.digest,
                 "created": self.created, "size": self.size, "squash_file": self.squash_file}
 
@@ -149,6 +151,8 @@ class SquashStore:
                           lambda: self.tree.lock_file(parts, name, self.sharing.file_mode()))
 
     def squash_path(self, link: str) -> Path:
+        """The squash file of the layer whose link is ``link``; EngineError when it is not a link name (the
+        store is damaged)."""
         if not is_link(link):
             raise EngineError(f"{link!r} is not a layer link: the squashed store {self.root} is damaged")
         return self.links / f"{link}.squash"
@@ -210,6 +214,7 @@ class SquashStore:
                            size=st.st_size if st else 0, record=record)
 
     def images(self) -> list[StoredImage]:
+        """The store's images, in record order."""
         return [self._stored(record) for record in self._images()]
 
     def find(self, ref: str) -> StoredImage | None:
@@ -406,6 +411,8 @@ class SquashStore:
             return self._stored(next(image for image in images if image["id"] == record["id"]))
 
     def add_names(self, image_id: str, names: list[str]) -> StoredImage:
+        """Give ``image_id`` the names ``names``, taking them from any other image that held them (as podman
+        tag does), under the store's lock; the image as stored after. ImageNotFound if it is not there."""
         with self.records() as (images, _):
             target = next((image for image in images if image["id"] == image_id), None)
             if target is None:

@@ -52,6 +52,7 @@ class Tree:
         self.root = Path(root)
 
     def path(self, parts: Sequence[str], name: str = "") -> Path:
+        """The path of ``parts`` (and ``name``) under the root, for messages; never opened through."""
         return self.root.joinpath(*parts, name) if name else self.root.joinpath(*parts)
 
     # --- directories ----------------------------------------------------------
@@ -161,6 +162,8 @@ class Tree:
             return None
 
     def readlink(self, parts: Sequence[str], name: str) -> str | None:
+        """Where the link ``name`` in directory ``parts`` points; None when it is missing, not a link, or
+        the directory is refused."""
         try:
             with self.directory(parts) as dirfd:
                 return os.readlink(name, dir_fd=dirfd)
@@ -235,14 +238,17 @@ class Tree:
             pass
 
     def rename(self, parts: Sequence[str], source: str, target: str) -> None:
+        """Rename ``source`` to ``target`` within directory ``parts``, replacing ``target``."""
         with self.directory(parts) as dirfd:
             os.replace(source, target, src_dir_fd=dirfd, dst_dir_fd=dirfd)
 
     def symlink(self, parts: Sequence[str], target: str, name: str) -> None:
+        """Make the link ``name`` to ``target`` in directory ``parts``."""
         with self.directory(parts) as dirfd:
             os.symlink(target, name, dir_fd=dirfd)
 
     def names(self, parts: Sequence[str]) -> list[str]:
+        """The entries of directory ``parts``; empty when it is missing or refused."""
         try:
             with self.directory(parts) as dirfd:
                 return os.listdir(dirfd)

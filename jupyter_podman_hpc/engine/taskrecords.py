@@ -61,17 +61,23 @@ class TaskRecords:
 
     @classmethod
     def for_run_root(cls, run_root: str | os.PathLike) -> "TaskRecords":
+        """The task records of the user whose run root this is (a private directory under it, made if
+        missing)."""
         return cls(private_dir(Path(private_dir(run_root)) / DIRECTORY))
 
     def path(self, task_id: str) -> Path:
+        """The file of task ``task_id``; ValueError when the id is not one we make (no path outside the
+        directory)."""
         if not _ID.match(task_id):
             raise ValueError(f"not a task id: {task_id!r}")
         return self.directory / f"{task_id}.json"
 
     def write(self, record: TaskRecord) -> None:
+        """Write the record, whole or not at all, readable by the user only."""
         atomic_write(self.path(record.id), json.dumps(asdict(record)) + "\n", 0o600)
 
     def remove(self, task_id: str) -> None:
+        """Remove the record of ``task_id``; nothing if it is gone."""
         with contextlib.suppress(FileNotFoundError):
             self.path(task_id).unlink()
 

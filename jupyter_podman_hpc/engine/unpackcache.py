@@ -58,6 +58,7 @@ def _refs(cache: Path) -> list[tuple[str, int, float, dict]]:
 
 
 def size_of(ref: Path) -> int:
+    """The bytes of the copy a ref file stands for (its first line; 0 when empty)."""
     return int(ref.read_text().partition("\n")[0] or 0)
 
 
@@ -190,6 +191,7 @@ def in_use(cache: Path, key: str) -> bool:
 
 
 def evict(cache: Path, key: str) -> None:
+    """Remove the copy ``key`` from the cache: its tree, then its ref file."""
     shutil.rmtree(cache / key, ignore_errors=True)
     (cache / f"{key}.ref").unlink(missing_ok=True)
 
