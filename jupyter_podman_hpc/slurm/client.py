@@ -114,6 +114,7 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
+        """The job has ended (completed, failed, cancelled or timed out): its state will not change again."""
         return self.state in FINISHED
 
     def describe(self) -> str:
@@ -135,6 +136,7 @@ class JobStatus:
         return text
 
     def as_dict(self) -> dict:
+        """The status as JSON-ready data, with ``finished``; ``from_dict`` reads it back."""
         data = asdict(self)
         data["nodes"] = list(self.nodes)
         data["finished"] = self.finished
@@ -142,6 +144,7 @@ class JobStatus:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "JobStatus":
+        """The status ``as_dict`` wrote (keys it does not know are ignored)."""
         known = {f for f in cls.__dataclass_fields__}
         values = {k: v for k, v in data.items() if k in known}
         values["nodes"] = tuple(values.get("nodes") or ())
@@ -222,9 +225,11 @@ class Partition:
 
     @property
     def state(self) -> str:
+        """The partition's availability as sinfo reports it (up, down, drain, inactive)."""
         return self.available
 
     def as_dict(self) -> dict:
+        """The partition as JSON-ready data, for the UI."""
         return asdict(self)
 
 
@@ -375,4 +380,5 @@ class SlurmClient:
     # --- the cluster ----------------------------------------------------------------
 
     def partitions(self) -> list[Partition]:
+        """The cluster's partitions, from one sinfo call; SlurmError when sinfo fails."""
         return parse_sinfo(self._run("sinfo", ["-h", "-o", SINFO_FORMAT]).stdout)

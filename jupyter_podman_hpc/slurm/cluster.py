@@ -94,6 +94,8 @@ def cluster_spec(cluster_id: str, image: str, **fields) -> JobSpec:
 
 
 def controller_argv(directory: Path, cluster_id: str, ip: str) -> list[str]:
+    """The command line of a cluster's ipyparallel controller: its profile in the job directory, the cluster
+    id, the address the engines reach it at."""
     return [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={directory / PROFILE}",
             f"--cluster-id={cluster_id}", f"--ip={ip}", "--log-level=WARN"]
 
@@ -115,18 +117,22 @@ class Cluster:
 
     @property
     def id(self) -> str:
+        """The cluster id ipyparallel knows it by (its connection files carry it)."""
         return self.record.cluster_id
 
     @property
     def job_id(self) -> str:
+        """The Slurm job id of the cluster's engines."""
         return self.job.id
 
     @property
     def directory(self) -> Path:
+        """The cluster's job directory: its record, profile, logs and connection files."""
         return self.job.directory
 
     @property
     def connection_files(self) -> dict[str, Path]:
+        """The controller's ``client`` and ``engine`` connection files, present once it has started."""
         return connection_files(self.directory, self.id)
 
     # --- starting ---------------------------------------------------------------
@@ -360,6 +366,8 @@ def list_clusters(root: str | Path | None = None, *, client: SlurmClient | None 
 
 def find_cluster(cluster_id: str, root: str | Path | None = None, *,
                  client: SlurmClient | None = None) -> Cluster:
+    """The recorded cluster, running or stopped, whose cluster id or job id is ``cluster_id``;
+    ClusterNotFound otherwise."""
     for cluster in list_clusters(root, client=client, running=False):
         if cluster.id == cluster_id or cluster.job_id == cluster_id:
             return cluster

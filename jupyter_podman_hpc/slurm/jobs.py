@@ -128,10 +128,13 @@ class JobRecord:
     version: int = RECORD_VERSION
 
     def as_json(self) -> str:
+        """The record as the ``job.json`` file holds it (indented, keys sorted)."""
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def read(cls, path: Path) -> "JobRecord":
+        """The record in ``path``; JobNotFound when there is none, JobError naming the file when it cannot
+        be read or is not a record (truncated, edited)."""
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:
@@ -172,10 +175,12 @@ class Job:
 
     @property
     def spec(self) -> JobSpec:
+        """The job's specification, as submitted (from its record)."""
         return JobSpec.from_dict(self.record.spec)
 
     @property
     def script_path(self) -> Path:
+        """The batch script sbatch was given, in the job directory."""
         return self.directory / self.record.script
 
     @property
@@ -185,6 +190,7 @@ class Job:
 
     @property
     def submitted(self) -> str:
+        """When the job was submitted (ISO 8601, from its record)."""
         return self.record.submitted
 
     # --- creating -------------------------------------------------------------------

@@ -29,12 +29,15 @@ class Tee:
         self.stream, self.name, self.recorder = stream, name, recorder
 
     def write(self, text):
+        """Write ``text`` to the rank's log and, on rank 0, to the running cell's outputs; what the stream
+        wrote."""
         written = self.stream.write(text)
         if self.recorder is not None:
             self.recorder.stream(self.name, text)
         return written
 
     def flush(self):
+        """Flush the rank's log (the recorder writes on its own schedule)."""
         self.stream.flush()
 
     def __getattr__(self, name):
@@ -52,6 +55,9 @@ class PlainRunner:
         self.namespace = module.__dict__
 
     def run(self, code, index):
+        """Run cell ``index`` (``code``) in the notebook's namespace, a last expression's value recorded as
+        its result; None, or (name, message, traceback lines) when it raised. ``sys.exit(0)`` passes
+        through."""
         filename = "<cell %d>" % (index + 1)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         try:
@@ -183,6 +189,8 @@ def ipython_runner(recorder):
 
 
 def make_runner(plan, recorder):
+    """The cell runner the plan asks for: IPython's when it is required or preferred and the image has it,
+    else the plain one; a SystemExit (returned, not raised) when IPython is required and missing."""
     if plan.ipython in ("require", "prefer"):
         try:
             return ipython_runner(recorder)

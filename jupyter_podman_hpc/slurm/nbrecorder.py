@@ -24,6 +24,7 @@ STOPPED_NOTE = "podman-hpc: the job was stopped ({signal}) while rank 0 ran this
 
 
 def now():
+    """The current UTC time, ISO 8601 to the millisecond with a ``Z``, as the notebook's metadata holds it."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -37,6 +38,7 @@ def write_json(path, data):
 
 
 def read_json(path):
+    """The JSON value in the file ``path`` (UTF-8)."""
     with open(path, encoding="utf-8") as source:
         return json.load(source)
 
@@ -53,6 +55,7 @@ def mime_value(mime, value):
 
 
 def bundle(data):
+    """A display's MIME bundle as nbformat stores it (each value through ``mime_value``)."""
     return {mime: mime_value(mime, value) for mime, value in (data or {}).items()}
 
 
@@ -96,6 +99,8 @@ class Recorder:
         self.code_cells = [i for i, c in enumerate(notebook["cells"]) if c.get("cell_type") == "code"]
 
     def forget(self):
+        """In a child forked from rank 0 (a cell's ``os.fork``): record nothing and leave SIGTERM to the
+        default, so that only the parent writes the notebook."""
         self.disabled, self.lock = True, threading.RLock()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -109,6 +114,8 @@ class Recorder:
     # outputs of the running cell
     @locked
     def add(self, output):
+        """Append an output to the running cell (a stream joined to the stream before it of the same name),
+        and write the notebook if the last write is a second old; nothing between cells."""
         if self.cell is None or self.disabled:
             return
         if self.clear_pending:
@@ -125,10 +132,12 @@ class Recorder:
             self.write()
 
     def stream(self, name, text):
+        """Record text printed to ``stdout`` or ``stderr`` (``name``) by the running cell."""
         if text:
             self.add({"output_type": "stream", "name": name, "text": text})
 
     def display(self, data, metadata=None, kind="display_data"):
+        """Record a display (or, with ``kind="execute_result"``, the cell's result, numbered as the cell)."""
         output = {"output_type": kind, "data": bundle(data), "metadata": metadata or {}}
         if kind == "execute_result":
             running = self.notebook["cells"][self.cell] if self.cell is not None else {}
@@ -136,21 +145,26 @@ class Recorder:
         self.add(output)
 
     def error(self, ename, evalue, lines):
+        """Record the running cell's error: exception name, message, traceback lines."""
         self.add({"output_type": "error", "ename": ename, "evalue": evalue, "traceback": list(lines)})
 
     @locked
     def clear(self, wait=False):
+        """Clear the running cell's outputs (IPython's ``clear_output``); with ``wait``, at the next output."""
         if wait:
             self.clear_pending = True
         else:
             self.outputs, self.clear_pending = [], False
 
     def has_error(self):
+        """The running cell has recorded an error."""
         return any(o["output_type"] == "error" for o in self.outputs)
 
     # cells
     @locked
     def start(self, index, count):
+        """Cell ``index`` starts as execution ``count``: mark it running (keeping errors other ranks already
+        reported there) and write the notebook."""
         self.cell, self.outputs, self.started = index, [], time.monotonic()
         cell = self.notebook["cells"][index]
         cell["execution_count"] = count
@@ -163,6 +177,8 @@ class Recorder:
 
     @locked
     def end(self, status):
+        """The running cell ended with ``status`` (``ok``, ``error``): its outputs, the other ranks' merged
+        in, its end time and duration; the notebook is written."""
         cell = self.notebook["cells"][self.cell]
         cell["outputs"] = self.outputs + self.extra.get(self.cell, [])
         info = cell["metadata"]["podman_hpc"]
@@ -184,6 +200,9 @@ class Recorder:
 
     @locked
     def write(self, state=None):
+        """Write the output notebook and the progress file (with ``state``, the run's state), the other
+        ranks' errors merged in first; nothing if a write is under way (a signal mid-write) or the
+        recorder is disabled."""
         if self.writing or self.disabled:
             return
         self.writing, self.dirty = True, False
@@ -215,6 +234,8 @@ class Recorder:
             self.stop_now(self.stop_signal)
 
     def on_signal(self, signum, frame):
+        """SIGTERM (scancel, the time limit): note the stop and exit now, or once the write under way is
+        done."""
         name = signal.Signals(signum).name
         if self.writing:
             self.stop_signal = name  # the write under way finishes first
@@ -222,6 +243,8 @@ class Recorder:
             self.stop_now(name)
 
     def stop_now(self, signame):
+        """Note the stop (``signame``) at the running cell, write the notebook a last time, and exit at once
+        with 128 + the signal's number."""
         self.stop_signal = None
         self.stopped(signame)
         sys.__stdout__.flush()
@@ -229,6 +252,7 @@ class Recorder:
 
 
 def note(text):
+    """A display output holding the runner's own note (``text``), marked as such in its metadata."""
     return {"output_type": "display_data", "data": {"text/plain": text}, "metadata": {"podman_hpc": "note"}}
 
 

@@ -53,10 +53,12 @@ class Plan:
         self.code = {int(k): v for k, v in data.get("code", {}).items()}
 
     def rank_file(self, rank):
+        """The file where rank ``rank`` (not 0) reports its errors, in the plan's state directory."""
         return os.path.join(self.state_dir, "rank-%d.json" % rank)
 
 
 def cell_source(cell):
+    """A cell's source as one string (nbformat allows a list of lines)."""
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else source
 
@@ -64,6 +66,9 @@ def cell_source(cell):
 # --- the two entry points -----------------------------------------------------------------------
 
 def run(plan_path, args):
+    """Run the notebook of the plan at ``plan_path`` as this rank (``SLURM_PROCID``), ``args`` as its
+    ``sys.argv``: its code cells in order, rank 0 recording the output notebook; stops at the first cell
+    that raises. The exit code: 0, or 1 when a cell failed."""
     plan = Plan(plan_path)
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) or 0)
     size = int(os.environ.get("SLURM_NTASKS", "1") or 1)
@@ -157,6 +162,8 @@ def finish(plan_path, exit_code):
 
 
 def main(argv=None):
+    """The runner's command line: ``nbrunner.py PLAN [ARGS...]`` runs the notebook, ``nbrunner.py --finish
+    PLAN EXIT_CODE`` ends its record once all ranks are done; the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--finish"]:
         if len(argv) != 3:

@@ -105,6 +105,8 @@ def _launcher_parts(spec: JobSpec, job_dir: str, target: RunTarget, modules: Mod
 
 
 def srun_argv(spec: JobSpec, job_dir: str, modules: ModuleSet) -> list[str]:
+    """The srun command of a job's batch script: the MPI plugin its modules ask for, the cpus per task
+    again, each rank's output and error to its own file in ``job_dir``."""
     argv = ["srun"]
     for module in spec.check_modules(modules):
         if module.name in SRUN_MPI:

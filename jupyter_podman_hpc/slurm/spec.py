@@ -332,9 +332,12 @@ class JobSpec:
 
     @property
     def ntasks(self) -> int:
+        """The job's total number of tasks (nodes times tasks per node)."""
         return self.nodes * self.tasks_per_node
 
     def default_job_name(self) -> str:
+        """The job's name: ``job_name`` if given, else the command's, script's or notebook's file name, cut
+        to characters Slurm takes, or ``podman-hpc``."""
         if self.job_name:
             return self.job_name
         if self.command is not None:
@@ -365,6 +368,7 @@ class JobSpec:
     # --- (de)serialising ---------------------------------------------------------
 
     def as_dict(self) -> dict[str, Any]:
+        """The spec as JSON-ready data (lists and dicts, no tuples), as ``from_dict`` reads it."""
         data = dataclasses.asdict(self)
         for key in ("command", "args", "modules", "extra_directives"):
             if data[key] is not None:
