@@ -31,6 +31,8 @@ INSTALL = "pip install jupyter-podman-hpc"
 
 
 def preload() -> None:
+    """Import what a kernel's start spends its time on (``PRELOAD``), so that a pooled kernel starts at
+    once; a module the image lacks is left to the kernel's own import to report."""
     import importlib
 
     for name in PRELOAD:
@@ -112,6 +114,8 @@ def keep_connection_file(app_class) -> None:
 
 
 def start(argv: list[str]) -> None:
+    """Run ipykernel in this process as ``ipykernel_launcher`` would, with ipykernel options ``argv``, the
+    connection file kept and ``%load_ext jupyter_podman_hpc`` guarded; returns when the kernel ends."""
     from ipykernel.kernelapp import IPKernelApp
 
     keep_connection_file(IPKernelApp)
@@ -126,6 +130,8 @@ def start(argv: list[str]) -> None:
 
 
 def main() -> None:
+    """The boot program: start the kernel with the given options, or with ``--pool`` preload, say
+    ``READY_LINE`` on stderr, and start it as the JSON line read on stdin says."""
     argv = sys.argv[1:]
     if argv[:1] == ["--pool"]:
         preload()

@@ -35,10 +35,14 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (no usage dump), raised instead of exiting."""
 
     def error(self, message: str) -> NoReturn:
+        """Raise UsageError with argparse's message and a pointer to ``--help`` (main prints it as one line,
+        exit code 2), instead of argparse's exit."""
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``jupyter podman-hpc``: ``kernel install IMAGE``, ``kernel list``, ``kernel remove
+    NAME`` and their options."""
     parser = Parser(prog=PROG, description="podman-hpc for Jupyter: container kernels.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -77,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Carry out the parsed command (install, list or remove a container kernel), printing what it did; the
+    exit code."""
     if args.command != "kernel":
         parser.print_help()
         return 0 if args.command is None else 2
@@ -108,6 +114,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``jupyter podman-hpc`` console script: 0 on success, 2 with one line for bad usage, 1 with one
+    line for an engine error, 130 on Ctrl-C."""
     parser = build_parser()
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)

@@ -176,6 +176,8 @@ class KernelContainer:
 
 
 def mountable(path: str) -> bool:
+    """``path`` can be given to podman's ``--volume`` as it is (no ``:`` or ``,``, which its syntax would
+    split at)."""
     return ":" not in path and "," not in path
 
 
@@ -200,6 +202,7 @@ def volumes(paths: Sequence[str], target: str | None = None) -> list[str]:
 
 
 def home() -> str:
+    """The user's home directory: ``$HOME``, else the passwd entry's, else ``/``."""
     found = os.environ.get("HOME")
     if found:
         return found

@@ -63,6 +63,7 @@ class ContainerKernel:
     slurm: bool = True  # the site's slurm module (the host's Slurm inside the kernel)
 
     def as_dict(self) -> dict:
+        """The kernel's fields as JSON-ready data (``kernel list --json``, the server)."""
         return asdict(self)
 
 
@@ -85,6 +86,7 @@ def default_name(image: str) -> str:
 
 
 def default_display_name(image: str) -> str:
+    """The name the launcher shows for a kernel of ``image`` when none is given."""
     return f"Python (podman-hpc: {image})"
 
 
@@ -118,6 +120,8 @@ def _logo_dirs() -> list[Path]:
 
 
 def logo_files() -> dict[str, bytes]:
+    """The kernel logos to install with a kernelspec (file name to bytes), from the package data or the
+    checkout; {} when neither has them."""
     for directory in _logo_dirs():
         found = {name: (directory / name).read_bytes() for name in LOGO_FILES if (directory / name).is_file()}
         if found:
@@ -355,6 +359,8 @@ def list_kernels(prefix: str | os.PathLike | None = None,
 
 
 def find(name: str, prefix: str | os.PathLike | None = None) -> ContainerKernel:
+    """The installed podman-hpc kernel called ``name`` (in ``prefix``, or every kernel directory Jupyter
+    reads); KernelNotFound otherwise, KernelSpecError for a name that is not valid."""
     validate_name(name)
     for kernel in list_kernels(prefix):
         if kernel.name == name:

@@ -42,6 +42,8 @@ POOL = "pool"  # their kernel label until a kernel adopts them
 
 
 def labels(kernel_id: str) -> dict[str, str]:
+    """The labels of a kernel's container: its kernel id, its owner (this process, ``PID:START``) and this
+    host."""
     return {LABEL: kernel_id, OWNER_LABEL: owner_token(), HOST_LABEL: socket.gethostname()}
 
 
@@ -111,6 +113,8 @@ def wait_first(owner: str, client_pid: int) -> str:
 
 
 def watchdog(owner: str, client_pid: int, name: str) -> int:
+    """Wait until the kernel's owner or its ``podman run`` exits; if the owner went first (or with it),
+    remove the container ``name``. 0 either way."""
     first = wait_first(owner, client_pid)
     if first == "client" and owner_alive(owner):
         return 0  # the kernel ended while its server lives: the provisioner cleans up
@@ -122,6 +126,8 @@ def watchdog(owner: str, client_pid: int, name: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The watchdog process's command line (``--owner``, ``--client``, ``--name``); 1 on any error, since
+    nobody reads its output (the sweep is the fallback)."""
     parser = argparse.ArgumentParser(prog="python -m jupyter_podman_hpc.kernels.orphans")
     parser.add_argument("--owner", required=True, help="PID:START of the kernel's owner")
     parser.add_argument("--client", required=True, type=int, help="pid of the kernel's podman run")

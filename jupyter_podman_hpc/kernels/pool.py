@@ -67,9 +67,12 @@ class Pooled:
     watchdog: subprocess.Popen | None = None
 
     def alive(self) -> bool:
+        """The container's ``podman run`` is still running."""
         return self.process.poll() is None
 
     def serves(self, cwd: str) -> bool:
+        """A kernel started in ``cwd`` can use this container: ``cwd`` is one of the directories it mounts,
+        or below one."""
         path = os.path.realpath(cwd)
         return any(path == d or path.startswith(d.rstrip("/") + "/") for d in self.dirs)
 
@@ -128,6 +131,7 @@ class Pool:
         self._wake.set()
 
     def names(self) -> list[str]:
+        """The names of the containers waiting in the pool now."""
         with self._lock:
             return [entry.name for entry in self._entries]
 
@@ -226,6 +230,7 @@ def get(key: str, make: Callable[[], Pool]) -> Pool:
 
 
 def find(key: str) -> Pool | None:
+    """The open pool under ``key`` (a kernelspec's), or None."""
     with _registry_lock:
         pool = _pools.get(key)
         return pool if pool is not None and not pool.closed else None
@@ -240,6 +245,7 @@ def wait_all_ready(timeout: float) -> bool:
 
 
 def close_all() -> None:
+    """Close every pool of this process, their waiting containers removed (registered to run at exit)."""
     with _registry_lock:
         pools = list(_pools.values())
         _pools.clear()

@@ -158,6 +158,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
         threading.Thread(target=sweep, name="podman-hpc-kernel-sweep", daemon=False).start()
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Prepare the engine, sweep orphaned kernel containers once, and name this kernel's container; then
+        jupyter_client's preparation (connection info, the command's arguments)."""
         self._prepare_engine()
         self._start_sweep()
         self.container_name = "podman-hpc-kernel-" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(self.kernel_id))
@@ -174,6 +176,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
         return argv, podman_env
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        """Start the kernel: hand it to a pooled container that can take it, else start its own; the
+        connection info once it listens."""
         assert self._podman is not None, "pre_launch was not called"
         env = dict(kwargs.get("env") or os.environ)
         cwd = kwargs.get("cwd")
@@ -327,6 +331,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
     # --- running ------------------------------------------------------------------
 
     async def poll(self) -> int | None:
+        """None while the kernel runs, else its exit code; a killed ``podman run`` counts as running while
+        its container still is."""
         if self.process is None:
             return 0
         code = self.process.poll()
@@ -346,6 +352,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
         return result.returncode == 0 and result.stdout.strip() == "true"
 
     async def wait(self) -> int | None:
+        """Wait until the kernel has exited and its output is drained; its exit code (0 if it was never
+        started)."""
         if self.process is None:
             return 0
         while (code := await self.poll()) is None:
@@ -379,9 +387,11 @@ class PodmanHPCProvisioner(LocalProvisioner):
         await self._podman_quiet("kill", "--signal", str(int(signum)), self.container_name)
 
     async def terminate(self, restart: bool = False) -> None:
+        """Ask the kernel to stop: SIGTERM to the container (``restart`` makes no difference)."""
         await self.send_signal(signal.SIGTERM)
 
     async def kill(self, restart: bool = False) -> None:
+        """Kill the kernel's container (SIGKILL through podman); ``restart`` makes no difference."""
         if self.container_name:
             await self._podman_quiet("kill", "--signal", "KILL", self.container_name)
 
@@ -401,6 +411,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
             self._watchdog = None
 
     async def cleanup(self, restart: bool = False) -> None:
+        """After the kernel ended: jupyter_client's clean-up, then, unless it restarts, its container
+        removed; its watchdog reaped."""
         await super().cleanup(restart=restart)
         if not restart and self.container_name:
             # podman run --rm removed it when it ended normally; make sure in every case.
@@ -408,18 +420,25 @@ class PodmanHPCProvisioner(LocalProvisioner):
         self._reap_watchdog()
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        """Seconds to wait for a clean shutdown: at least 10, since the container is stopped and removed
+        too."""
         # a container also has to be stopped and removed
         return max(recommended, 10.0)
 
     def get_stable_start_time(self, recommended: float = 10.0) -> float:
+        """Seconds a kernel must run before its restart counts as stable: at least 20, a container starts
+        slower than a process."""
         return max(recommended, 20.0)
 
     async def get_provisioner_info(self) -> dict[str, Any]:
+        """What jupyter_client persists of this provisioner, with the container's name and image
+        (``load_provisioner_info`` reads it back)."""
         info = await super().get_provisioner_info()
         info.update({"container_name": self.container_name, "image": self.image})
         return info
 
     async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        """Restore what ``get_provisioner_info`` saved: the container's name and image."""
         await super().load_provisioner_info(provisioner_info)
         self.container_name = provisioner_info.get("container_name", "")
         self.image = provisioner_info.get("image", self.image)
