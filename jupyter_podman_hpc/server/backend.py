@@ -60,15 +60,20 @@ class Backend:
     # --- engine configuration -------------------------------------------------
 
     def environ(self) -> dict[str, str]:
+        """The environment engine calls run with: the server's, and the configuration file the server's
+        settings name (``PODMANHPC_CONFIG_FILE``)."""
         env = dict(os.environ)
         if self.settings.config_file:
             env["PODMANHPC_CONFIG_FILE"] = self.settings.config_file
         return env
 
     def site(self) -> SiteConfig:
+        """The site configuration as of now (read again at each call, so that an edit applies without a
+        restart)."""
         return load_config(self.environ(), squash_dir=self.settings.squash_dir or None)
 
     def podman(self) -> Podman:
+        """Podman for this user with the current site configuration."""
         return Podman(self.site(), self.environ())
 
     @staticmethod
@@ -80,16 +85,20 @@ class Backend:
         return config
 
     def job_root(self) -> Path:
+        """Where the server's jobs live: the ``job_root`` setting, else the user's default job directory."""
         from ..slurm import default_root
         return Path(self.settings.job_root) if self.settings.job_root else default_root(self.environ())
 
     # --- images ----------------------------------------------------------------
 
     def images(self) -> list[dict]:
+        """The user's images (local and squashed) as JSON-ready data, one per image."""
         from ..engine.images import list_images
         return [image.as_dict() for image in list_images(self.podman())]
 
     def pull(self, image: str, squash: bool) -> Task:
+        """Start pulling ``image`` as a task (and squash it into the user's store with ``squash``, checked
+        writable first); the task, whose result names the image id."""
         from ..engine.pull import pull, pull_and_squash
 
         config = self.writable_store(self.site()) if squash else self.site()
@@ -104,6 +113,8 @@ class Backend:
 
     def build(self, containerfile: str, tag: str, build_args: dict[str, str], context: Path | None,
               squash: bool) -> Task:
+        """Start building ``containerfile`` (its text) as ``tag`` in ``context`` as a task, squashed after
+        with ``squash`` (the store checked writable first); the task, whose result names the image id."""
         from ..engine.build import build, build_and_squash
 
         config = self.writable_store(self.site()) if squash else self.site()
@@ -119,6 +130,8 @@ class Backend:
         return self.tasks.start("build", f"build {tag}", work)
 
     def squash(self, image: str) -> Task:
+        """Start squashing the local ``image`` into the user's store as a task (the store checked writable
+        first); its result says whether it was squashed already."""
         from ..engine.migrate import migrate
 
         podman = Podman(self.writable_store(self.site()), self.environ())
@@ -130,6 +143,8 @@ class Backend:
         return self.tasks.start("squash", f"squash {image}", work)
 
     def remove_squashed(self, image: str) -> dict:
+        """Remove ``image`` from the squashed store now (a name; the last name or an id: the image): its id,
+        and whether its data was deleted."""
         from ..engine.migrate import remove_squashed
         removed, deleted = remove_squashed(self.podman(), image)
         return {"image": image, "id": removed.id, "deleted": deleted}
@@ -141,10 +156,13 @@ class Backend:
         return JobSpec.from_dict(data)
 
     def preview(self, data: dict) -> str:
+        """The batch script a job of spec ``data`` would submit, without submitting it; JobSpecError for a
+        bad spec."""
         from ..slurm import Job
         return Job.preview(self._spec(data), self.job_root(), config=self.site(), environ=self.environ())
 
     def submit(self, data: dict) -> dict:
+        """Submit a job of spec ``data`` under the job root; the job with its Slurm status."""
         from ..slurm import Job, SlurmClient
         spec = self._spec(data)
         config = self.site()
@@ -162,9 +180,11 @@ class Backend:
         return Job.find(job_id, self.job_root(), client=SlurmClient(env=self.environ()))
 
     def job(self, job_id: str) -> dict:
+        """The job ``job_id`` with its Slurm status; JobNotFound if it is not under the job root."""
         return self._job(job_id).as_dict(status=True)
 
     def logs(self, job_id: str) -> dict:
+        """The job's output so far: each rank's stdout and stderr, and the batch script's log."""
         job = self._job(job_id)
         return {"id": job.id, "ranks": {str(rank): text for rank, text in sorted(job.logs().items())},
                 "errors": {str(rank): text for rank, text in sorted(job.logs("err").items())},
@@ -187,6 +207,7 @@ class Backend:
         return {"id": job.id, **info, "content": content}
 
     def cancel(self, job_id: str) -> dict:
+        """Cancel the job ``job_id`` (scancel); the job with its status after."""
         job = self._job(job_id)
         job.cancel()
         return job.as_dict(status=True)
@@ -215,6 +236,8 @@ class Backend:
         return [cluster.as_dict() for cluster in sorted(found, key=lambda c: -c.record.created)]
 
     def stop_cluster(self, cluster_id: str) -> dict:
+        """Stop the cluster ``cluster_id`` (its id or job id), found in any of the server's cluster roots;
+        the cluster after. ClusterNotFound if none has it."""
         from ..slurm import SlurmClient
         from ..slurm import cluster as clusters
         client = SlurmClient(env=self.environ())
@@ -236,6 +259,8 @@ class Backend:
 
     def install_kernel(self, image: str, display_name: str | None, modules: list[str],
                        name: str | None, pool: int | None = None) -> dict:
+        """Install a container kernel of ``image`` for this user, and warm its pool when it has one; the
+        kernel as JSON-ready data."""
         from ..kernels import kernelspec
         kernel = kernelspec.install(image, name=name, display_name=display_name, modules=modules, pool=pool)
         if (kernel.pool if kernel.pool is not None else self.settings.kernel_pool) > 0:
@@ -259,12 +284,16 @@ class Backend:
         threading.Thread(target=warm, name=f"podman-hpc-kernel-pool-{kernel_name}", daemon=True).start()
 
     def remove_kernel(self, name: str) -> dict:
+        """Remove this user's container kernel ``name``; the kernel removed."""
         from ..kernels import kernelspec
         return kernelspec.remove(name).as_dict()
 
     # --- what the UI needs -------------------------------------------------------
 
     def ui_config(self) -> dict:
+        """What the Lab panel needs to draw its forms: defaults, limits, the site's modules and Slurm
+        partitions (each with the error that kept it from being read, if any), the squash and job
+        directories, the run modes."""
         config = self.site()
         s = self.settings
         try:

@@ -71,6 +71,7 @@ class Base(APIHandler):
 
     @property
     def backend(self) -> Backend:
+        """The server's Backend, set up by the extension at load time."""
         return self.settings["podman_hpc_backend"]
 
     async def blocking(self, fn, *args):
@@ -79,11 +80,12 @@ class Base(APIHandler):
         return await IOLoop.current().run_in_executor(None, fn, *args)
 
     def reply(self, data, status: int = 200) -> None:
+        """Finish the request with ``data`` as JSON and HTTP status ``status``."""
         self.set_status(status)
         self.finish(json.dumps(data))
 
     def write_error(self, status_code: int, **kwargs) -> None:
-        # one sentence for the user, as {"message": ...}; never a traceback
+        """An error's reply: ``{"message": ...}``, one sentence for the user, never a traceback."""
         self.set_header("Content-Type", "application/json")
         reason = self._reason
         exc_info = kwargs.get("exc_info")
@@ -97,6 +99,7 @@ class ImagesHandler(Base):
     @authorized
     @engine_errors
     async def get(self):
+        """``GET images``: ``{"images": [...]}``, the user's local and squashed images."""
         self.reply({"images": await self.blocking(self.backend.images)})
 
 
@@ -105,6 +108,8 @@ class PullHandler(Base):
     @authorized
     @engine_errors
     async def post(self):
+        """``POST images/pull`` ``{"image", "squash"}``: start a pull (squashed unless ``squash`` is false);
+        202 with the task."""
         body = v.json_body(self.request)
         task = self.backend.pull(v.image(body), v.boolean(body, "squash", True))
         self.reply(task.as_dict(), 202)
@@ -115,6 +120,9 @@ class BuildHandler(Base):
     @authorized
     @engine_errors
     async def post(self):
+        """``POST images/build``: start a build of a Containerfile given as text (``containerfile``) or as a
+        file in the server's root (``path``), tagged ``tag``, with its ``context`` and ``build_args``;
+        202 with the task."""
         limit = self.backend.settings.max_containerfile_bytes
         body = v.json_body(self.request, limit=limit + 64_000)
         tag = v.image(body, "tag")
@@ -149,6 +157,8 @@ class SquashHandler(Base):
     @authorized
     @engine_errors
     async def post(self):
+        """``POST images/squash`` ``{"image"}``: start squashing a local image into the user's store; 202
+        with the task."""
         body = v.json_body(self.request)
         self.reply(self.backend.squash(v.image(body)).as_dict(), 202)
 
@@ -158,6 +168,8 @@ class SquashedImageHandler(Base):
     @authorized
     @engine_errors
     async def delete(self, image):
+        """``DELETE images/squashed/IMAGE``: remove the image (or that name of it) from the squashed store;
+        what was removed."""
         image = v.image({"image": unquote(image)})
         self.reply(await self.blocking(self.backend.remove_squashed, image))
 
@@ -166,6 +178,7 @@ class TasksHandler(Base):
     @web.authenticated
     @authorized
     async def get(self):
+        """``GET tasks``: ``{"tasks": [...]}``, the server's tasks, newest first."""
         self.reply({"tasks": [task.as_dict() for task in self.backend.tasks.list()]})
 
 
@@ -179,11 +192,13 @@ class TaskHandler(Base):
     @web.authenticated
     @authorized
     async def get(self, task_id):
+        """``GET tasks/ID``: the task with the last 200 lines of its log; 404 if there is none."""
         self.reply(self._task(task_id).as_dict(log_lines=200))
 
     @web.authenticated
     @authorized
     async def delete(self, task_id):
+        """``DELETE tasks/ID``: ask the task to stop (at once if it has not started); 202 with the task."""
         task = self._task(task_id)
         self.backend.tasks.cancel(task)
         self.reply(task.as_dict(), 202)
@@ -195,6 +210,8 @@ class TaskEventsHandler(Base):
     @web.authenticated
     @authorized
     async def get(self, task_id):
+        """``GET tasks/ID/events``: the task's events as a server-sent event stream, from after
+        ``Last-Event-ID`` (or ``?after=``) until the task has finished."""
         task = self.backend.tasks.get(task_id)
         if task is None:
             raise web.HTTPError(404, reason=f"no task {task_id}")
@@ -224,6 +241,8 @@ class JobsHandler(Base):
     @authorized
     @engine_errors
     async def get(self):
+        """``GET jobs``: ``{"jobs": [...], "problems": [...]}``, the jobs under the job root, newest first,
+        and the records that could not be read."""
         problems: list[str] = []  # unreadable job records: the others are listed all the same
         jobs = await self.blocking(self.backend.jobs, problems)
         self.reply({"jobs": jobs, "problems": problems})
@@ -232,6 +251,8 @@ class JobsHandler(Base):
     @authorized
     @engine_errors
     async def post(self):
+        """``POST jobs``: submit the job spec in the body, within the server's limits; 201 with the job, or
+        with ``?preview=1`` only its batch script."""
         body = v.json_body(self.request)
         spec = self._checked_spec(body)
         if truth(self.get_argument("preview", "0")):
@@ -268,12 +289,14 @@ class JobHandler(Base):
     @authorized
     @engine_errors
     async def get(self, job_id):
+        """``GET jobs/ID``: the job with its Slurm status."""
         self.reply(await self.blocking(self.backend.job, job_id))
 
     @web.authenticated
     @authorized
     @engine_errors
     async def delete(self, job_id):
+        """``DELETE jobs/ID``: cancel the job; the job after."""
         self.reply(await self.blocking(self.backend.cancel, job_id))
 
 
@@ -282,6 +305,7 @@ class JobLogsHandler(Base):
     @authorized
     @engine_errors
     async def get(self, job_id):
+        """``GET jobs/ID/logs``: each rank's stdout and stderr so far, and the batch log."""
         self.reply(await self.blocking(self.backend.logs, job_id))
 
 
@@ -292,6 +316,8 @@ class JobOutputHandler(Base):
     @authorized
     @engine_errors
     async def get(self, job_id):
+        """``GET jobs/ID/output``: the job's output notebook, where it is and rank 0's progress; 404 for a
+        job that ran no notebook."""
         self.reply(await self.blocking(self.backend.output, job_id))
 
 
@@ -300,6 +326,8 @@ class ClustersHandler(Base):
     @authorized
     @engine_errors
     async def get(self):
+        """``GET clusters``: ``{"clusters": [...]}``, the user's running clusters, orphaned ones swept
+        first."""
         self.reply({"clusters": await self.blocking(self.backend.clusters)})
 
 
@@ -308,6 +336,7 @@ class ClusterHandler(Base):
     @authorized
     @engine_errors
     async def delete(self, cluster_id):
+        """``DELETE clusters/ID``: stop the cluster; the cluster after."""
         self.reply(await self.blocking(self.backend.stop_cluster, cluster_id))
 
 
@@ -316,6 +345,8 @@ class KernelsHandler(Base):
     @authorized
     @engine_errors
     async def get(self):
+        """``GET kernels``: ``{"kernels": [...], "problems": [...]}``, the installed container kernels and
+        the kernelspecs that could not be read."""
         problems: list[str] = []  # broken kernelspecs: the others are listed all the same
         kernels = await self.blocking(self.backend.kernels, problems)
         self.reply({"kernels": kernels, "problems": problems})
@@ -324,6 +355,8 @@ class KernelsHandler(Base):
     @authorized
     @engine_errors
     async def post(self):
+        """``POST kernels`` ``{"image", "display_name", "name", "modules", "pool"}``: install a container
+        kernel; 201 with the kernel."""
         body = v.json_body(self.request)
         image = v.image(body)
         display_name = v.string(body, "display_name", required=False, max_length=200) or None
@@ -339,6 +372,7 @@ class KernelHandler(Base):
     @authorized
     @engine_errors
     async def delete(self, name):
+        """``DELETE kernels/NAME``: remove the container kernel; the kernel removed."""
         self.reply(await self.blocking(self.backend.remove_kernel, name))
 
 
@@ -347,6 +381,7 @@ class ConfigHandler(Base):
     @authorized
     @engine_errors
     async def get(self):
+        """``GET config``: what the Lab panel needs to draw its forms (``Backend.ui_config``)."""
         self.reply(await self.blocking(self.backend.ui_config))
 
 
@@ -372,4 +407,5 @@ ROUTES = [
 
 
 def handlers(base_url: str) -> list[tuple[str, type]]:
+    """The extension's routes under ``base_url`` (``<base_url>/podman-hpc/api/...``), each with its handler."""
     return [(url_path_join(base_url, "podman-hpc", "api", pattern) + "$", handler) for pattern, handler in ROUTES]

@@ -61,6 +61,7 @@ class Task:
     first_event: int = 0  # events before this one were dropped (a very long log)
 
     def as_dict(self, log_lines: int = 20) -> dict:
+        """The task as the API shows it, with the last ``log_lines`` lines of its log."""
         return {"id": self.id, "kind": self.kind, "title": self.title, "state": self.state,
                 "created": self.created, "finished": self.finished, "progress": self.progress,
                 "log": list(self.log)[-log_lines:], "result": self.result, "error": self.error}
@@ -97,6 +98,8 @@ class TaskManager:
             self.tasks[task.id] = task
 
     def start(self, kind: str, title: str, work: Work) -> Task:
+        """Start ``work`` in the background as a new task of ``kind``, recorded and announced at once; the
+        task (queued)."""
         task = Task(id=uuid.uuid4().hex[:12], kind=kind, title=title)
         with self._lock:
             self.tasks[task.id] = task
@@ -106,12 +109,15 @@ class TaskManager:
         return task
 
     def get(self, task_id: str) -> Task | None:
+        """The task ``task_id``, or None."""
         return self.tasks.get(task_id)
 
     def list(self) -> list[Task]:
+        """Every task of this server, newest first."""
         return sorted(self.tasks.values(), key=lambda t: t.created, reverse=True)
 
     def cancel(self, task: Task) -> None:
+        """Ask ``task`` to stop: its work sees the cancel event; a task still queued ends now as cancelled."""
         task.cancel.set()
         if task.state == "queued":
             self._finish(task, "cancelled", error="cancelled before it started")

@@ -22,6 +22,8 @@ class BadRequest(web.HTTPError):
 
 
 def json_body(request, limit: int = MAX_BODY_BYTES) -> dict:
+    """The request's body as a JSON object (empty: {}); BadRequest when it is too big (413), not JSON or not
+    an object."""
     if len(request.body or b"") > limit:
         raise BadRequest(f"the request body is larger than {limit} bytes", 413)
     try:
@@ -34,6 +36,8 @@ def json_body(request, limit: int = MAX_BODY_BYTES) -> dict:
 
 
 def string(data: dict, key: str, *, required: bool = True, default: str = "", max_length: int = 4096) -> str:
+    """``data[key]`` as a string, checked (length, no NUL); ``default`` when absent or empty and not
+    ``required``, else BadRequest."""
     value = data.get(key, None)
     if value is None or value == "":
         if required:
@@ -49,6 +53,7 @@ def string(data: dict, key: str, *, required: bool = True, default: str = "", ma
 
 
 def image(data: dict, key: str = "image") -> str:
+    """``data[key]`` as a valid image reference; BadRequest naming the problem otherwise."""
     value = string(data, key, max_length=512)
     try:
         return validate_reference(value)
@@ -57,6 +62,7 @@ def image(data: dict, key: str = "image") -> str:
 
 
 def boolean(data: dict, key: str, default: bool) -> bool:
+    """``data[key]`` if it is JSON true or false (``default`` when absent); BadRequest otherwise."""
     value = data.get(key, default)
     if not isinstance(value, bool):
         raise BadRequest(f"'{key}' must be true or false")
@@ -64,6 +70,8 @@ def boolean(data: dict, key: str, default: bool) -> bool:
 
 
 def integer(data: dict, key: str, *, default: int | None = None, low: int, high: int) -> int:
+    """``data[key]`` as a whole number from ``low`` to ``high`` (``default`` when absent); BadRequest
+    otherwise."""
     value = data.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadRequest(f"'{key}' must be a whole number")
@@ -73,6 +81,8 @@ def integer(data: dict, key: str, *, default: int | None = None, low: int, high:
 
 
 def string_map(data: dict, key: str) -> dict[str, str]:
+    """``data[key]`` as an object of strings with no newline or NUL in them (a missing key: {}); BadRequest
+    otherwise."""
     value = data.get(key) or {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise BadRequest(f"'{key}' must be an object of strings")
@@ -83,6 +93,7 @@ def string_map(data: dict, key: str) -> dict[str, str]:
 
 
 def string_list(data: dict, key: str) -> list[str]:
+    """``data[key]`` as a list of strings (a missing key: []); BadRequest otherwise."""
     value = data.get(key) or []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise BadRequest(f"'{key}' must be a list of strings")
