@@ -25,6 +25,7 @@
 
 
 def load_ipython_extension(ipython) -> None:
+    """``%load_ext jupyter_podman_hpc``: register the ``%podman_hpc`` magics in this IPython shell."""
     from .core import PodmanHPCMagics
 
     ipython.register_magics(PodmanHPCMagics)

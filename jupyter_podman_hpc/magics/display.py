@@ -16,6 +16,7 @@ from ..engine.text import image_rows, text_table
 
 
 def html_table(rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` (a header, then the rows) as an HTML table, each cell escaped and left-aligned."""
     head = "".join(f"<th style='text-align:left'>{html.escape(str(cell))}</th>" for cell in rows[0])
     body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(cell))}</td>" for cell in row)
                    + "</tr>" for row in rows[1:])
@@ -26,6 +27,7 @@ class _Table(list):
     EMPTY = "none"
 
     def rows(self) -> list[tuple[str, ...]]:
+        """The table to show: a header row, then one row per item or more (each subclass says)."""
         raise NotImplementedError
 
     def records(self) -> list[dict]:
@@ -46,6 +48,7 @@ class ImageList(_Table):
     EMPTY = "no images"
 
     def rows(self) -> list[tuple[str, ...]]:
+        """The table ``podman-hpc images`` prints: a header, then a row per name of each image."""
         return image_rows(self)
 
     def named(self, name: str):
@@ -61,6 +64,7 @@ class KernelList(_Table):
     EMPTY = "no podman-hpc kernels"
 
     def rows(self) -> list[tuple[str, ...]]:
+        """The kernels table: a header, then name, display name, image, modules and path of each kernel."""
         rows = [("NAME", "DISPLAY NAME", "IMAGE", "MODULES", "PATH")]
         rows += [(k.name, k.display_name, k.image, ",".join(k.modules) or "-", k.path) for k in self]
         return rows

@@ -58,18 +58,22 @@ class Job:
 
     @property
     def id(self) -> str:
+        """The Slurm job id."""
         return self.job.id
 
     @property
     def directory(self):
+        """The job directory: its record, batch script and logs."""
         return self.job.directory
 
     @property
     def script(self) -> str:
+        """The batch script exactly as submitted."""
         return self.job.script
 
     @property
     def spec(self):
+        """The job's specification, as submitted."""
         return self.job.spec
 
     @property
@@ -91,6 +95,7 @@ class Job:
 
     @property
     def state(self) -> str:
+        """The job's Slurm state as last seen (asked of Slurm only if it never was)."""
         return self.status(refresh=False).state
 
     def wait(self, timeout: float | None = None, poll_interval: float = 1.0) -> JobStatus:
@@ -116,6 +121,7 @@ class Job:
         return self.job.labelled_output(stream)
 
     def batch_log(self) -> str:
+        """Slurm's log of the batch script (``slurm-<jobid>.out``), where srun's own errors land."""
         return self.job.batch_log()
 
     @property
@@ -126,6 +132,7 @@ class Job:
         return Path(info["path"]) if info else None
 
     def cancel(self) -> None:
+        """Cancel the job (scancel), and have its status widget, if shown, ask Slurm again at once."""
         self.job.cancel()
         if self._view is not None:
             self._view.poll_soon()
@@ -133,6 +140,8 @@ class Job:
     # --- display ------------------------------------------------------------------
 
     def summary(self) -> str:
+        """One line for the notebook: the job's status (``job 84 RUNNING on n[1-2] ...``), its shape and
+        directory; the error's text when Slurm cannot be asked."""
         status = self._status
         if status is None:
             try:
@@ -179,6 +188,8 @@ class _StatusView:
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        """Start polling Slurm in the background to keep the widget current; nothing for a job already
+        finished."""
         status = self.job._status
         if status is not None and status.finished:
             return
@@ -186,6 +197,7 @@ class _StatusView:
         self.thread.start()
 
     def poll_soon(self) -> None:
+        """Have the poller ask Slurm now rather than at its next turn (after a cancel)."""
         self.wake.set()
 
     def _run(self) -> None:
@@ -214,6 +226,8 @@ class _StatusView:
             self.wake.wait(min(TICK, max(0.05, next_poll - time.monotonic())))
 
     def show(self, status: JobStatus | None, seen_at: float) -> None:
+        """Draw ``status`` (as seen at ``seen_at``, a monotonic time) in the widget, when it changes what
+        the widget shows."""
         text = self._html(status, seen_at)
         with self._lock:
             if text != self._drawn:
@@ -284,6 +298,8 @@ class JobList(list):
         return cls(jobs, problems)
 
     def rows(self) -> list[tuple[str, ...]]:
+        """The jobs table: id, name, state, nodes, elapsed time, submit time, image and output notebook of
+        each job, as last seen."""
         rows = [self.HEADER]
         for job in self:
             status = job._status

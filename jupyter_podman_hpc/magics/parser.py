@@ -92,9 +92,13 @@ class Parser(argparse.ArgumentParser):
                           help="show the full traceback of an error")
 
     def error(self, message: str) -> NoReturn:
+        """Raise MagicError with argparse's message and the command's usage, instead of printing and
+        exiting."""
         raise MagicError(message, self.format_usage())
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:  # pragma: no cover
+        """Raise MagicError instead of exiting the kernel (argparse calls this after ``--help`` or an
+        error)."""
         raise MagicError(message or f"exit {status}", self.format_usage())
 
 
@@ -161,6 +165,8 @@ def _job_options(command: Parser) -> None:
 
 
 def build_parser() -> Parser:
+    """The ``%podman_hpc`` parser: its commands (build, pull, images, run, jobs, logs, cancel, kernel, info,
+    help...) and their options."""
     parser = Parser(prog=PROG, usage=_u(SUMMARY), description="podman-hpc from a notebook.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
@@ -297,6 +303,7 @@ _PARSER: Parser | None = None
 
 
 def parser() -> Parser:
+    """The ``%podman_hpc`` parser, built once per process."""
     global _PARSER
     if _PARSER is None:
         _PARSER = build_parser()
@@ -304,6 +311,7 @@ def parser() -> Parser:
 
 
 def subparser(name: str) -> Parser | None:
+    """The parser of the command ``name`` (for its usage and help); None if there is no such command."""
     for action in parser()._actions:
         if isinstance(action, argparse._SubParsersAction):
             return action.choices.get(name)
@@ -311,6 +319,7 @@ def subparser(name: str) -> Parser | None:
 
 
 def split(line: str) -> list[str]:
+    """The magic's line split into words as a shell would; MagicError for an unclosed quote."""
     try:
         return shlex.split(line)
     except ValueError as err:  # an unclosed quote

@@ -7,26 +7,7 @@ nbconvert, nbval, papermill); ``WidgetRenderer`` shows ipywidgets (per-layer
 byte bars, the current build step, the build log in a collapsible area) and
 updates them while the engine call runs. Neither calls the engine.
 
-Which one (``widgets_enabled``), in this order:
-
-1. ``PODMAN_HPC_WIDGETS=1`` (or true/yes/on) forces widgets, ``=0`` (false/no/off)
-   forces text.
-2. Not in a Jupyter kernel (``get_ipython()`` has no ``kernel``: terminal
-   IPython, an embedded shell): text.
-3. ``ipywidgets`` cannot be imported: text.
-4. In a kernel: widgets if the execute request being run allows stdin
-   (``allow_stdin`` in its content), else text. Front ends a person uses
-   (JupyterLab, Notebook, VS Code) send ``allow_stdin: true``; the headless
-   executors send false, since nobody could answer: nbclient (so
-   ``jupyter nbconvert --execute``, ``jupyter execute`` and papermill) sets
-   ``KernelClient.allow_stdin = False`` and nbval passes ``allow_stdin=False``
-   with every cell. The kernel cannot see the front end itself (there is no
-   environment variable or header field that names nbclient or nbval), and a
-   widget displayed there would be saved as its text repr
-   ("IntProgress(value=...)") or nothing. An interactive front end without
-   the widget manager still gets widgets: set PODMAN_HPC_WIDGETS=0 there.
-   Voila executes with allow_stdin false too but renders widgets: set
-   PODMAN_HPC_WIDGETS=1 for it.
+Which one: ``widgets_enabled`` (its docstring has the rule).
 """
 
 from __future__ import annotations
@@ -51,6 +32,7 @@ MIN_INTERVAL = 0.1      # seconds between two updates of one widget (the last va
 
 
 def ipywidgets_available() -> bool:
+    """ipywidgets can be imported in this kernel."""
     try:
         import ipywidgets  # noqa: F401
     except Exception:
@@ -76,7 +58,27 @@ def request_allows_stdin(kernel: Any) -> bool | None:
 
 
 def widgets_enabled(shell: Any = None, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether to render with ipywidgets (the rule is in the module's docstring)."""
+    """Whether to render with ipywidgets (else plain text); the first of these that applies decides:
+
+    1. ``PODMAN_HPC_WIDGETS=1`` (or true/yes/on) forces widgets, ``=0`` (false/no/off)
+       forces text.
+    2. Not in a Jupyter kernel (``get_ipython()`` has no ``kernel``: terminal
+       IPython, an embedded shell): text.
+    3. ``ipywidgets`` cannot be imported: text.
+    4. In a kernel: widgets if the execute request being run allows stdin
+       (``allow_stdin`` in its content), else text. Front ends a person uses
+       (JupyterLab, Notebook, VS Code) send ``allow_stdin: true``; the headless
+       executors send false, since nobody could answer: nbclient (so
+       ``jupyter nbconvert --execute``, ``jupyter execute`` and papermill) sets
+       ``KernelClient.allow_stdin = False`` and nbval passes ``allow_stdin=False``
+       with every cell. The kernel cannot see the front end itself (there is no
+       environment variable or header field that names nbclient or nbval), and a
+       widget displayed there would be saved as its text repr
+       ("IntProgress(value=...)") or nothing. An interactive front end without
+       the widget manager still gets widgets: set PODMAN_HPC_WIDGETS=0 there.
+       Voila executes with allow_stdin false too but renders widgets: set
+       PODMAN_HPC_WIDGETS=1 for it.
+    """
     env = os.environ if environ is None else environ
     forced = truth(env.get(WIDGETS_ENV, ""))
     if forced is False:
@@ -97,6 +99,9 @@ def widgets_enabled(shell: Any = None, environ: Mapping[str, str] | None = None)
 
 def make_renderer(title: str, *, widgets: bool | None = None, log: bool = False,
                   out: TextIO | None = None) -> "Renderer":
+    """The renderer for an operation called ``title``: widgets if ``widgets`` (by default as
+    ``widgets_enabled`` decides), else plain text to ``out`` (the cell's stdout), with the build log if
+    ``log``."""
     if widgets is None:
         widgets = widgets_enabled()
     if widgets:
@@ -146,6 +151,7 @@ class Renderer:
         self.handle(event)
 
     def handle(self, event: Progress) -> None:
+        """Show one progress event of the engine call (each renderer in its own way)."""
         raise NotImplementedError
 
     def note(self, text: str) -> None:
@@ -179,9 +185,11 @@ class TextRenderer(Renderer):
 
     @property
     def out(self) -> TextIO:
+        """Where lines go: the stream given, else the cell's stdout at the time of writing."""
         return self._out or sys.stdout      # the cell's stream at the time of writing
 
     def line(self, text: str) -> None:
+        """Print ``text`` as a line, unless it repeats the line just printed."""
         if text == self._last:
             return
         self._last = text
@@ -189,6 +197,9 @@ class TextRenderer(Renderer):
         self.out.flush()
 
     def handle(self, event: Progress) -> None:
+        """Print the lines an event is worth: a build step (and its output with ``log``), a pull's layers, a
+        stage's message; never changing byte counts or percentages, nor the outcome (the magic reports
+        it)."""
         if is_outcome(event):
             return
         if event.stage == "build":
@@ -229,14 +240,16 @@ class TextRenderer(Renderer):
         self.line(f"  layer {layer}: {state}")
 
     def note(self, text: str) -> None:
+        """Print the magic's own line."""
         self.line(text)
 
     def done(self, text: str) -> None:
+        """Print what the operation did."""
         self.line(text)
 
     def failed(self, text: str, details: str = "") -> None:
-        # The error itself is raised by the magic (and shown once, as the cell's error);
-        # here only the output that explains it.
+        """Print the last lines of output that explain the failure; only those: the magic raises the
+        error itself, shown once, as the cell's error."""
         if details.strip():
             self.out.write("Last lines of output:\n")
             for line in details.rstrip("\n").splitlines():
@@ -264,6 +277,7 @@ class _Throttle:
             self.pending[key] = apply
 
     def flush(self) -> None:
+        """Apply every update held back, now."""
         pending, self.pending = self.pending, {}
         for apply in pending.values():
             apply()
@@ -346,6 +360,7 @@ class WidgetRenderer(Renderer):
     # --- events ----------------------------------------------------------------
 
     def handle(self, event: Progress) -> None:
+        """Update the widgets of the event's stage (pull, build, squash, cluster), or the status line."""
         with self.lock:
             if event.stage == "pull":
                 self._on_pull(event)
@@ -453,10 +468,12 @@ class WidgetRenderer(Renderer):
     # --- the magic's own -------------------------------------------------------
 
     def note(self, text: str) -> None:
+        """Show the magic's own line in the status line."""
         with self.lock:
             self._set_status(text)
 
     def done(self, text: str) -> None:
+        """Show success: held-back updates applied, the bars full and green, ``text`` in the status line."""
         with self.lock:
             self.throttle.flush()
             if self.squash_bar is not None:
@@ -469,6 +486,8 @@ class WidgetRenderer(Renderer):
             self.status.value = f"<span style='color:green'>&#10004; {html.escape(text)}</span>"
 
     def failed(self, text: str, details: str = "") -> None:
+        """Show the failure: held-back updates applied, the bars red, ``text`` and ``details`` (the last
+        lines of output) in the status line."""
         with self.lock:
             self.throttle.flush()
             for bar in (self.steps, self.engines_bar):
@@ -480,6 +499,7 @@ class WidgetRenderer(Renderer):
             self.status.value = (f"<span style='color:#c00'>&#10008; {html.escape(text)}</span>{tail}")
 
     def close(self) -> None:
+        """No more events: apply the updates held back and show the whole log if it changed."""
         with self.lock:
             self.throttle.flush()
             if self._log_dirty:
