@@ -54,6 +54,9 @@ class Options:
 
 
 def parse_globals(args: list[str]) -> tuple[Options, list[str]]:
+    """The options given before the subcommand (``--squash-dir``, ``--additional-stores``, ``--log-level``,
+    ``--help``, ``--version``) and the arguments after them; UsageError for an option that lacks its
+    value or is not ours."""
     options = Options()
     while args and args[0].startswith("-"):
         arg = args.pop(0)
@@ -101,6 +104,7 @@ class TerminalProgress:
             self.last = line
 
     def done(self) -> None:
+        """End the bar's line, if one was drawn, so that what follows starts on a line of its own."""
         if self.active and self.last:
             self.stream.write("\n")
             self.stream.flush()
@@ -118,6 +122,9 @@ class Cli:
     # --- our commands -------------------------------------------------------
 
     def infohpc(self, args: list[str]) -> int:
+        """``podman-hpc infohpc``: print the site, stores and read path as this node sees them; with
+        ``--release-job`` (a job's last step), remove the unpacked copies the job left unused instead.
+        Exit code 0."""
         from .engine import info
         if args == ["--release-job"]:
             # The end of a job on this node (its last step: ``srun --ntasks-per-node=1 podman-hpc
@@ -133,6 +140,8 @@ class Cli:
         return 0
 
     def images(self, args: list[str]) -> int:
+        """``podman-hpc images``: print the table of the user's images, local and squashed; with podman's
+        own options, podman's answer instead."""
         from .engine.images import list_images
         if args:  # podman's own options (--format, -q, filters): podman answers
             return self.exec(self.podman.command("images", *args))
@@ -140,6 +149,8 @@ class Cli:
         return 0
 
     def migrate(self, args: list[str]) -> int:
+        """``podman-hpc migrate IMAGE`` (or ``squash``): squash the local image into the user's store, with
+        a progress bar on a terminal, and print where it went."""
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError("usage: podman-hpc migrate IMAGE")
         from .engine.migrate import migrate
@@ -153,6 +164,8 @@ class Cli:
         return 0
 
     def rmsqi(self, args: list[str]) -> int:
+        """``podman-hpc rmsqi IMAGE``: remove the name (the last name or an id: the image) from the squashed
+        store, and print which."""
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError("usage: podman-hpc rmsqi IMAGE")
         from .engine.migrate import remove_squashed
@@ -162,6 +175,8 @@ class Cli:
         return 0
 
     def pull(self, args: list[str]) -> int:
+        """``podman-hpc pull [options] IMAGE``: podman pull into the node-local storage, then squash it into
+        the user's store (a progress bar on a terminal) and print where it went."""
         if not args or args[-1].startswith("-"):
             raise UsageError("usage: podman-hpc pull [podman pull options] IMAGE")
         from .engine.pull import podman_pull
@@ -177,10 +192,15 @@ class Cli:
         return 0
 
     def build(self, args: list[str]) -> int:
+        """``podman-hpc build``: become ``podman build`` with the arguments as given (and the site's
+        network)."""
         extra = ["--network", self.config.network] if self.config.network else []
         return self.exec(self.podman.command("build", *extra, *args))
 
     def run(self, args: list[str], shared: bool = False) -> int:
+        """``podman-hpc run`` and ``shared-run``: one container per node shared by a step's tasks
+        (shared-run, or a module that asks for it), one per task inside a Slurm step, else become
+        ``podman run``; the exit code of what ran."""
         plan = self.site.plan(args, front_flags=JOIN_FLAGS)
         if plan.image is None:
             raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
@@ -197,11 +217,14 @@ class Cli:
         return self.exec(self.site.run_argv(plan, passthrough.run_args), passthrough.env)
 
     def passthrough(self, subcommand: str, args: list[str]) -> int:
+        """Any other subcommand: become podman with it, with the site's options."""
         return self.exec(self.podman.command(subcommand, *args))
 
     # --- help ---------------------------------------------------------------
 
     def help(self, subcommand: str | None = None) -> int:
+        """Print podman-hpc's usage and then podman's own help (for ``run``/``shared-run``: the modules'
+        options first), ``podman`` read as ``podman-hpc``."""
         if subcommand in ("run", "shared-run"):
             print(f"podman-hpc {subcommand}: podman run options, plus:")
             if subcommand == "shared-run":
@@ -239,6 +262,8 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``podman-hpc`` command line: global options, then one of our subcommands or podman's; the exit
+    code (an engine error: its code and one ``Error:`` line, Ctrl-C: 130)."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         options, args = parse_globals(args)

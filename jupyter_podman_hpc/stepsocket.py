@@ -77,6 +77,7 @@ def step_key(job: str, step: str, node: str) -> str:
 
 
 def node_name(environ) -> str:
+    """This node's name as Slurm calls it (``SLURMD_NODENAME``), else the host name."""
     return environ.get("SLURMD_NODENAME") or os.uname().nodename
 
 
@@ -211,6 +212,8 @@ def _peer_credentials(connection) -> tuple[int, int]:
 
 
 def peer_uid(connection) -> int:
+    """The uid of the process at the other end of ``connection`` (SO_PEERCRED), which the kernel vouches
+    for."""
     return _peer_credentials(connection)[1]
 
 
@@ -249,6 +252,7 @@ def peer_problem(connection) -> str | None:
 
 
 def own_userns() -> tuple[int, int]:
+    """(device, inode) of this process's user namespace, read once: a peer's must match it."""
     global _own_userns
     if _own_userns is None:
         st = os.stat("/proc/self/ns/user")
