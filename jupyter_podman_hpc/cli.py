@@ -122,9 +122,9 @@ class Cli:
     # --- our commands -------------------------------------------------------
 
     def infohpc(self, args: list[str]) -> int:
-        """``podman-hpc infohpc``: print the site, stores and read path as this node sees them; with
-        ``--release-job`` (a job's last step), remove the unpacked copies the job left unused instead.
-        Exit code 0."""
+        """``podman-hpc infohpc``: print the configuration (each key and where it came from), the image
+        stores, the read path and the modules as this node sees them; with ``--release-job`` (a job's
+        last step), remove the unpacked copies the job left unused instead. Exit code 0."""
         from .engine import info
         if args == ["--release-job"]:
             # The end of a job on this node (its last step: ``srun --ntasks-per-node=1 podman-hpc

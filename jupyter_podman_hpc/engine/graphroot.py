@@ -94,8 +94,8 @@ class GraphRoot:
         return self.root / "overlay-images" / image_id
 
     def tar_split(self, layer: str) -> Path:
-        """The tar-split file of ``layer`` (``overlay-layers/<id>.tar-split.gz``), which podman needs to
-        push or save it; not checked."""
+        """The tar-split file of ``layer`` (``overlay-layers/<id>.tar-split.gz``: what rebuilds its tar
+        stream), which a squashed store gets a copy of; not checked."""
         return self.root / "overlay-layers" / f"{layer}.tar-split.gz"
 
 

@@ -92,7 +92,8 @@ class ReadPathSettings:
 
     @property
     def login_node(self) -> bool:
-        """Not inside a Slurm job: the login node's budget applies and nothing is unpacked in ``auto`` mode."""
+        """Known to be outside any Slurm job (``job`` is "", not unknown): the login node's budget applies
+        and ``auto`` mode unpacks nothing."""
         return self.job == ""
 
     @property
