@@ -147,7 +147,8 @@ def _join(pidfd: int, command, env, workdir) -> int | None:
 
 def main() -> int:
     """The ``podman-hpc`` console script: a shared-run task that is not its node's first runs through the
-    step monitor (a refused socket: one line, ``REFUSED``); everything else goes to the CLI."""
+    step monitor (an OSError on the step's socket: one ``Error:`` line, exit code ``REFUSED``); everything
+    else goes to the CLI."""
     argv = sys.argv[1:]
     if argv[:1] == ["shared-run"] and argv[1:2] not in (["--help"], ["-h"]):
         try:

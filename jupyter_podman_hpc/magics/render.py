@@ -499,7 +499,7 @@ class WidgetRenderer(Renderer):
             self.status.value = (f"<span style='color:#c00'>&#10008; {html.escape(text)}</span>{tail}")
 
     def close(self) -> None:
-        """No more events: apply the updates held back and show the whole log if it changed."""
+        """No more events: apply the updates held back, and show the log's last lines if they changed."""
         with self.lock:
             self.throttle.flush()
             if self._log_dirty:
