@@ -10,19 +10,8 @@ low-level ``client.api.post(..., stream=True)`` is used instead. It runs in a
 ``PrivateService`` of its own (the shared service sees the squashed store,
 which a build must not).
 
-Cancelling it (measured on podman 4.3.1): cutting the connection is not
-enough. podman cancels the build's context, but a RUN step already running
-goes on to its end (a ``RUN sleep 60`` runs its 60 s) and only then does the
-build fail. What stops it at once is killing the step's processes: buildah
-runs each RUN step through a ``buildah-oci-runtime`` child of the service,
-which reaps the container's processes; with a service of its own per build,
-every process under those children belongs to this build. They are
-SIGKILLed (again every 0.2 s, should the next step start meanwhile); the step
-fails, buildah removes its working containers (``forcerm``) and ends the
-stream with the error, and no image is tagged. If the build is not in a RUN
-step (pulling its base image, COPY, commit) and does not end within
-CANCEL_GRACE seconds, the connection is cut too, which stops those as for a
-pull.
+Cancelling it kills the running step's processes (``_stop_build`` says why
+cutting the connection is not enough).
 """
 
 from __future__ import annotations
@@ -260,8 +249,19 @@ def _line(step: Step | None) -> str:
 def _stop_build(service: PrivateService, response, done: threading.Event) -> None:
     """Kill the running RUN step's processes until the build ends (``done``).
 
-    If it has not ended after CANCEL_GRACE seconds (it is pulling its base
-    image, copying or committing), cut the connection: podman cancels those.
+    Measured on podman 4.3.1: cutting the connection is not enough. podman
+    cancels the build's context, but a RUN step already running goes on to its
+    end (a ``RUN sleep 60`` runs its 60 s) and only then does the build fail.
+    What stops it at once is killing the step's processes: buildah runs each
+    RUN step through a ``buildah-oci-runtime`` child of the service, which
+    reaps the container's processes; with a service of its own per build,
+    every process under those children belongs to this build. They are
+    SIGKILLed (again every 0.2 s, should the next step start meanwhile); the
+    step fails, buildah removes its working containers (``forcerm``) and ends
+    the stream with the error, and no image is tagged. If the build is not in
+    a RUN step (pulling its base image, COPY, commit) and does not end within
+    CANCEL_GRACE seconds, the connection is cut too, which stops those as for
+    a pull.
     """
     started, cut = time.monotonic(), False
     while not done.is_set():
