@@ -62,6 +62,8 @@ def local_image(podman: Podman, ref: str) -> dict | None:
 
 
 def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> MigrateResult:
+    """Squash the local image ``ref`` into the user's squashed store (once: an image squashed
+    already is only named again), with mksquashfs's progress; StorageFull when the store fills."""
     ref = reference.normalize(ref)
     config = podman.config
     store = SquashStore(config.squash_dir)
@@ -103,14 +105,14 @@ def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> Mi
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-# what mksquashfs says when a write fails (it does not say why): the store is full if its file
-# system has less than this left once it gave up
-_FULL_BELOW = 4 << 20
+# what mksquashfs and podman say when a write fails does not always say why: a file system with
+# less than this left once they gave up is full
+FULL_BELOW = 4 << 20
 
 
 def _store_full(root: Path, ref: str, written: int = 0, free: int | None = None) -> StorageFull:
     if free is None:
-        free = _free_bytes(root)
+        free = free_bytes(root)
     wrote = f" after {written >> 20} MiB of its squash file" if written else ""
     room = f", {free >> 20} MiB free" if free is not None else ""
     return StorageFull(f"the squashed store {root} is full (ENOSPC{room}): {ref} was not squashed{wrote}; "
@@ -118,7 +120,7 @@ def _store_full(root: Path, ref: str, written: int = 0, free: int | None = None)
                        f"(or set squash_dir to another store), then squash it again")
 
 
-def _free_bytes(path: Path | int) -> int | None:
+def free_bytes(path: Path | int) -> int | None:
     """The bytes an unprivileged user may still write on ``path``'s file system (or an open file's)."""
     try:
         st = os.fstatvfs(path) if isinstance(path, int) else os.statvfs(path)
@@ -140,8 +142,8 @@ def _squash_into(store: SquashStore, link: str, podman: Podman, ref: str, image_
             _make_squash(podman, image_id, graph, chain, partial, progress)
         except PodmanError as err:
             # mksquashfs only says "Failed to write to output filesystem": a full store is told as such
-            free = _free_bytes(fd)
-            if free is not None and free < _FULL_BELOW and "mksquashfs" in str(err):
+            free = free_bytes(fd)
+            if free is not None and free < FULL_BELOW and "mksquashfs" in str(err):
                 raise _store_full(store.root, ref, os.fstat(fd).st_size, free) from None
             raise
         if os.pread(fd, 4, 0) != SQUASHFS_MAGIC:
@@ -208,6 +210,8 @@ def _run_mksquashfs(podman: Podman, argv: list[str], progress: ProgressCallback)
 
 
 def remove_squashed(podman: Podman, ref: str) -> tuple[StoredImage, bool]:
+    """Remove a name (or, the last name or an id, the whole image) from the squashed store: the
+    image, and whether its data was deleted."""
     store = SquashStore(podman.config.squash_dir)
     store.init()
     try:

@@ -39,8 +39,8 @@ from typing import Mapping
 
 from . import reference
 from .config import SiteConfig
-from .errors import EngineError
-from .migrate import MigrateResult, migrate
+from .errors import EngineError, PodmanError, StorageFull
+from .migrate import FULL_BELOW, MigrateResult, free_bytes, migrate
 from .podman import Podman
 from .progress import Progress, ProgressCallback, ignore
 from .service import PrivateService
@@ -87,6 +87,9 @@ def pull(config: SiteConfig, ref: str, progress: ProgressCallback = ignore, *,
             finally:
                 response.close()
             if failure is not None:
+                full = _storage_full(config, ref, failure)
+                if full:
+                    raise StorageFull(full)
                 raise PullError(f"cannot pull {ref}: {_lost_registry(ref, failure) or failure}")
             if watch.cancelled.is_set():
                 # The stream may end cleanly when cut: trust only an image that is there.
@@ -146,6 +149,17 @@ def _lost_registry(ref: str, failure: str) -> str:
     return f"the registry {registry} stopped answering during the pull ({end}): pull again once it answers"
 
 
+def _storage_full(config: SiteConfig, ref: str, failure: str) -> str:
+    """What happened, when the node-local storage filled during the pull ('' otherwise): podman
+    names the layer it was applying, not the file system, and on a terminal says nothing we read."""
+    free = free_bytes(config.graph_root)
+    if "no space left on device" not in failure.lower() and (free is None or free >= FULL_BELOW):
+        return ""
+    room = f", {free >> 20} MiB free" if free is not None else ""
+    return (f"cannot pull {ref}: the node-local storage {config.graph_root} is full (ENOSPC{room}); "
+            f"free space there (podman-hpc rmi, or graph_root on a larger file system), then pull again")
+
+
 def pull_and_squash(config: SiteConfig, ref: str, progress: ProgressCallback = ignore, *,
                     cancel: CancelHook = None, environ: Mapping[str, str] | None = None) -> PullResult:
     """``pull`` then squash into the squashed store (``engine.migrate``), with both stages' progress.
@@ -165,8 +179,14 @@ def podman_pull(podman: Podman, ref: str, *, squash: bool = True, pull_args: lis
                 progress: ProgressCallback = ignore, quiet: bool = True) -> MigrateResult | None:
     """``podman pull`` into the node-local storage, then squash it (unless told not to)."""
     ref = reference.normalize(ref)
-    podman.run(podman.command("pull", *(pull_args or []), *(["--quiet"] if quiet else []), ref),
-               capture=quiet)
+    try:
+        podman.run(podman.command("pull", *(pull_args or []), *(["--quiet"] if quiet else []), ref),
+                   capture=quiet)
+    except PodmanError as err:
+        full = _storage_full(podman.config, ref, str(err))
+        if full:
+            raise StorageFull(full) from None
+        raise
     return migrate(podman, ref, progress) if squash else None
 
 

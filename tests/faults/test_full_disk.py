@@ -1,7 +1,8 @@
 """Full disks on the real stack: the squashed store's file system fills during a migrate, the
-unpack cache's tmpfs fills during an unpack. The store stays as it was (no partial squash file,
-the image squashed before still runs) and says in one line that it is full; the read path falls
-back to squashfuse; once there is room again the same command works."""
+node-local storage (graph root) during a pull, the unpack cache's tmpfs during an unpack. Each
+says in one line what is full; the store keeps no partial squash file and the image squashed
+before still runs; a failed pull keeps no image; the read path falls back to squashfuse; once
+there is room again the same command works."""
 
 from __future__ import annotations
 
@@ -98,4 +99,29 @@ def test_an_unpack_cache_that_fills_during_unpack_falls_back_to_squashfuse(hpc, 
     assert result.stdout.split()[0] == "41943040"
     copies = hpc.sh("podman", "unshare", "sh", "-c", f'ls -A "{cache}"').stdout.split()
     assert any(name.endswith(".ref") for name in copies) and any(len(name) == 32 for name in copies), copies
+    assert own_mounts(hpc) == []
+
+
+def test_a_graph_root_that_fills_during_pull_says_so_keeps_no_image_and_pulls_once_freed(hpc, stack, small_fs,
+                                                                                       pushed_image):
+    fs = small_fs(64)
+    root = fs.path / "storage"
+    hpc.env["PODMANHPC_GRAPH_ROOT"] = str(root)
+    hpc("pull", stack.tiny_image)  # the node's storage holds an image before the disk fills
+    filler = fs.fill(leave_mb=6)  # the pushed image's layer is 12 MB that do not compress
+    free_before = fs.free()
+
+    result = hpc("pull", pushed_image, check=False)
+    assert result.returncode == 125
+    line = one_line(result.stderr)
+    assert line.startswith(f"Error: cannot pull {pushed_image}: the node-local storage {root} is full (ENOSPC, "), line
+    assert hpc("image", "exists", pushed_image, check=False).returncode == 1
+    assert pushed_image not in squashed_names(hpc)
+    # what podman wrote of the layer before the disk filled was removed with the failed pull
+    assert fs.free() >= free_before - (1 << 20), (fs.free(), free_before)
+    assert hpc("run", "--rm", stack.tiny_image, "true").returncode == 0  # the image pulled before still runs
+
+    filler.unlink()  # room again: the same command pulls and squashes it
+    assert hpc("pull", pushed_image).stdout.startswith(f"squashed: {pushed_image} ")
+    assert hpc("run", "--rm", pushed_image, "wc", "-c", "/blob").stdout.split()[0] == "12000000"
     assert own_mounts(hpc) == []

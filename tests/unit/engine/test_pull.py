@@ -4,7 +4,7 @@ import pytest
 
 from jupyter_podman_hpc.engine.config import load_config
 from jupyter_podman_hpc.engine.errors import InvalidReference
-from jupyter_podman_hpc.engine.pull import _lost_registry, _pull_event, pull
+from jupyter_podman_hpc.engine.pull import _lost_registry, _pull_event, _storage_full, pull
 
 
 def test_pull_events_carry_bytes_per_layer():
@@ -41,6 +41,18 @@ def test_a_registry_lost_mid_pull_is_said_as_such(failure, said):
     ref = "127.0.0.1:5999/team/x:1"
     lost = _lost_registry(ref, failure)
     assert (f"cannot pull {ref}: {lost}" if lost else None) == said
+
+
+@pytest.mark.parametrize("failure, full", [
+    ('writing blob: adding layer with blob "sha256:1f": processing tar file(write /blob: no space left on device): '
+     "exit status 1", True),
+    ("reading manifest 1 in 127.0.0.1:5999/team/x: manifest unknown", False),
+])
+def test_a_graph_root_that_filled_is_said_as_such(tmp_path, failure, full):
+    config = load_config({"PODMANHPC_GRAPH_ROOT": str(tmp_path)})  # a file system with room: the words decide
+    said = _storage_full(config, "127.0.0.1:5999/team/x:1", failure)
+    assert said.startswith(f"cannot pull 127.0.0.1:5999/team/x:1: the node-local storage {tmp_path} is full "
+                           "(ENOSPC, ") if full else said == ""
 
 
 def test_pull_rejects_a_bad_reference_before_starting_podman(tmp_path):
