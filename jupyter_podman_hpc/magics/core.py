@@ -333,8 +333,9 @@ class PodmanHPCMagics(Magics):
                 print("No running clusters" + ("" if args.all else " started by this kernel"))
             for cluster in found:
                 data = cluster.as_dict()
+                ended = "  ended: stop it to clear it" if data["state"] == "ended" else ""
                 print(f"{data['id']}  job {data['job_id']} {data['job_state'] or ''}  {data['registered']}/"
-                      f"{data['engines']} engines  {data['nodelist']}  {data['image']}")
+                      f"{data['engines']} engines  {data['nodelist']}  {data['image']}{ended}")
             return None
         if args.all:
             targets = clusters.started_here()

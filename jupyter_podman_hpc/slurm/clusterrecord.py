@@ -35,7 +35,7 @@ class ClusterRecord:
     host: str
     watchdog: str = ""               # PID:START of the watchdog
     controller: str = ""             # PID:START of the controller
-    state: str = "starting"          # starting, running, stopped
+    state: str = "starting"          # starting, running, ended (its job ended first), stopped
     created: float = 0.0
 
     @classmethod

@@ -1,4 +1,5 @@
-"""An interactive cluster's watchdog: runs its controller; stops the cluster when the owner or the controller ends."""
+"""An interactive cluster's watchdog: runs its controller; stops the cluster when the owner, the controller or
+the job ends."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -18,6 +20,7 @@ from .client import SlurmClient, SlurmError
 from .clusterrecord import CONTROLLER_LOG, ClusterRecord, connection_files
 
 STOP_GRACE = 5.0                    # seconds between SIGTERM and SIGKILL of the controller
+JOB_POLL = 10.0                     # seconds between looks at the job: Slurm tells nobody it ended one
 
 
 def start(owner: str, directory: Path, controller: Sequence[str], env: Mapping[str, str]) -> commands.Process:
@@ -61,11 +64,23 @@ def wait_gone(token: str, timeout: float) -> bool:
     return True
 
 
+def _watch_job(job_id: str, client: SlurmClient, wake: int, ended: threading.Event) -> None:
+    """Set ``ended`` and write to ``wake`` once Slurm no longer has the job (its time limit, a node
+    failure, scancel from elsewhere): its engines are gone, the controller then serves nobody."""
+    while not ended.is_set():
+        time.sleep(JOB_POLL)
+        with contextlib.suppress(SlurmError):
+            if not client.in_queue(job_id):
+                ended.set()
+                os.write(wake, b"j")
+
+
 def watchdog(owner: str, directory: Path, controller: list[str]) -> int:
-    """Run the controller until it exits, the owner dies or we are told to stop; then stop it all.
+    """Run the controller until it exits, the owner dies, the job ends or we are told to stop; then
+    stop it all. The record's state says ``ended`` when the job ended first, else ``stopped``.
 
     The controller runs in a process group of its own; the wait is on pidfds of the owner (the
-    kernel) and the controller, and on SIGTERM (``Cluster.stop``), SIGHUP or SIGINT.
+    kernel) and the controller, on SIGTERM (``Cluster.stop``), SIGHUP or SIGINT, and on the job.
     """
     stop_read, stop_write = os.pipe()
     os.set_blocking(stop_write, False)
@@ -79,15 +94,21 @@ def watchdog(owner: str, directory: Path, controller: list[str]) -> int:
                                  stderr=subprocess.STDOUT, process_group=0, close_fds=True)
     controller_token = owner_token(process.pid)
     record.update(directory, watchdog=owner_token(), controller=controller_token)
-    wait_any([owner, controller_token], wake_fds=[stop_read])   # a signal writes to stop_write
+    job_ended = threading.Event()
+    threading.Thread(target=_watch_job, args=(record.job_id, SlurmClient(), stop_write, job_ended),
+                     daemon=True).start()
+    wait_any([owner, controller_token], wake_fds=[stop_read])   # a signal or the job writes to stop_write
+    stopped_by_us = not job_ended.is_set()
+    job_ended.set()
     stop_parts(directory, record, SlurmClient())
     process.wait()
     with contextlib.suppress(OSError):
-        record.update(directory, state="stopped")
+        record.update(directory, state="stopped" if stopped_by_us else "ended")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m jupyter_podman_hpc.slurm.watchdog --owner T --dir D -- CONTROLLER...``."""
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}",
                                      description="The watchdog of an interactive cluster's controller.")
     parser.add_argument("--owner", required=True, help="PID:START of the process that owns the cluster")
