@@ -65,6 +65,7 @@ def parse_args(argv: list[str]) -> tuple[list[str], str]:
 
 
 def lower_dirs(options: list[str]) -> list[str]:
+    """The lower directories a mount's ``-o`` options list, top first, as podman gave them."""
     for option in options:
         for item in option.split(","):
             if item.startswith("lowerdir="):
@@ -255,6 +256,7 @@ def _detach() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Mount podman's overlay as the read path chooses; 0 once mounted (a watcher stays behind)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     options, merged = parse_args(argv)
     merged = os.path.realpath(merged)

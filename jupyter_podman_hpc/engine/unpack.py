@@ -85,6 +85,7 @@ class UnpackedCopy:
         return self.root
 
     def release(self) -> None:
+        """Drop this container's hold on the copy; its idle time counts from now."""
         if self.ref_fd is not None:
             try:
                 os.utime(self.ref_path)  # the idle time counts from the last container's end
@@ -138,6 +139,7 @@ class UnpackedCopy:
 
 
 def tree_bytes(root: Path) -> int:
+    """The bytes the files below ``root`` take on disk (tmpfs: in memory)."""
     total = 0
     for directory, _, files in os.walk(root):
         for name in files:
