@@ -4,7 +4,7 @@ podman calls ``podman-hpc-mount -o lowerdir=A:B,upperdir=U,workdir=W MERGED``
 (the ``mount_program`` storage option). A lower directory ``X`` with a
 squashed image file ``X.squash`` beside it is replaced, as the read path
 (``engine/readpath.py``) chooses, by an unpacked node-local copy of that
-file or by a ``squashfuse_ll`` mount of it on ``X``, once the squash file
+file or by a ``squashfuse_ll`` mount of it (``squashmount``), once the squash file
 is checked against the digest its image record holds (``squashcheck``:
 once per file identity on the node; a changed file is refused in one line
 and the container does not start). Lowers that are exactly a local
@@ -329,7 +329,7 @@ class _Verified:
         return self.files
 
 
-def _squash_lower(squash: Path, target: Path, digests: set[str], settings: ReadPathSettings, state_dir: Path,
+def _squash_lower(squash: Path, lower: Path, digests: set[str], settings: ReadPathSettings, state_dir: Path,
                   held: list, verified: _Verified, instead: str = "squashfuse") -> str:
     """The directory that stands for a squashed lower: an unpacked copy, else a squashfuse mount,
     of a squash file that matches its record; with ``instead`` other than squashfuse, '' when there
@@ -358,13 +358,13 @@ def _squash_lower(squash: Path, target: Path, digests: set[str], settings: ReadP
                 return str(root)
         if instead != "squashfuse":
             return ""
-        mount = SquashMount(squash, target, mounts_dir(settings.unpack_dir, state_dir))
+        mount = SquashMount(squash, lower, mounts_dir(settings.unpack_dir, state_dir))
         mount.acquire()
         held.append(mount)
         if mount.revived:
             note_fallback(state_dir, f"the squashfuse mount of {squash.name} had died under its containers: "
                                      "mounted again for the next ones")
-        return str(target)
+        return str(mount.target)
     finally:
         os.close(fd)
 

@@ -2,9 +2,13 @@
 
 Containers of the same image start and stop in any order: each holds a
 shared flock on the mount's reference file while its overlay exists, and
-the last one to leave unmounts. A mount whose squashfuse died (killed,
-crashed: every access then fails with ENOTCONN) is detached and mounted
-again by the next container; the ones still on it keep failing visibly.
+the last one to leave unmounts. A squash file is mounted on a directory of
+its own beside those files, not on its layer's directory in the store:
+podman stats that directory before it calls the mount program, so a dead
+mount there would fail every later container of the image. A mount whose
+squashfuse died (killed, crashed: every access then fails with ENOTCONN) is
+detached and mounted again by the next container; the ones still on it
+keep failing visibly.
 """
 
 from __future__ import annotations
@@ -57,16 +61,17 @@ def dead(target: Path) -> bool:
 
 
 class SquashMount:
-    """One squash file mounted on its lower directory, shared by reference.
+    """One squash file, standing for the lower directory ``lower``, mounted on ``<state>/<key>.mnt``
+    and shared by reference.
 
     Users hold a shared flock on ``<state>/<key>.ref`` for as long as their
     overlay exists; mounting and unmounting happen under ``<state>/<key>.mutex``.
     """
 
-    def __init__(self, squash: Path, target: Path, state_dir: Path):
+    def __init__(self, squash: Path, lower: Path, state_dir: Path):
         self.squash = squash
-        self.target = Path(os.path.realpath(target))
-        key = hashlib.sha256(str(self.target).encode()).hexdigest()[:32]
+        key = hashlib.sha256(os.path.realpath(lower).encode()).hexdigest()[:32]
+        self.target = state_dir / f"{key}.mnt"
         self.mutex_path = state_dir / f"{key}.mutex"
         self.ref_path = state_dir / f"{key}.ref"
         self.ref_fd: int | None = None
@@ -89,6 +94,7 @@ class SquashMount:
                 unmount(str(self.target))  # busy under the containers still on it: detached
                 self.revived = True
             if str(self.target) not in mounted_targets():
+                self.target.mkdir(mode=0o700, exist_ok=True)
                 log(f"mount {self.squash} on {self.target}")
                 result = commands.run([squashfuse(), str(self.squash), str(self.target)],
                                       capture_output=True, text=True)
@@ -132,13 +138,13 @@ def unmount(target: str) -> None:
 
 
 def mounts_dir(unpack_dir: str, state_dir: Path) -> Path:
-    """Where the references to this namespace's squashfuse mounts are counted.
+    """Where this namespace's squashfuse mounts and their references live.
 
-    A squashfuse mount sits on the squashed store's directory in podman's mount
-    namespace, which every storage (graph root) of the user on the node shares:
-    counting per graph root would let one storage unmount what another's
-    container is about to use. So: one directory per mount namespace, beside
-    the unpacked copies (node-local, the user's own).
+    A squashfuse mount is made in podman's mount namespace, which every storage
+    (graph root) of the user on the node shares: counting per graph root would
+    let one storage unmount what another's container is about to use. So: one
+    directory per mount namespace, beside the unpacked copies (node-local, the
+    user's own).
     """
     if not unpack_dir:
         return state_dir

@@ -14,7 +14,7 @@ import pytest
 from jupyter_podman_hpc.engine.unpackcache import cache_entries, in_use
 
 # What the container's root is, by read path: (file system type, what its lower is).
-ROOTS = {"unpacked": ("overlay", "unpacked"), "kernel": ("overlay", "/overlay/l/"),
+ROOTS = {"unpacked": ("overlay", "unpacked"), "kernel": ("overlay", "/squash-mounts/"),
          "fuse": ("fuse.fuse-overlayfs", "")}
 
 
@@ -51,7 +51,7 @@ def test_an_image_over_the_unpack_budget_falls_back_to_squashfuse_and_says_so(sq
     hpc = with_read_path(squashed_tiny, "auto", PODMANHPC_SQUASH_UNPACK_MAX_MB="0.01")
     node = stack.nodes[2]
     line = root_mount(hpc, stack.tiny_image, node)
-    assert line.split()[2] == "overlay" and "/overlay/l/" in line, line  # kernel overlay over squashfuse
+    assert line.split()[2] == "overlay" and "/squash-mounts/" in line, line  # kernel overlay over squashfuse
     info = hpc.srun("-w", node, "podman-hpc", "infohpc").stdout
     assert "no unpacked copy, squashfuse instead" in info and "squash_unpack_max_mb" in info
     assert hpc.mounts(node) == []
