@@ -86,13 +86,15 @@ def small_fs(hpc):
     if not shutil.which("fuse2fs"):
         pytest.fail("fuse2fs is not installed: the stack's package list needs it (dev/stack up)")
 
-    def make(size_mb: int) -> SmallFs:
+    def make(size_mb: int, podman_storage: bool = False) -> SmallFs:
+        """``podman_storage``: for a graph root, whose files podman's user namespace gives many
+        owners (fuse2fs, run by the user, then checks no permission: ``fakeroot``)."""
         key = uuid.uuid4().hex[:6]
         image, mount = hpc.work / f"fs-{key}.ext4", hpc.work / f"fs-{key}"
         run(["truncate", "-s", f"{size_mb}M", image])
         run(["/usr/sbin/mkfs.ext4", "-q", "-F", "-m", "0", "-E", f"root_owner={os.getuid()}:{os.getgid()}", image])
         mount.mkdir()
-        run(["fuse2fs", image, mount])
+        run(["fuse2fs", *(["-o", "fakeroot"] if podman_storage else []), image, mount])
         made.append(SmallFs(mount, image))
         return made[-1]
 
@@ -111,20 +113,21 @@ def is_mounted(path: Path) -> bool:
 
 
 @pytest.fixture
-def small_unpack_cache(hpc):
-    """The test storage's unpack cache as a tmpfs of ``size_mb`` MiB in podman's namespace (where
-    the mount program unpacks); returns a function that unmounts it (the fault gone)."""
-    cache = hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"]
+def small_tmpfs(hpc):
+    """A factory: a tmpfs of ``size_mb`` MiB on ``path`` in podman's namespace (where podman and the
+    mount program write: the graph root, the unpack cache); returns a function that unmounts it
+    (the fault gone). Whatever is still mounted is unmounted at the end."""
     mounted: list[str] = []
 
     def unmount() -> None:
         while mounted:
             hpc.sh("podman", "unshare", "umount", mounted.pop())
 
-    def make(size_mb: int):
+    def make(path: str, size_mb: int):
         hpc("infohpc")  # makes the user's state directories, the unpack cache among them
-        hpc.sh("podman", "unshare", "mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", cache)
-        mounted.append(cache)
+        hpc.sh("podman", "unshare", "mkdir", "-p", path)
+        hpc.sh("podman", "unshare", "mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", path)
+        mounted.append(path)
         return unmount
 
     yield make

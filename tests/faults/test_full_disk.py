@@ -72,14 +72,14 @@ def test_a_store_that_fills_during_migrate_says_so_keeps_nothing_and_works_once_
     assert node("ps", "-a", "--format", "{{.Names}}").stdout.strip() == ""
 
 
-def test_an_unpack_cache_that_fills_during_unpack_falls_back_to_squashfuse(hpc, stack, small_unpack_cache):
+def test_an_unpack_cache_that_fills_during_unpack_falls_back_to_squashfuse(hpc, stack, small_tmpfs):
     # 40 MiB of one letter: a squash file of a few hundred KiB, which the read path expects to unpack
     # into about three times that, so the cache's room check passes and the unpack itself fills it.
     image = build(hpc, stack, "localhost/faults/letters:1", "yes abcdefgh | head -c 41943040 > /letters")
     hpc("migrate", image)
     hpc.wipe_local_storage()
     hpc.env["PODMANHPC_SQUASH_READ_PATH"] = "unpacked"  # unpack on this login node too
-    gone = small_unpack_cache(16)
+    gone = small_tmpfs(hpc.env["PODMANHPC_SQUASH_UNPACK_DIR"], 16)
 
     result = hpc("run", "--rm", image, "wc", "-c", "/letters")
     assert result.stdout.split()[0] == "41943040" and result.stderr == ""
@@ -104,7 +104,7 @@ def test_an_unpack_cache_that_fills_during_unpack_falls_back_to_squashfuse(hpc, 
 
 def test_a_graph_root_that_fills_during_pull_says_so_keeps_no_image_and_pulls_once_freed(hpc, stack, small_fs,
                                                                                        pushed_image):
-    fs = small_fs(64)
+    fs = small_fs(64, podman_storage=True)
     root = fs.path / "storage"
     hpc.env["PODMANHPC_GRAPH_ROOT"] = str(root)
     hpc("pull", stack.tiny_image)  # the node's storage holds an image before the disk fills
@@ -125,3 +125,4 @@ def test_a_graph_root_that_fills_during_pull_says_so_keeps_no_image_and_pulls_on
     assert hpc("pull", pushed_image).stdout.startswith(f"squashed: {pushed_image} ")
     assert hpc("run", "--rm", pushed_image, "wc", "-c", "/blob").stdout.split()[0] == "12000000"
     assert own_mounts(hpc) == []
+    hpc("rmi", "--all", "--force")  # podman's files on the small file system: gone before it is unmounted
