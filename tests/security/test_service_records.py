@@ -25,8 +25,14 @@ GONE = "999999999:1"  # the owner token of a caller that died
 
 
 def a_victim_process(socket: Path) -> subprocess.Popen:
-    """A process of the victim's whose command line names ``socket``, as a private service's does."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", f"unix://{socket}"])
+    """A process of the victim's whose command line names ``socket``, as a private service's does
+    (returned once it does: right after the fork it is still the test's own command line)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", f"unix://{socket}"])
+    deadline = time.monotonic() + 30
+    while f"unix://{socket}" not in processes.cmdline(process.pid):
+        assert time.monotonic() < deadline, "the process never ran its command"
+        time.sleep(0.01)
+    return process
 
 
 def owner_record(socket: Path, service: subprocess.Popen) -> str:
