@@ -31,11 +31,14 @@ Two paths (the table's rows):
   JupyterLab waits for).
 
 The clock stops at the reply; shutting the kernel down is not timed. The
-measurements run in a child process (``kernel.py --child``) with the engine's
-and Jupyter's variables set; it starts one kernel of each kind first (not
-recorded: imports, the provisioner's one-off sweep of orphaned containers, the
-page cache), then alternates the configurations. After the server stops,
-the kernel and pool containers still there are counted: any is a failure.
+measurements run in child processes (``kernel.py --child``) with the engine's
+and Jupyter's variables set, the cold container kernel and the pooled one in
+separate children (a pool's ready container would keep the image's squashfuse
+mount warm for the cold starts), each against the local ipykernel; a child
+starts one kernel of each kind first (not recorded: imports, the provisioner's
+one-off sweep of orphaned containers, the page cache), then alternates the
+configurations. After the server stops, the kernel and pool containers still
+there are counted: any is a failure.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import json
 import os
 import queue
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -87,7 +91,10 @@ def measure(image: str, work: Path, repetitions: int, failures: list[Failure],
             str(root / "prefix"), "--repetitions", str(repetitions)]
     samples: list[Sample] = []
     try:
-        samples += _run_child(argv, env, root, failures, log)
+        # cold and pooled in separate servers: a pool's ready container keeps the image's squashfuse
+        # mount (and its page cache) alive, and a cold start beside it would read through a warm mount
+        for configs in (["local ipykernel", "container kernel"], ["local ipykernel", POOLED]):
+            samples += _run_child([*argv, "--configs", *configs], env, root, failures, log)
     finally:
         storage.remove(nodes=False)
     # the login node after a pull: the image in this storage too (podman-hpc pull: local and squashed)
@@ -140,13 +147,18 @@ def _run_child(argv: list[str], env: dict[str, str], root: Path, failures: list[
 # --- the child: starts the kernels ---------------------------------------------------------
 
 
-def _install(image: str, prefix: Path) -> None:
+def _install(image: str, prefix: Path, configs: list[str]) -> None:
+    """The kernelspecs of ``configs`` only (a pool's kernelspec starts its pool with the server)."""
     from jupyter_podman_hpc.kernels import kernelspec
 
-    kernelspec.install(image, name=KERNEL_NAMES["container kernel"], prefix=prefix,
-                       display_name=f"bench: {image}")
-    kernelspec.install(image, name=KERNEL_NAMES[POOLED], prefix=prefix, display_name=f"bench: {image} (pool)",
-                       pool=1)
+    for path in kernelspec.kernels_dir(prefix=prefix).glob("bench-*"):
+        shutil.rmtree(path)
+    if {"container kernel", LOGIN} & set(configs):
+        kernelspec.install(image, name=KERNEL_NAMES["container kernel"], prefix=prefix,
+                           display_name=f"bench: {image}")
+    if POOLED in configs:
+        kernelspec.install(image, name=KERNEL_NAMES[POOLED], prefix=prefix, display_name=f"bench: {image} (pool)",
+                           pool=1)
     local = kernelspec.kernels_dir(prefix=prefix) / KERNEL_NAMES["local ipykernel"]
     local.mkdir(parents=True, exist_ok=True)
     (local / "kernel.json").write_text(json.dumps({
@@ -352,7 +364,7 @@ def child(argv: list[str]) -> int:
                         help="configurations to start")
     args = parser.parse_args(argv)
     configs = args.configs
-    _install(args.image, args.prefix)
+    _install(args.image, args.prefix, configs)
     _manager_path(args.repetitions, configs)
     _server_path(args.repetitions, args.prefix.parent / "notebooks", configs)
     return 0
