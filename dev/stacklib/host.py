@@ -151,9 +151,37 @@ def _in_group(user: str, group: str) -> bool:
 
 def _sudoers() -> str:
     others = ",".join((layout.USER2, layout.OUTSIDER))
-    return ("# Written by jupyter-podman-hpc's dev/stack: the stack user's tests act as the\n"
-            "# project's second member and as an outsider; it can become them, not root.\n"
+    text = ("# Written by jupyter-podman-hpc's dev/stack: the stack user's tests act as the\n"
+            "# project's second member and as an outsider: it can become them.\n"
             f"{layout.USER} ALL=({others}) NOPASSWD: ALL\n")
+    stack = _root_only_stack()
+    if stack:
+        commands = ", ".join(f"{stack} {command} {node}" for command in ("node-kill", "node-boot")
+                             for node in layout.NODES)
+        text += ("# As root it may run exactly these: a Slurm node's power loss and its boot\n"
+                 "# (tests/faults/test_node_death.py).\n"
+                 f"{layout.USER} ALL=(root) NOPASSWD: {commands}\n")
+    return text
+
+
+def _root_only_stack() -> str:
+    """dev/stack's path, if only root can change what it runs (the script, dev/stacklib and
+    every directory above them); else "" and the stack user gets no rule to run it as root.
+    A sticky directory others write in (a clone in /tmp) is fine: they cannot replace root's
+    entries there."""
+    script = layout.CHECKOUT / "dev" / "stack"
+    library = layout.CHECKOUT / "dev" / "stacklib"
+    for path in (script, library, *library.iterdir(), *library.parents):
+        info = path.lstat()
+        others_write = info.st_mode & 0o022 and not (stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX)
+        if info.st_uid != 0 or others_write or stat.S_ISLNK(info.st_mode):
+            say(f"no sudo rule for the node commands: {path} is not root's alone")
+            return ""
+    # sudoers would need these escaped in a command's path: keep to plain paths
+    if not all(ch.isascii() and (ch.isalnum() or ch in "/._-+") for ch in str(script)):
+        say(f"no sudo rule for the node commands: {script} has characters sudoers would misread")
+        return ""
+    return str(script)
 
 
 def create_user() -> None:

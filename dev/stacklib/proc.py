@@ -63,13 +63,17 @@ def pidfile(name: str) -> Path:
 
 
 def running_pid(name: str) -> int | None:
-    """The pid of daemon ``name`` if the process we started is still alive."""
+    """The pid of daemon ``name`` if the process we started is still alive.
+
+    A zombie is not: a daemon just killed (a node's power loss) keeps its pid and start
+    time until pid 1, its parent by then, reaps it.
+    """
     try:
         pid_text, start = pidfile(name).read_text().split()
         pid = int(pid_text)
     except (OSError, ValueError):
         return None
-    return pid if _start_time(pid) == start else None
+    return pid if _start_time(pid) == start and not exited(pid) else None
 
 
 def start_daemon(name: str, args: Sequence[str], env: Mapping[str, str] | None = None,

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 from pathlib import Path
+from typing import Sequence
 
 from . import layout
 from .proc import exited, run, running_pid, say, start_daemon, stop_daemon, succeeds, wait_for, write_if_changed
@@ -148,7 +149,10 @@ JobCompType=jobcomp/none
 MinJobAge=300
 KillWait=5
 InactiveLimit=0
-SlurmdTimeout=60
+# A node that stops answering (tests/faults/test_node_death.py kills one) is set DOWN and its jobs
+# end NODE_FAIL 30-40 s later (a ping every 10 s): srun learns of a dead node only then. No slurmd
+# missed a single ping in a day of make test, stress tests and benchmarks (slurmctld.log, 2026-12-02).
+SlurmdTimeout=30
 NodeName={layout.NODES_EXPR} NodeHostname=localhost NodeAddr=127.0.0.1 Port=[{first}-{last}] CPUs={layout.NODE_CPUS} RealMemory=2000 State=UNKNOWN
 # Whole nodes per job, as on Perlmutter: `srun -N4 -n8` then spreads 2 tasks per node.
 PartitionName={layout.PARTITION} Nodes={layout.NODES_EXPR} Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
@@ -247,6 +251,56 @@ exec slurmd -D -N "$node"
 """
 
 
+def _node_processes(node_tmp: Path) -> set[int]:
+    """Every process of the node: those whose /tmp is the node's, and every process below them
+    (a container's, whose /tmp is its own)."""
+    children: dict[int, list[int]] = {}
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            mounts = (entry / "mountinfo").read_text().splitlines()
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(entry.name))
+        if any(f.split()[3:5] == [str(node_tmp), "/tmp"] for f in mounts if len(f.split()) > 4):
+            found.append(int(entry.name))
+    node: set[int] = set()
+    while found:
+        pid = found.pop()
+        if pid not in node:
+            node.add(pid)
+            found += children.get(pid, [])
+    return node
+
+
+def _power_off(node_tmp: Path) -> None:
+    """What a power loss does to a node: every process of it stops at once and dies.
+
+    All are stopped first (SIGSTOP), until a look finds none not stopped, then killed: none
+    gets to react to another's death (a step monitor removing its container once slurmstepd is
+    gone, a podman it would start that a kill in one pass would miss), as none can when the
+    power goes.
+    """
+    stopped = {os.getpid()}  # run on the node itself, this would stop itself
+    while new := _node_processes(node_tmp) - stopped:
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+        stopped |= new
+    stopped.discard(os.getpid())
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    wait_for(lambda: all(exited(pid) for pid in stopped), "the node's processes to exit", timeout=30)
+
+
 def _reboot_node(node_tmp: Path) -> None:
     """Before a node's slurmd starts: what a reboot does to a compute node.
 
@@ -259,34 +313,33 @@ def _reboot_node(node_tmp: Path) -> None:
     and with them killed but its state kept, podman finds containers it
     believes running and refuses to start ("invalid internal status").
     """
-    children: dict[int, list[int]] = {}
-    doomed: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            mounts = (entry / "mountinfo").read_text().splitlines()
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        children.setdefault(ppid, []).append(int(entry.name))
-        if any(f.split()[3:5] == [str(node_tmp), "/tmp"] for f in mounts if len(f.split()) > 4):
-            doomed.append(int(entry.name))
-    killed = []
-    while doomed:
-        pid = doomed.pop()
-        doomed += children.get(pid, [])
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except OSError:
-            pass
-    wait_for(lambda: all(exited(pid) for pid in killed), "the node's old processes to exit", timeout=30)
+    _power_off(node_tmp)
     for entry in node_tmp.iterdir():
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
+
+
+def kill_node(node: str) -> None:
+    """`dev/stack node-kill NODE`: the node loses its power. Its slurmd dies with every process
+    of the node (slurmstepd, the tasks, their containers, podman, mount helpers), none of them
+    cleaning up; slurmctld hears nothing more from it. Its /dev/shm goes with its last process,
+    its /tmp is emptied at its boot."""
+    _power_off(layout.node_tmp(node))
+    if running_pid(f"slurmd-{node}") is not None:  # its /tmp is the node's: it cannot have survived
+        raise SystemExit(f"[stack] slurmd {node} survived its node's power loss")
+    say(f"node {node} is off")
+
+
+def boot_node(node: str, timeout: float = 180) -> None:
+    """`dev/stack node-boot NODE`: a node that is off (node-kill, a crash) boots as `up` boots
+    it (/tmp emptied, slurmd started), and is back in service: resumed if slurmctld set it down
+    meanwhile, and idle once slurmctld has finished what it ended there (a job completing)."""
+    slurmd_up(node)  # a node that runs is left as it is
+    wait_for(lambda: (resume_nodes([node]), _usable(_sinfo_states().get(node, "")))[1],
+             f"node {node} to be idle again", timeout=timeout)
+    say(f"node {node} is up and idle")
 
 
 def slurmd_up(node: str) -> None:
@@ -331,10 +384,10 @@ def nodes_idle() -> bool:
     return all(_usable(states.get(node, "")) for node in layout.NODES)
 
 
-def resume_nodes() -> None:
+def resume_nodes(nodes: Sequence[str] = tuple(layout.NODES)) -> None:
     """Nodes restarted after a crash may come back down or drained."""
     states = _sinfo_states()
-    stuck = [n for n in layout.NODES if states.get(n, "").rstrip("*~#") in ("down", "drain", "drng", "fail")]
+    stuck = [n for n in nodes if states.get(n, "").rstrip("*~#") in ("down", "drain", "drng", "fail")]
     if stuck:
         run(["scontrol", "update", f"nodename={','.join(stuck)}", "state=resume"],
             check=False, env=_daemon_env())
