@@ -265,6 +265,28 @@ def _slurm_message(stderr: str, command: str) -> str:
     return f"{command}: {line}"
 
 
+# What a user sets for Slurm's commands themselves. Every other SLURM_* variable in a job's
+# environment is Slurm's description of that job and its step.
+SUBMITTER_SETTINGS = frozenset({"SLURM_CONF", "SLURM_CLUSTERS", "SLURM_DEBUG_FLAGS", "SLURM_EXIT_ERROR",
+                                "SLURM_TIME_FORMAT"})
+
+
+def submission_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment sbatch runs with: ``env``, but inside a Slurm job (a Jupyter server that
+    batchspawner started on a compute node) without the variables Slurm set for that job.
+
+    sbatch hands its whole environment to the new job, where Slurm sets only some of its own
+    variables again; the enclosing job's others stay, and some of them act as options. Its
+    SLURM_EXPORT_ENV (batchspawner's ``--export`` list) made the new job's srun pass only the
+    listed variables to the ranks, so what the batch script exports (``--env``) never reached
+    them; its SLURM_GET_USER_ENV=1 made slurmd load the user's login environment into every job.
+    """
+    if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
+        return dict(env)
+    return {name: value for name, value in env.items()
+            if name in SUBMITTER_SETTINGS or not name.startswith(("SLURM_", "SLURMD_"))}
+
+
 @dataclass
 class SlurmClient:
     """Slurm's commands with one environment (``SLURM_CONF``, PATH...) and a timeout."""
@@ -277,6 +299,8 @@ class SlurmClient:
              check: bool = True) -> subprocess.CompletedProcess:
         argv = [self.commands.get(command, command), *map(str, args)]
         env = dict(os.environ if self.env is None else self.env)
+        if command == "sbatch":
+            env = submission_environment(env)
         try:
             result = commands.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
                                   timeout=self.timeout, stdin=subprocess.DEVNULL)
@@ -292,7 +316,8 @@ class SlurmClient:
 
     def submit(self, script_path: str | os.PathLike, *, cwd: Optional[str] = None,
                options: Sequence[str] = ()) -> str:
-        """``sbatch --parsable [options] script``; returns the job id."""
+        """``sbatch --parsable [options] script``; returns the job id. From inside a job, the new
+        job does not inherit the enclosing one's Slurm variables (``submission_environment``)."""
         result = self._run("sbatch", ["--parsable", *options, str(script_path)],
                            cwd=cwd or str(Path(script_path).parent))
         job_id = result.stdout.strip().split(";", 1)[0].strip()

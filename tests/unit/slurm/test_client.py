@@ -5,7 +5,7 @@ import pytest
 
 from jupyter_podman_hpc.slurm.client import (JobStatus, SlurmClient, SlurmError, expand_nodelist,
                                              normalize_state, parse_sacct, parse_scontrol_exit_code,
-                                             parse_sinfo, parse_squeue)
+                                             parse_sinfo, parse_squeue, submission_environment)
 
 # squeue -h -t all -o '%i|%T|%N|%M|%S|%e|%r' (Slurm 22.05)
 SQUEUE = """\
@@ -144,6 +144,40 @@ def test_a_parsable_answer_gives_the_job_id(tmp_path):
     client = SlurmClient(commands={"sbatch": stand_in(tmp_path, "sbatch2", "echo 'Submitted batch job'")})
     with pytest.raises(SlurmError, match="unexpected answer"):
         client.submit(tmp_path / "job.sh")
+
+
+# A Jupyter server's environment in the job batchspawner submitted with --export=<list> (Slurm 22.05,
+# read from the server process on the stack), abridged.
+IN_A_JOB = {
+    "PATH": "/site/bin:/usr/bin:/bin", "HOME": "/home/hpcuser", "PODMANHPC_GRAPH_ROOT": "/tmp/g",
+    "SLURM_CONF": "/etc/slurm/slurm.conf", "SBATCH_ACCOUNT": "proj",
+    "SLURM_EXPORT_ENV": "SLURM_CONF,PATH,HOME,PODMANHPC_GRAPH_ROOT", "SLURM_GET_USER_ENV": "1",
+    "SLURM_JOB_ID": "3121", "SLURM_JOBID": "3121", "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1",
+    "SLURM_CPUS_ON_NODE": "16", "SLURM_TASKS_PER_NODE": "16", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+    "SLURM_SUBMIT_DIR": "/scratch/hub", "SLURM_WORKING_CLUSTER": "jph:127.0.0.1:16817:9728:109",
+    "SLURMD_NODENAME": "n1",
+}
+
+
+def test_a_job_submitted_from_inside_a_job_inherits_none_of_its_slurm_variables():
+    env = submission_environment(IN_A_JOB)
+    # the user's settings for Slurm's commands stay, and everything that is not Slurm's
+    assert env == {"PATH": "/site/bin:/usr/bin:/bin", "HOME": "/home/hpcuser", "PODMANHPC_GRAPH_ROOT": "/tmp/g",
+                   "SLURM_CONF": "/etc/slurm/slurm.conf", "SBATCH_ACCOUNT": "proj"}
+    # outside a job (a login node) the environment is the submitter's, SLURM_* settings included
+    outside = {key: value for key, value in IN_A_JOB.items() if key not in ("SLURM_JOB_ID", "SLURM_JOBID")}
+    assert submission_environment(outside) == outside
+
+
+def test_sbatch_runs_without_the_enclosing_job_s_variables(tmp_path):
+    seen = tmp_path / "env"
+    client = SlurmClient(env={**IN_A_JOB, "PROBE": "kept"},
+                         commands={"sbatch": stand_in(tmp_path, "sbatch", f"env > {seen}; echo 77")})
+    assert client.submit(tmp_path / "job.sh") == "77"
+    names = {line.split("=", 1)[0] for line in seen.read_text().splitlines()}
+    assert {"PROBE", "SLURM_CONF", "SBATCH_ACCOUNT", "PATH"} <= names
+    assert not {"SLURM_EXPORT_ENV", "SLURM_GET_USER_ENV", "SLURM_JOB_ID", "SLURMD_NODENAME"} & names
+    assert client.env["SLURM_JOB_ID"] == "3121"  # the client's own environment is left as it was
 
 
 def test_scancel_errors_are_read_from_its_output_since_it_exits_zero(tmp_path):
