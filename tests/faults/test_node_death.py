@@ -1,6 +1,6 @@
 """A node dying in the middle of a 4-node podman-exec step, on the real stack: its slurmd and every
 process of the node die at once (``dev/stack node-kill``: a power loss), then it boots again
-(``dev/stack node-boot``). srun fails with Slurm's reason instead of hanging, the job ends failed,
+(``dev/stack node-boot``). srun fails with Slurm's reason instead of hanging, the job ends NODE_FAIL,
 neither the other nodes nor the rebooted one keep anything of the step (container, step directory,
 mount, socket, monitor), and the next 4-node step runs on every node, the rebooted one included.
 
