@@ -1,4 +1,9 @@
-"""Helpers for driving JupyterLab and the extension in the browser tests."""
+"""Helpers for driving JupyterLab and the extension in the browser tests.
+
+A "lab" here is anything with ``url`` (ending in "/") and ``token``: the browser tests' own
+JupyterLab, or a user's server behind a hub. The helpers that open a page also use its
+``lab_url(path)``.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,21 @@ import json
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
 
 ACTIVATED = "jupyter-podman-hpc is activated"
 PANEL = "#jp-PodmanHpc-panel"
 RUN_BUTTON = ".jp-NotebookPanel .jp-PodmanHpc-runAtScaleButton:visible"  # the current notebook's
+JOB_TIMEOUT = 480_000  # ms for a submitted job to end: the nodes may be busy with other jobs first
+
+# A notebook run at scale: every rank says who it is, and it has a parameter and a figure.
+RANK_CODE = 'import os\nprint("rank", os.environ["SLURM_PROCID"])'
+PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+FIGURE_CODE = ("import base64\nfrom IPython.display import Image, display\n"
+               f"display(Image(data=base64.b64decode({PNG_B64!r})))\nprint('colour is', colour)")
 
 
 def get_json(lab, path: str):
@@ -102,3 +118,95 @@ def run_command(page, text: str, expect=None) -> None:
         except Exception:
             page.keyboard.press("Escape")
     raise AssertionError(f"running {text!r} from the palette did not show {expect}")
+
+
+def open_path(page, relative: str) -> None:
+    """Open a file of the server root in the current page with "Open from Path…" (no reload);
+    return once its tab is the current one."""
+    field = page.locator(".jp-Dialog input")
+    run_command(page, "Open from Path…", expect=field)
+    field.fill(relative)
+    field.press("Enter")
+    field.wait_for(state="detached", timeout=10_000)
+    page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current",
+                 has_text=relative.rpartition("/")[2]).wait_for(state="visible", timeout=60_000)
+
+
+# --- Run at scale and the Jobs section ------------------------------------------------
+
+
+def run_at_scale_notebook(root: Path, name: str = "run-at-scale-ranks.ipynb") -> str:
+    """A notebook that prints its rank (and shows a figure and its parameter), in the
+    server root ``root``; its path there.
+
+    Not examples/02-run-at-scale.ipynb: that one drives the %podman_hpc magics
+    (it submits a job of its own), and run at scale each rank would
+    `%load_ext jupyter_podman_hpc` inside the base image, which lacks it.
+    """
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell("# Run at scale: every rank says who it is"),
+                      nbformat.v4.new_code_cell("colour = 'red'", metadata={"tags": ["parameters"]}),
+                      nbformat.v4.new_code_cell(RANK_CODE), nbformat.v4.new_code_cell(FIGURE_CODE)]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, root / name)
+    return name
+
+
+def shape_job(dialog, image: str, nodes: int, tasks_per_node: int) -> None:
+    """In the Run at scale dialog: the image and the job's shape."""
+    dialog.locator('select[name="image"]').select_option(image)
+    dialog.locator('input[name="nodes"]').fill(str(nodes))
+    dialog.locator('input[name="tasks_per_node"]').fill(str(tasks_per_node))
+
+
+def submit_job(page, dialog):
+    """Submit the Run at scale dialog; the job's row, which the Jobs section reveals and
+    selects, and the job's id."""
+    submit = dialog.locator(".jp-PodmanHpc-submitButton")
+    assert submit.is_enabled()
+    submit.click()
+    dialog.wait_for(state="detached", timeout=60_000)
+    panel = page.locator(PANEL)
+    panel.wait_for(state="visible", timeout=15_000)
+    row = panel.locator(".jp-PodmanHpc-job.jp-mod-selected")
+    row.wait_for(state="visible", timeout=30_000)
+    job_id = row.get_attribute("data-job-id")
+    assert job_id
+    return row, job_id
+
+
+def wait_for_job(page, lab, job_id: str, state: str = "COMPLETED", timeout: float = JOB_TIMEOUT):
+    """The job's row in the Jobs section once it shows ``state`` by itself (the section polls);
+    the test fails with the job's record and batch log if it does not."""
+    row = page.locator(PANEL).locator(f'.jp-PodmanHpc-job[data-job-id="{job_id}"]')
+    reached = page.locator(PANEL).locator(f'.jp-PodmanHpc-job[data-job-id="{job_id}"][data-state="{state}"]')
+    started = time.monotonic()
+    try:
+        reached.wait_for(state="visible", timeout=timeout)
+    except Exception:
+        shown = row.get_attribute("data-state") if row.count() else "not listed"
+        job = get_json(lab, f"podman-hpc/api/jobs/{job_id}")
+        logs = get_json(lab, f"podman-hpc/api/jobs/{job_id}/logs")
+        pytest.fail(f"job {job_id} is {shown}, not {state}:\n{job}\nbatch log:\n{logs['batch']}\n"
+                    f"rank errors: {logs['errors']}")
+    print(f"job {job_id} {state} {time.monotonic() - started:.1f} s after it was waited for")
+    return reached
+
+
+def check_rank_logs(page, row, job_id: str, ranks: int):
+    """Open the finished job's logs viewer from its row: one section per rank, in order, each
+    starting with what RANK_CODE prints; the viewer's locator."""
+    row.locator(".jp-PodmanHpc-jobLogs").click()
+    logs = page.locator(f"#jp-PodmanHpc-logs-{job_id}")
+    logs.wait_for(state="visible", timeout=30_000)
+    sections = logs.locator(".jp-PodmanHpc-rank")
+    deadline = time.monotonic() + 60
+    while sections.count() < ranks and time.monotonic() < deadline:
+        page.wait_for_timeout(500)
+    assert sections.count() == ranks, logs.inner_text()
+    assert [sections.nth(i).get_attribute("data-rank") for i in range(ranks)] == [str(i) for i in range(ranks)]
+    for rank in range(ranks):
+        assert sections.nth(rank).locator(".jp-PodmanHpc-rankOut").inner_text().strip().startswith(
+            f"rank {rank}\n"), logs.inner_text()
+    assert logs.locator(".jp-PodmanHpc-state").inner_text() == "COMPLETED"
+    return logs

@@ -23,35 +23,15 @@ import nbformat
 import pytest
 
 from jupyter_podman_hpc.kernels.orphans import POOL_LABEL
-from tests.browser.lab import PANEL, get_json, open_dialog, open_lab, open_notebook, open_panel, run_command
+from tests.browser.lab import (JOB_TIMEOUT, PANEL, RANK_CODE, check_rank_logs, get_json, open_dialog, open_lab,
+                               open_notebook, open_panel, run_at_scale_notebook, run_command, shape_job, submit_job,
+                               wait_for_job)
 from tests.conftest import run
 from tests.integration.conftest import cleanup_hpc, make_hpc
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-RANK_CODE = 'import os\nprint("rank", os.environ["SLURM_PROCID"])'
-PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
-FIGURE_CODE = ("import base64\nfrom IPython.display import Image, display\n"
-               f"display(Image(data=base64.b64decode({PNG_B64!r})))\nprint('colour is', colour)")
-JOB_TIMEOUT = 480_000  # ms: the 4 nodes may be busy with other jobs first
 TASK_TIMEOUT = 240_000  # ms: a pull or build, then its squash
-
-
-def run_at_scale_notebook(root: Path) -> str:
-    """A notebook that prints its rank, in the server root; its path there.
-
-    Not examples/02-run-at-scale.ipynb: that one drives the %podman_hpc magics
-    (it submits a job of its own), and run at scale each rank would
-    `%load_ext jupyter_podman_hpc` inside the base image, which lacks it.
-    """
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_markdown_cell("# Run at scale: every rank says who it is"),
-                      nbformat.v4.new_code_cell("colour = 'red'", metadata={"tags": ["parameters"]}),
-                      nbformat.v4.new_code_cell(RANK_CODE), nbformat.v4.new_code_cell(FIGURE_CODE)]
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    name = "run-at-scale-ranks.ipynb"
-    nbformat.write(notebook, root / name)
-    return name
 
 
 def small_notebook(root: Path, name: str) -> str:
@@ -77,10 +57,7 @@ def test_run_at_scale_4_nodes_x_2_tasks(page, console, stack_lab, artifacts):
     open_notebook(page, stack_lab, console, name)
 
     dialog = open_dialog(page)
-    image = dialog.locator('select[name="image"]')
-    image.select_option(stack.base_image)
-    dialog.locator('input[name="nodes"]').fill("4")
-    dialog.locator('input[name="tasks_per_node"]').fill("2")
+    shape_job(dialog, stack.base_image, nodes=4, tasks_per_node=2)
     assert "4 nodes × 2 tasks = 8 ranks" in dialog.locator(".jp-PodmanHpc-summary").inner_text()
     dialog.locator('textarea[name="parameters"]').fill("colour='blue'")
 
@@ -93,46 +70,16 @@ def test_run_at_scale_4_nodes_x_2_tasks(page, console, stack_lab, artifacts):
     assert stack.base_image in text
     page.screenshot(path=str(artifacts / "run-at-scale-dialog.png"))
 
-    submit = dialog.locator(".jp-PodmanHpc-submitButton")
-    assert submit.is_enabled()
-    submit.click()
-    dialog.wait_for(state="detached", timeout=60_000)
-
-    # the job is revealed in the Jobs section of the panel
-    panel = page.locator(PANEL)
-    panel.wait_for(state="visible", timeout=15_000)
-    row = panel.locator(".jp-PodmanHpc-job.jp-mod-selected")
-    row.wait_for(state="visible", timeout=30_000)
-    job_id = row.get_attribute("data-job-id")
-    assert job_id
-    # it reaches COMPLETED by itself (the list polls every refreshInterval seconds)
-    started = time.monotonic()
-    completed = panel.locator(f'.jp-PodmanHpc-job[data-job-id="{job_id}"][data-state="COMPLETED"]')
-    try:
-        completed.wait_for(state="visible", timeout=JOB_TIMEOUT)
-    except Exception:
-        state = row.get_attribute("data-state")
-        job = get_json(stack_lab, f"podman-hpc/api/jobs/{job_id}")
-        logs = get_json(stack_lab, f"podman-hpc/api/jobs/{job_id}/logs")
-        pytest.fail(f"job {job_id} is {state}, not COMPLETED:\n{job}\nbatch log:\n{logs['batch']}")
-    print(f"job {job_id} COMPLETED {time.monotonic() - started:.1f} s after it appeared in the panel")
+    # the job is revealed in the Jobs section of the panel, and reaches COMPLETED by itself
+    # (the list polls every refreshInterval seconds)
+    _, job_id = submit_job(page, dialog)
+    completed = wait_for_job(page, stack_lab, job_id)
     assert completed.locator(".jp-PodmanHpc-jobExit").inner_text() == "exit 0"
     assert completed.locator(".jp-PodmanHpc-jobNodes").inner_text().startswith("4 nodes × 2")
     page.screenshot(path=str(artifacts / "containers-panel-jobs.png"))
 
     # the logs viewer: one section per rank
-    completed.locator(".jp-PodmanHpc-jobLogs").click()
-    logs = page.locator(f"#jp-PodmanHpc-logs-{job_id}")
-    logs.wait_for(state="visible", timeout=30_000)
-    ranks = logs.locator(".jp-PodmanHpc-rank")
-    deadline = time.monotonic() + 60
-    while ranks.count() < 8 and time.monotonic() < deadline:
-        page.wait_for_timeout(500)
-    assert ranks.count() == 8, logs.inner_text()
-    assert [ranks.nth(i).get_attribute("data-rank") for i in range(8)] == [str(i) for i in range(8)]
-    for rank in range(8):
-        assert ranks.nth(rank).locator(".jp-PodmanHpc-rankOut").inner_text().strip().startswith(f"rank {rank}\n")
-    assert logs.locator(".jp-PodmanHpc-state").inner_text() == "COMPLETED"
+    check_rank_logs(page, completed, job_id, ranks=8)
     page.screenshot(path=str(artifacts / "job-logs-viewer.png"))
 
     # the output notebook, read-only: the image and the parameter given in the dialog
@@ -172,15 +119,8 @@ def test_a_running_notebook_job_shows_its_cell_and_its_output_notebook_fills_in(
     nbformat.write(notebook, stack_lab.root_dir / name)
     open_notebook(page, stack_lab, console, name)
     dialog = open_dialog(page)
-    dialog.locator('select[name="image"]').select_option(stack_lab.stack.base_image)
-    dialog.locator('input[name="nodes"]').fill("1")
-    dialog.locator('input[name="tasks_per_node"]').fill("1")
-    dialog.locator(".jp-PodmanHpc-submitButton").click()
-    dialog.wait_for(state="detached", timeout=60_000)
-    panel = page.locator(PANEL)
-    row = panel.locator(".jp-PodmanHpc-job.jp-mod-selected")
-    row.wait_for(state="visible", timeout=30_000)
-    job_id = row.get_attribute("data-job-id")
+    shape_job(dialog, stack_lab.stack.base_image, nodes=1, tasks_per_node=1)
+    row, job_id = submit_job(page, dialog)
     # while it runs: the panel says which cell rank 0 is in, and the output notebook has what it did so far
     progress = row.locator(".jp-PodmanHpc-jobProgress", has_text="running cell 2 of 3")
     progress.wait_for(state="visible", timeout=JOB_TIMEOUT)
