@@ -1,7 +1,11 @@
-"""Every byte a rank writes reaches Slurm: 300 srun steps in one allocation, per-process
-(``podman-hpc run --rm`` in a step) and podman-exec (``podman-hpc shared-run``, joined and
-``--no-join``), each rank writing a known number of lines on stdout and on stderr, 1 MB more on
-some steps, and a last write without a newline just before it exits.
+"""Every byte a rank writes reaches Slurm, and nothing is left behind: 300 srun steps of mixed
+sizes (up to 4x8), at most 6 at once, in one allocation, per-process (``podman-hpc run --rm`` in a
+step) and podman-exec (``podman-hpc shared-run``, joined and ``--no-join``), each rank writing a
+known number of lines on stdout and on stderr, 1 MB more on some steps, and a last write without
+a newline just before it exits. Every 10th step is cancelled (scancel) while its ranks run; at
+the end no container, step directory, socket, mount or monitor remains on any node, and no
+monitor had to give up removing its container. (Until 2026-12-02 the cancellations were a
+200-step test of their own, test_launcher_stress.py's, in an allocation of its own.)
 
 Half the steps write each task's stdout and stderr to files of their own (``-o``/``-e`` with
 ``%t``, written by slurmstepd on the node): compared byte for byte. The other half come back
@@ -21,17 +25,22 @@ and what the step printed besides its ranks' own writes.
 import concurrent.futures
 import signal
 import subprocess
+import time
 from pathlib import Path
 
-from tests.conftest import run
-from tests.integration.engine.conftest import wait_running
+import pytest
+
+from jupyter_podman_hpc.engine.stepmonitor import MONITOR_LOG
+from tests.integration.engine.conftest import allocation, cancel_when_up, monitors_of
 
 STEPS = 300
 AT_ONCE = 6
 MODES = [("run", "--rm"), ("shared-run",), ("shared-run", "--no-join")]
-# nodes x tasks per node: small, so 300 steps stay within a few minutes on 2 cores
-SIZES = [(1, 1), (2, 1), (1, 1), (1, 2), (1, 1), (2, 2), (1, 1), (1, 1), (4, 1), (1, 1), (2, 1)]
-BIG_EVERY = 15  # these steps' ranks write 1 MB more on stdout and on stderr
+# nodes x tasks per node: mostly small, so 300 steps stay within a few minutes on 2 cores
+SIZES = [(1, 1), (2, 1), (1, 1), (1, 2), (1, 1), (2, 2), (1, 1), (4, 8), (1, 1), (4, 1), (1, 1), (2, 1),
+         (1, 8), (2, 4)]
+BIG_EVERY = 15  # these steps' ranks write 1 MB more on stdout and on stderr (steps of up to 4 ranks)
+CANCEL_EVERY = 10  # these steps' ranks sleep, and the step is cancelled once it runs
 BIG = 1 << 20
 BIG_LINE = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -55,8 +64,48 @@ def expected(stream: str, rank: int, lines: int, big: bool) -> bytes:
 def plan(index: int) -> tuple[tuple[str, ...], int, int, int, bool, bool]:
     """Step ``index``'s (mode, nodes, tasks per node, lines, big, to files)."""
     nodes, per_node = SIZES[index % len(SIZES)]
-    return (MODES[index % len(MODES)], nodes, per_node, 20 + (index * 37) % 400, index % BIG_EVERY == 0,
-            index % 2 == 0)
+    return (MODES[index % len(MODES)], nodes, per_node, 20 + (index * 37) % 400,
+            index % BIG_EVERY == 0 and nodes * per_node <= 4, index % 2 == 0)
+
+
+def cancelled_step(job: str, index: int, image: str, env: dict) -> list[str]:
+    """Step ``index`` cancelled while its ranks run: it must end failed ([] if it did)."""
+    mode, nodes, per_node, *_ = plan(index)
+    name = f"integrity-{index}"
+    what = f"step {index} ({' '.join(mode)}, {nodes}x{per_node}, cancelled)"
+    process = subprocess.Popen(["srun", "--jobid", job, "--overlap", "-J", name, f"-N{nodes}",
+                                f"--ntasks-per-node={per_node}", "podman-hpc", *mode, image, "sleep", "60"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if not cancel_when_up(job, name, env, time.monotonic() + 60):
+        process.kill()
+        return [f"{what}: never seen running"]
+    code = process.wait(timeout=180)
+    return [] if code != 0 else [f"{what}: srun exited 0"]
+
+
+def left_on_nodes(hpc) -> tuple[dict, list]:
+    """What the steps left on the nodes once the monitors had a minute (they remove a container
+    after the step's tasks end, so after srun returns): per node, and this host's monitors."""
+    root = hpc.env["PODMANHPC_RUN_ROOT"]
+    script = ('podman-hpc ps -a --format "container {{.Names}}"; '
+              f'find {root} -type s | sed "s/^/socket /"; '
+              f'cat {root}/{MONITOR_LOG} 2>/dev/null | grep -i "could not be removed" | sed "s/^/gave up /"; true')
+    deadline = time.monotonic() + 60
+    while True:
+        remaining = {**hpc.leftovers(within=0),
+                     **{n: t for n, t in hpc.on_each_node("sh", "-c", script).items() if t.strip()}}
+        if not remaining or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    left = (remaining, monitors_of(root))
+    if left != ({}, []):  # what the monitors said and are doing, while it is there
+        for node, text in hpc.on_each_node("sh", "-c", f"tail -n 30 {root}/{MONITOR_LOG}; "
+                                           f"ls -la {root}/shared-run/*; true").items():
+            print(f"--- {node}\n{text}")
+        for pid, cmdline in left[1]:
+            wchan = Path(f"/proc/{pid}/wchan")
+            print(pid, wchan.read_text() if wchan.exists() else "", cmdline)
+    return left
 
 
 def by_rank(labelled: str) -> dict[int, list[str]]:
@@ -76,16 +125,17 @@ def unexpected(stderr: bytes, out: Path, index: int) -> list[str]:
     return [line for line in said if line and not line.split(": ")[-1].startswith(("e ", "last-e ", BIG_LINE[:20]))]
 
 
-def test_no_byte_of_any_rank_is_lost(squashed_tiny, stack):
+@pytest.mark.timeout(1500)  # minutes on a quiet machine, more under load
+def test_no_byte_of_any_rank_is_lost_and_nothing_is_left(squashed_tiny, stack):
     hpc = squashed_tiny
     env = hpc.env
     out = hpc.work / "integrity"
     out.mkdir()
-    job = run(["sbatch", "--parsable", f"-N{len(stack.nodes)}", "-o", "/dev/null", "--wrap", "sleep 1800"],
-              env=env).stdout.strip()
 
     def step(index: int) -> list[str]:
         """The step's losses, one line each (none: [])."""
+        if index % CANCEL_EVERY == CANCEL_EVERY - 1:
+            return cancelled_step(job, index, stack.tiny_image, env)
         mode, nodes, per_node, lines, big, to_files = plan(index)
         tasks = nodes * per_node
         where = (["-o", f"{out}/{index}.out.%t", "-e", f"{out}/{index}.err.%t"] if to_files else ["--label"])
@@ -123,13 +173,14 @@ def test_no_byte_of_any_rank_is_lost(squashed_tiny, stack):
         return losses
 
     try:
-        wait_running(job, env)
-        with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
-            losses = [loss for found in pool.map(step, range(STEPS)) for loss in found]
-    finally:
-        run(["scancel", job], env=env, check=False)
-    assert losses == [], "\n".join(losses)
-    assert hpc.leftovers() == {}
+        with allocation(stack, env) as job:
+            with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
+                losses = [loss for found in pool.map(step, range(STEPS)) for loss in found]
+        assert losses == [], "\n".join(losses)
+        assert left_on_nodes(hpc) == ({}, [])
+    finally:  # the store is the session's: what this test left must not fail the next tests' checks
+        hpc.on_each_node("sh", "-c", 'podman-hpc rm --all --force --time 0 >/dev/null 2>&1; '
+                         f'rm -rf {env["PODMANHPC_RUN_ROOT"]}/shared-run/*; true')
 
 
 def test_a_rank_starts_with_the_default_signal_dispositions(squashed_tiny, stack):
