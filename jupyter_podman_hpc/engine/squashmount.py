@@ -89,11 +89,12 @@ class SquashMount:
         try:
             self.ref_fd = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self.ref_fd, fcntl.LOCK_SH)
-            if str(self.target) in mounted_targets() and dead(self.target):
+            mounted = str(self.target) in mounted_targets()
+            if mounted and dead(self.target):
                 log(f"{self.target}: its squashfuse is gone, mounting {self.squash} again")
                 unmount(str(self.target))  # busy under the containers still on it: detached
-                self.revived = True
-            if str(self.target) not in mounted_targets():
+                self.revived, mounted = True, False
+            if not mounted:
                 self.target.mkdir(mode=0o700, exist_ok=True)
                 log(f"mount {self.squash} on {self.target}")
                 result = commands.run([squashfuse(), str(self.squash), str(self.target)],
