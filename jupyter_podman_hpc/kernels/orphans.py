@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -112,10 +113,31 @@ def wait_first(owner: str, client_pid: int) -> str:
     return "client" if wait_any([owner, str(client_pid)]) == str(client_pid) else "owner"
 
 
+# What ends a batch job (scancel, its time limit, the hub's Stop): SIGTERM to every process of the job at
+# once, the watchdog with its server, and SIGKILL after KillWait. conmon has left the job's process tree,
+# so the container outlives the job unless the watchdog takes a signal as its owner's end.
+_ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class _Ending(Exception):
+    """A signal that ends the watchdog's process group, its owner's with it."""
+
+
+def _raise_ending(signum, frame):
+    raise _Ending(signum)
+
+
 def watchdog(owner: str, client_pid: int, name: str) -> int:
     """Wait until the kernel's owner or its ``podman run`` exits; if the owner went first (or with it),
-    remove the container ``name``. 0 either way."""
-    first = wait_first(owner, client_pid)
+    or a signal ends the watchdog, remove the container ``name``. 0 either way."""
+    for number in _ENDING_SIGNALS:
+        signal.signal(number, _raise_ending)
+    try:
+        first = wait_first(owner, client_pid)
+    except _Ending:
+        first = "signal"
+    for number in _ENDING_SIGNALS:  # nothing interrupts the removal but SIGKILL
+        signal.signal(number, signal.SIG_IGN)
     if first == "client" and owner_alive(owner):
         return 0  # the kernel ended while its server lives: the provisioner cleans up
     from ..engine.config import load_config

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
@@ -220,6 +221,29 @@ def test_watchdog_removes_the_container_of_a_killed_server(kernel_site, stack):
     assert name in site.container_names()
     holder.send_signal(signal.SIGKILL)
     holder.wait()
+    seconds = site.wait_gone(name, 10)
+    assert seconds < 5, f"the orphan lived {seconds:.1f} s"
+
+
+def test_watchdog_removes_the_container_when_a_job_end_signals_it_with_its_server(kernel_site, stack):
+    """How Slurm ends a job whose server holds a kernel (scancel, time limit, the hub's Stop): SIGTERM to
+    every process of the job at once, the watchdog included, and SIGKILL to what is left after KillWait.
+    conmon has left the job's process tree, so only the watchdog can remove the container."""
+    site = kernel_site
+    site.install(stack.base_image, "base")
+    holder, name = hold_kernel(site, "base")
+    watchdogs = [pid for pid in processes_mentioning(name)
+                 if b"kernels.orphans" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(watchdogs) == 1, watchdogs
+    for pid in (holder.pid, *watchdogs):
+        os.kill(pid, signal.SIGTERM)
+    holder.wait()
+    time.sleep(2)  # a short KillWait
+    for pid in watchdogs:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     seconds = site.wait_gone(name, 10)
     assert seconds < 5, f"the orphan lived {seconds:.1f} s"
 
