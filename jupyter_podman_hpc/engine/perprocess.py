@@ -23,7 +23,8 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     a container's PID 1 may ignore) takes podman down and leaves conmon and
     the container running. podman ending is not proof enough (on scancel it
     sometimes exits 0 with the container still up): the task tells the reaper
-    it is done only if the container's process (its pid file) is gone too.
+    it is done only if podman was not killed and the container's process
+    (its pid file) is gone too.
     """
     context = step_context(podman.config, environ)
     name = f"{context.container_name(os.getuid())}.{context.local_id}"
@@ -43,9 +44,13 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     stepsocket.forward_signals(process.pid)
     code = stepsocket.shell_code(process.wait())
     if reaper is not None:
-        # "d": podman ended on its own and took the container along; anything else: remove it
-        os.write(reaper, b"r" if _running(pidfile) else b"d")
-        pidfile.unlink(missing_ok=True)
+        # "d": podman ended on its own and took the container along; anything else: remove it. A podman
+        # killed while it started the container (a step cancelled at its start) leaves conmon to start it
+        # and write the pid file after podman is gone: no pid file yet is no proof then.
+        done = code < 128 and not _running(pidfile)
+        os.write(reaper, b"d" if done else b"r")
+        if done:
+            pidfile.unlink(missing_ok=True)  # else the reaper's, after the removal: never before it
     return code
 
 
