@@ -10,10 +10,13 @@ environment, the installed wheel):
 - "Run at scale" submits a 2-node job from inside the server's job, which runs on two other
   nodes and whose rank logs the Jobs section's logs viewer shows;
 - "Stop My Server" on the hub's control panel cancels the job and leaves no container
-  (kernel, pool or job's) on any node.
+  (kernel, pool or job's) on any node;
+- then, in the same run, the login-node profile: the server on the hub's host, a container
+  kernel there, and its container gone after Stop.
 
 Written to tests/artifacts/hub-start-times.json: the time from "Start" on the spawn page
-to the container kernel's first output (browser_node_start_to_output_s), and, on the
+to the container kernel's first output, on a node and on the login node
+(browser_{node,login}_start_to_output_s), and, on the
 running server, from the Launcher card's click to the kernel connected and idle, and to a
 first output, for a cold container kernel and a pooled one started one after the other
 (browser_node_{cold,pooled}_kernel_ready_s, browser_node_{cold,pooled}_kernel_to_output_s;
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,6 +230,31 @@ def test_server_on_a_node_from_the_browser(hub, page, console, artifacts, stack,
     # node, a pending job of all nodes on a shared stack could keep the others from a new allocation)
     _no_containers_left(squashed_base, stack.nodes)
     page.screenshot(path=str(artifacts / "hub-node-stopped.png"))
+
+    # the login-node profile in the same run, for comparison: the server on the hub's host. The Lab
+    # would restore the node server's notebooks (its saved workspace) and their kernels: a first
+    # login's empty Lab instead, so the time is a fresh user's
+    shutil.rmtree(hub.root / "config" / "lab" / "workspaces", ignore_errors=True)
+    page.click("#start")
+    page.wait_for_selector("select[name=profile]")
+    page.select_option("select[name=profile]", "login")
+    started = time.monotonic()
+    page.click("#spawn_form [type=submit]")
+    page.wait_for_url(f"**/user/{hub.user}/lab**", timeout=300_000)
+    page.wait_for_selector("#jupyterlab-splash", state="detached")
+    assert server_jobs(hub.user) == []
+    kernel_id, _, _ = _open_from_launcher(page, hub, DISPLAY)
+    assert "bookworm" in _run_cell(page, OS_RELEASE, "VERSION_CODENAME=bookworm")
+    hub.timings["browser_login_start_to_output_s"] = round(time.monotonic() - started, 2)
+    print(f"from Start to a container kernel's output: node {hub.timings['browser_node_start_to_output_s']} s, "
+          f"login node {hub.timings['browser_login_start_to_output_s']} s")
+    page.goto(f"{hub.url}/hub/home", wait_until="domcontentloaded")
+    page.click("#stop")
+    page.wait_for_selector("#start", state="visible", timeout=120_000)
+    deadline = time.monotonic() + 30
+    while f"podman-hpc-kernel-{kernel_id}" in squashed_base("ps", "--all", "--format", "{{.Names}}").stdout:
+        assert time.monotonic() < deadline, "the login-node kernel's container outlived its server"
+        time.sleep(1)
 
 
 def _run_at_scale(page, server: UserServer, stack, server_node: str, artifacts: Path) -> None:
