@@ -118,3 +118,25 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if {"integration", "security"} & set(item.path.parts):
             item.add_marker(pytest.mark.integration)
+
+
+# --- the suite's time, test by test ------------------------------------------------------------------
+
+_PHASE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Remember every phase's duration (``--durations`` prints only the slowest)."""
+    _PHASE_SECONDS[f"{report.when} {report.nodeid}"] = round(report.duration, 2)
+
+
+def pytest_sessionfinish(session):
+    """Write them all, slowest first, to tests/artifacts/durations.tsv (where the suite's time goes; if
+    the checkout is not writable, nowhere)."""
+    path = Path(__file__).resolve().parent / "artifacts" / "durations.tsv"
+    rows = sorted(_PHASE_SECONDS.items(), key=lambda item: -item[1])
+    try:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("".join(f"{seconds}\t{phase}\n" for phase, seconds in rows))
+    except OSError:
+        pass
