@@ -120,7 +120,7 @@ _ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 class _Ending(Exception):
-    """A signal that ends the watchdog's process group, its owner's with it."""
+    """A signal that ends the watchdog (in a batch job, its owner gets it at the same moment)."""
 
 
 def _raise_ending(signum, frame):
