@@ -9,7 +9,9 @@ OOM kill, a node's batch job ending):
 - the **watchdog**: a tiny process started beside each kernel, in its own
   session, that waits (pidfds, no polling) for either the owner or the
   kernel's ``podman run`` to exit. If the owner goes first it removes the
-  container at once; if the kernel goes first it just exits.
+  container at once; if the kernel goes first it just exits. SIGTERM,
+  SIGHUP or SIGINT counts as the owner's end: Slurm ends a batch job by
+  signalling all its processes at once, the watchdog with its server.
 - the **sweep** (:func:`sweep`), run by the next provisioner in any process
   of the user on the node, before its first kernel: every container with
   our label whose owner is dead is removed. It catches what the watchdog

@@ -41,7 +41,8 @@ from tests.browser.lab import (RUN_BUTTON, check_rank_logs, get_json, open_dialo
 from tests.conftest import run
 from tests.integration.kernels.conftest import http
 from tests.integration.site.conftest import site_venv  # noqa: F401 (fixture)
-from tests.integration.site.hub import install_kernel, server_jobs, start_hub, stop_hub, timings_note
+from tests.integration.site.hub import (install_kernel, server_jobs, start_hub, stop_hub, timings_note,
+                                        wait_container_gone)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.integration]
 
@@ -74,6 +75,26 @@ def hub(stack, squashed_base, site_venv, configurable_http_proxy):  # noqa: F811
     finally:
         stop_hub(instance)
         timings_note(instance, TIMINGS)
+
+
+def _spawn(page, hub, profile: str, screenshot: Path | None = None) -> float:
+    """On the spawn page: pick ``profile`` and start; once the Lab is up, return when Start was clicked."""
+    page.wait_for_selector("select[name=profile]")
+    page.select_option("select[name=profile]", profile)
+    if screenshot is not None:
+        page.screenshot(path=str(screenshot))
+    started = time.monotonic()
+    page.click("#spawn_form [type=submit]")
+    page.wait_for_url(f"**/user/{hub.user}/lab**", timeout=300_000)
+    page.wait_for_selector("#jupyterlab-splash", state="detached")
+    return started
+
+
+def _stop(page, hub) -> None:
+    """Stop My Server on the hub's home page; return once the hub offers Start again."""
+    page.goto(f"{hub.url}/hub/home", wait_until="domcontentloaded")
+    page.click("#stop")
+    page.wait_for_selector("#start", state="visible", timeout=120_000)
 
 
 def _run_cell(page, code: str, expect: str, timeout: float = 180_000):
@@ -159,13 +180,7 @@ def test_server_on_a_node_from_the_browser(hub, page, console, artifacts, stack,
     page.fill("#password_input", hub.password)
     page.click("#login_submit")
     # the profiles: compute node or login node
-    page.wait_for_selector("select[name=profile]")
-    page.select_option("select[name=profile]", "node")
-    page.screenshot(path=str(artifacts / "hub-spawn-profiles.png"))
-    started = time.monotonic()
-    page.click("#spawn_form [type=submit]")
-    page.wait_for_url(f"**/user/{hub.user}/lab**", timeout=300_000)
-    page.wait_for_selector("#jupyterlab-splash", state="detached")
+    started = _spawn(page, hub, "node", screenshot=artifacts / "hub-spawn-profiles.png")
     jobs = server_jobs(hub.user)
     assert len(jobs) == 1 and jobs[0][1] == "RUNNING" and jobs[0][2] in stack.nodes, jobs
     job_id, _, node = jobs[0]
@@ -219,9 +234,7 @@ def test_server_on_a_node_from_the_browser(hub, page, console, artifacts, stack,
     _run_at_scale(page, server, stack, node, artifacts)
 
     # Stop My Server on the control panel: the job goes, and every container with it
-    page.goto(f"{hub.url}/hub/home", wait_until="domcontentloaded")
-    page.click("#stop")
-    page.wait_for_selector("#start", state="visible", timeout=120_000)
+    _stop(page, hub)
     deadline = time.monotonic() + 60
     while server_jobs(hub.user):
         assert time.monotonic() < deadline, f"the server's job outlived Stop My Server: {server_jobs(hub.user)}"
@@ -236,25 +249,16 @@ def test_server_on_a_node_from_the_browser(hub, page, console, artifacts, stack,
     # login's empty Lab instead, so the time is a fresh user's
     shutil.rmtree(hub.root / "config" / "lab" / "workspaces", ignore_errors=True)
     page.click("#start")
-    page.wait_for_selector("select[name=profile]")
-    page.select_option("select[name=profile]", "login")
-    started = time.monotonic()
-    page.click("#spawn_form [type=submit]")
-    page.wait_for_url(f"**/user/{hub.user}/lab**", timeout=300_000)
-    page.wait_for_selector("#jupyterlab-splash", state="detached")
+    started = _spawn(page, hub, "login")
     assert server_jobs(hub.user) == []
     kernel_id, _, _ = _open_from_launcher(page, hub, DISPLAY)
     assert "bookworm" in _run_cell(page, OS_RELEASE, "VERSION_CODENAME=bookworm")
     hub.timings["browser_login_start_to_output_s"] = round(time.monotonic() - started, 2)
     print(f"from Start to a container kernel's output: node {hub.timings['browser_node_start_to_output_s']} s, "
           f"login node {hub.timings['browser_login_start_to_output_s']} s")
-    page.goto(f"{hub.url}/hub/home", wait_until="domcontentloaded")
-    page.click("#stop")
-    page.wait_for_selector("#start", state="visible", timeout=120_000)
-    deadline = time.monotonic() + 30
-    while f"podman-hpc-kernel-{kernel_id}" in squashed_base("ps", "--all", "--format", "{{.Names}}").stdout:
-        assert time.monotonic() < deadline, "the login-node kernel's container outlived its server"
-        time.sleep(1)
+    _stop(page, hub)
+    wait_container_gone(squashed_base, f"podman-hpc-kernel-{kernel_id}", 30,
+                        "the login-node kernel's container outlived its server")
 
 
 def _run_at_scale(page, server: UserServer, stack, server_node: str, artifacts: Path) -> None:

@@ -12,6 +12,7 @@ import json
 import re
 import secrets
 import subprocess
+import time
 from pathlib import Path
 
 from tests.conftest import run
@@ -100,3 +101,11 @@ def timings_note(hub: Hub, path: Path) -> None:
     previous = json.loads(path.read_text()) if path.exists() else {}
     previous.update(hub.timings)
     path.write_text(json.dumps(previous, indent=1) + "\n")
+
+
+def wait_container_gone(hpc, name: str, within: float, what: str) -> None:
+    """Until the container ``name`` is no longer among ``hpc``'s; fails with ``what`` after ``within`` s."""
+    deadline = time.monotonic() + within
+    while name in hpc("ps", "--all", "--format", "{{.Names}}").stdout:
+        assert time.monotonic() < deadline, what
+        time.sleep(1)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.integration.kernels.conftest import execute_over_websocket, http
 
-from .hub import install_kernel, server_jobs, start_hub, stop_hub, timings_note
+from .hub import install_kernel, server_jobs, start_hub, stop_hub, timings_note, wait_container_gone
 
 pytestmark = pytest.mark.slow
 
@@ -128,10 +128,8 @@ def test_login_profile_runs_the_server_on_the_hub_host(hub, squashed_base, stack
                        login_start_to_reply_s=round(time.monotonic() - started, 2))
     assert f"podman-hpc-kernel-{kernel_id}" in squashed_base("ps", "--all", "--format", "{{.Names}}").stdout
     hub.stop_server()
-    deadline = time.monotonic() + 60
-    while f"podman-hpc-kernel-{kernel_id}" in squashed_base("ps", "--all", "--format", "{{.Names}}").stdout:
-        assert time.monotonic() < deadline, "the login-node kernel's container outlived its server"
-        time.sleep(1)
+    wait_container_gone(squashed_base, f"podman-hpc-kernel-{kernel_id}", 60,
+                        "the login-node kernel's container outlived its server")
     print(json.dumps(hub.timings))
 
 
