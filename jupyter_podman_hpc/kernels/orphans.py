@@ -11,7 +11,10 @@ OOM kill, a node's batch job ending):
   kernel's ``podman run`` to exit. If the owner goes first it removes the
   container at once; if the kernel goes first it just exits. SIGTERM,
   SIGHUP or SIGINT counts as the owner's end: Slurm ends a batch job by
-  signalling all its processes at once, the watchdog with its server.
+  signalling all its processes at once, the watchdog with its server. It
+  removes the container from a child that has left the job (init adopts it),
+  so that the job's SIGKILL after KillWait cannot cut a removal short, and
+  tries again until podman says the container is gone.
 - the **sweep** (:func:`sweep`), run by the next provisioner in any process
   of the user on the node, before its first kernel: every container with
   our label whose owner is dead is removed. It catches what the watchdog
@@ -24,12 +27,14 @@ Run as ``python -m jupyter_podman_hpc.kernels.orphans --owner PID:START
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING, Sequence
 
 from ..engine.processes import owner_alive, owner_token, wait_any
@@ -42,6 +47,8 @@ OWNER_LABEL = "io.podman-hpc.kernel.owner"
 HOST_LABEL = "io.podman-hpc.kernel.host"
 POOL_LABEL = "io.podman-hpc.kernel.pool"  # on containers of a warm pool (see pool.py)
 POOL = "pool"  # their kernel label until a kernel adopts them
+REMOVE_TRIES = 5  # the watchdog's removals, a second more apart each time
+REMOVE_TIMEOUT = 60  # seconds for one podman rm (a lock held by a killed podman never frees)
 
 
 def labels(kernel_id: str) -> dict[str, str]:
@@ -142,11 +149,33 @@ def watchdog(owner: str, client_pid: int, name: str) -> int:
         signal.signal(number, signal.SIG_IGN)
     if first == "client" and owner_alive(owner):
         return 0  # the kernel ended while its server lives: the provisioner cleans up
+    _leave_the_job()
     from ..engine.config import load_config
     from ..engine.podman import Podman
-    podman = Podman(load_config(os.environ))
-    podman.remove_containers(name)
+    remove_until_gone(Podman(load_config(os.environ)), name)
     return 0
+
+
+def _leave_the_job() -> None:
+    """Go on in a child that init adopts at once. Slurm SIGKILLs what is left of a job's process tree
+    KillWait seconds after its SIGTERM, and a removal can take longer (waiting for the container's lock,
+    held by the server's own clean-up or ``podman run --rm``); a podman killed in the middle of a removal
+    leaves the container behind. (Under proctrack/cgroup the child dies with the job anyway: there the
+    sweep is the fallback.)"""
+    if os.fork() > 0:
+        os._exit(0)
+
+
+def remove_until_gone(podman: "Podman", name: str, tries: int = REMOVE_TRIES) -> bool:
+    """``podman rm`` the container ``name`` until podman says it does not exist (another remover may
+    hold it, or fail half-way): True once it is gone."""
+    for attempt in range(tries):
+        with contextlib.suppress(Exception):  # a hung or failing podman: the next try, or the sweep
+            podman.run(podman.remove_command(name), check=False, timeout=REMOVE_TIMEOUT)
+            if podman("container", "exists", name, check=False, timeout=REMOVE_TIMEOUT).returncode == 1:
+                return True
+        time.sleep(1 + attempt)
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:

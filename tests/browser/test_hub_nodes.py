@@ -164,7 +164,10 @@ def _no_containers_left(hpc, nodes, within: float = 30) -> None:
     while any(left.values()) and time.monotonic() < deadline:
         time.sleep(2)
         left = {node: _node_containers(hpc, node) for node in nodes}
-    assert not any(left.values()), f"containers left on the nodes: {left}"
+    assert not any(left.values()), f"containers left on the nodes: {left}\n" + "\n".join(
+        hpc.srun("-N1", "-n1", "-w", node, "sh", "-c", "podman-hpc ps --all --format '{{.Names}} {{.Status}}'; "
+                 "ps -u \"$(id -u)\" -o pid,ppid,etime,args", check=False).stdout
+        for node, names in left.items() if names)
 
 
 def _server_log(job_id: str) -> str:

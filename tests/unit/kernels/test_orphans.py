@@ -93,3 +93,33 @@ def test_an_owner_already_gone_counts_as_dead():
     finally:
         client.kill()
         client.wait()
+
+
+class HalfWayPodman:
+    """A podman whose first ``rm`` calls leave the container (another remover holds it, or dies
+    half-way): what the real podman does only under a job's SIGKILL, not on demand."""
+
+    def __init__(self, failing: int):
+        self.failing, self.calls = failing, []
+
+    def remove_command(self, name):
+        return ["rm", name]
+
+    def run(self, argv, **kwargs):
+        self.calls.append(argv)
+        if argv[0] == "rm" and self.failing:
+            self.failing -= 1
+            raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+        return subprocess.CompletedProcess(argv, 0)
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(list(args))
+        return subprocess.CompletedProcess(args, 0 if self.failing else 1)  # exists: 0, gone: 1
+
+
+def test_the_watchdog_removes_until_podman_says_the_container_is_gone(monkeypatch):
+    monkeypatch.setattr(orphans.time, "sleep", lambda seconds: None)
+    podman = HalfWayPodman(failing=2)
+    assert orphans.remove_until_gone(podman, "k")
+    assert podman.calls == [["rm", "k"], ["rm", "k"], ["rm", "k"], ["container", "exists", "k"]]
+    assert not orphans.remove_until_gone(HalfWayPodman(failing=99), "k", tries=3)
