@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import commands
+from . import commands, processes
 from .podman import Podman, flag_name
 from .stepcontext import pmi_fd_passthrough, step_context, step_env_args
 from .. import stepsocket
@@ -24,7 +24,9 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     the container running. podman ending is not proof enough (on scancel it
     sometimes exits 0 with the container still up): the task tells the reaper
     it is done only if podman was not killed and the container's process
-    (its pid file) is gone too.
+    (its pid file) is gone too. After its removal the reaper also kills the
+    container's conmon, if one is left: a podman killed between creating and
+    starting the container leaves conmon and a ``runc init`` behind it.
     """
     context = step_context(podman.config, environ)
     name = f"{context.container_name(os.getuid())}.{context.local_id}"
@@ -73,6 +75,7 @@ def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
             os.close(write_end)
             if os.read(read_end, 1) != b"d":
                 podman.remove_containers(name)
+                processes.kill_conmon(name)
             pidfile.unlink(missing_ok=True)
         finally:
             os._exit(0)

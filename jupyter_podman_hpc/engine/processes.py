@@ -1,6 +1,6 @@
 """What the engine needs to know about a process, through psutil: running, since when (owner
-tokens), its command line, what runs below it, the files it holds open; and waiting for the
-first of several to exit (pidfds).
+tokens), its command line, what runs below it, the files it holds open; waiting for the
+first of several to exit (pidfds); and a container's stray conmon.
 
 psutil is imported on first use (about 14 ms): a kernel's watchdog, a step
 monitor or a service supervisor pays for it only when it looks at a process.
@@ -9,6 +9,7 @@ monitor or a service supervisor pays for it only when it looks at a process.
 from __future__ import annotations
 
 import os
+import signal
 from typing import Iterable, Mapping, Sequence
 
 
@@ -125,6 +126,27 @@ def descendants(pid: int, table: Mapping[int, int] | None = None) -> list[int]:
         order.append(child)
         queue += sorted(children.get(child, []))
     return order
+
+
+def kill_conmon(container: str) -> list[int]:
+    """SIGKILL this user's conmon of container ``container`` (conmon's ``-n``) and what runs below it: a
+    ``runc init`` waiting for a start that never comes, which a podman killed between creating and starting
+    the container leaves behind even once ``podman rm`` has removed the record. The pids killed."""
+    import psutil
+    table = parents()
+    doomed: list[int] = []
+    for process in psutil.process_iter(["pid", "name", "cmdline", "uids"]):
+        info = process.info
+        args = info["cmdline"] or []
+        if info["name"] == "conmon" and info["uids"] and info["uids"].real == os.getuid() \
+                and "-n" in args and args[args.index("-n") + 1:args.index("-n") + 2] == [container]:
+            doomed += [info["pid"], *descendants(info["pid"], table)]
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return doomed
 
 
 def open_files_under(pids: Iterable[int], roots: Iterable[str]) -> list[str]:
