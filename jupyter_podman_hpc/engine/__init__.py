@@ -12,6 +12,7 @@
 - ``records``: the store's records checked as they are read (ids, links)
 - ``storefs``: files of a shared store reached through directory descriptors, no link followed
 - ``squashcheck``: each squash file's sha256, checked once per file identity on a node
+- ``space``: how much room a file system has left (what tells a full disk from another failed write)
 - ``migrate``: squashing ("migrating") a local image into the squashed store, and removing it
 - ``storeremove``: removing an image (or one of its names) from a squashed store: records first, then files
 - ``mount``: the mount program podman calls for squashed images

@@ -38,6 +38,7 @@ from .podman import Podman
 from .private import private_dir
 from .progress import Progress, ProgressCallback, ignore
 from .records import is_id
+from .space import free_bytes, looks_full
 from .squashcheck import VerifiedFiles, sha256_of, verified_dir
 from .graphroot import GraphRoot
 from .store import SquashStore, StoredImage
@@ -105,9 +106,6 @@ def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> Mi
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-# what mksquashfs and podman say when a write fails does not always say why: a file system with
-# less than this left once they gave up is full
-FULL_BELOW = 4 << 20
 
 
 def _store_full(root: Path, ref: str, written: int = 0, free: int | None = None) -> StorageFull:
@@ -118,15 +116,6 @@ def _store_full(root: Path, ref: str, written: int = 0, free: int | None = None)
     return StorageFull(f"the squashed store {root} is full (ENOSPC{room}): {ref} was not squashed{wrote}; "
                        f"nothing of it was kept and the store's other images are unchanged: free space there "
                        f"(or set squash_dir to another store), then squash it again")
-
-
-def free_bytes(path: Path | int) -> int | None:
-    """The bytes an unprivileged user may still write on ``path``'s file system (or an open file's)."""
-    try:
-        st = os.fstatvfs(path) if isinstance(path, int) else os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def _why(err: OSError) -> str:
@@ -142,9 +131,8 @@ def _squash_into(store: SquashStore, link: str, podman: Podman, ref: str, image_
             _make_squash(podman, image_id, graph, chain, partial, progress)
         except PodmanError as err:
             # mksquashfs only says "Failed to write to output filesystem": a full store is told as such
-            free = free_bytes(fd)
-            if free is not None and free < FULL_BELOW and "mksquashfs" in str(err):
-                raise _store_full(store.root, ref, os.fstat(fd).st_size, free) from None
+            if looks_full(fd) and "mksquashfs" in str(err):
+                raise _store_full(store.root, ref, os.fstat(fd).st_size, free_bytes(fd)) from None
             raise
         if os.pread(fd, 4, 0) != SQUASHFS_MAGIC:
             raise EngineError(f"mksquashfs did not write a squashfs image to {partial}")

@@ -40,10 +40,11 @@ from typing import Mapping
 from . import reference
 from .config import SiteConfig
 from .errors import EngineError, PodmanError, StorageFull
-from .migrate import FULL_BELOW, MigrateResult, free_bytes, migrate
+from .migrate import MigrateResult, migrate
 from .podman import Podman
 from .progress import Progress, ProgressCallback, ignore
 from .service import PrivateService
+from .space import free_bytes, looks_full
 from .servicestream import (CancelHook, Cancelled, CancelWatch, Stream, StreamBroken, cancel_requested,
                             cut_connection, error_text, response_error, stored_image_id)
 
@@ -152,9 +153,9 @@ def _lost_registry(ref: str, failure: str) -> str:
 def _storage_full(config: SiteConfig, ref: str, failure: str) -> str:
     """What happened, when the node-local storage filled during the pull ('' otherwise): podman
     names the layer it was applying, not the file system, and on a terminal says nothing we read."""
-    free = free_bytes(config.graph_root)
-    if "no space left on device" not in failure.lower() and (free is None or free >= FULL_BELOW):
+    if "no space left on device" not in failure.lower() and not looks_full(config.graph_root):
         return ""
+    free = free_bytes(config.graph_root)
     room = f", {free >> 20} MiB free" if free is not None else ""
     return (f"cannot pull {ref}: the node-local storage {config.graph_root} is full (ENOSPC{room}); "
             f"free space there (podman-hpc rmi, or graph_root on a larger file system), then pull again")

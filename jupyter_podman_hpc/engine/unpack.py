@@ -16,13 +16,12 @@ from . import commands
 from .locks import flocked
 from .private import own_dir
 from .readpath import ReadPathSettings, budget_key
+from .space import free_bytes, looks_full
 from .unpackcache import cache_entries, evict, in_use, read_meta, size_of, sweep, write_ref
 
 # An unpacked image takes about this many times its squash file (lz4 packs
 # a Debian root about 2x); a copy is only started with this much room.
 UNPACK_ESTIMATE = 3
-# An unpack that failed with less room than this left in the cache failed for want of room.
-FULL_BELOW = 2**20
 
 
 class NoRoom(Exception):
@@ -106,9 +105,9 @@ class UnpackedCopy:
         result = commands.run([unsquashfs, "-no-progress", "-quiet", "-dest", str(staging), source],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, pass_fds=fds)
         if result.returncode != 0:
-            free = shutil.disk_usage(self.cache).free
+            full, free = looks_full(self.cache), free_bytes(self.cache) or 0
             shutil.rmtree(staging, ignore_errors=True)
-            if free < FULL_BELOW:
+            if full:
                 raise NoRoom(f"the unpack cache {self.cache} is full (ENOSPC, {free >> 20} MiB free) "
                              f"while unpacking {self.squash.name}")
             raise NoRoom(f"unsquashfs of {self.squash.name} failed: "
