@@ -416,15 +416,20 @@ def shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def forward_signals(child: int) -> None:
-    """Pass the signals a task gets (``FORWARDED``: srun's, scancel's) on to ``child``."""
+def forward_signals(child: int) -> list[int]:
+    """Pass the signals a task gets (``FORWARDED``: srun's, scancel's) on to ``child``; the list of
+    those passed so far, which grows as they come."""
+    passed: list[int] = []
+
     def forward(signum, _frame):
+        passed.append(signum)
         try:
             os.kill(child, signum)
         except ProcessLookupError:
             pass  # it has exited; its wait status is on its way
     for signum in FORWARDED:
         _signal.signal(signum, forward)
+    return passed
 
 
 def default_signals() -> None:

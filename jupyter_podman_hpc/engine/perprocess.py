@@ -4,8 +4,9 @@ in a step), and nothing of it outlives the task."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from . import commands, processes
 from .podman import Podman, flag_name
@@ -43,8 +44,10 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
                                *options, image, *command], module_args)
     env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
     process = commands.popen(argv, env=env, pass_fds=passthrough.fds)
-    stepsocket.forward_signals(process.pid)
+    passed = stepsocket.forward_signals(process.pid)
     code = stepsocket.shell_code(process.wait())
+    if ours:
+        code = task_code(code, passed, lambda: _exists(podman, name))
     if reaper is not None:
         # "d": podman ended on its own and took the container along; anything else: remove it. A podman
         # killed while it started the container (a step cancelled at its start) leaves conmon to start it
@@ -54,6 +57,27 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
         if done:
             pidfile.unlink(missing_ok=True)  # else the reaper's, after the removal: never before it
     return code
+
+
+# what ends a task (srun's and scancel's); SIGUSR1 and SIGUSR2 are the program's own business
+_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def task_code(podman_code: int, passed: Sequence[int], container_left: Callable[[], bool]) -> int:
+    """The task's exit code from podman's. A podman signalled while it started the container (a step
+    cancelled at its start) can exit 0 with the container still there, or still to be started by
+    conmon: that is no clean end, and srun must not report the cancelled step as a success. So a 0
+    after an ending signal, with the container left (``container_left``, asked only then), is
+    128 + that signal. A program that handles the signal and exits 0 is ended by podman, which removes
+    its container (``--rm``), and keeps its 0."""
+    ending = [signum for signum in passed if signum in _ENDING]
+    if podman_code == 0 and ending and container_left():
+        return 128 + ending[-1]
+    return podman_code
+
+
+def _exists(podman: Podman, name: str) -> bool:
+    return podman("container", "exists", name, check=False).returncode == 0
 
 
 def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:

@@ -1,0 +1,34 @@
+"""A per-process task's exit code when podman ends after srun's or scancel's signal."""
+
+import signal
+
+from jupyter_podman_hpc.engine.perprocess import task_code
+
+
+def asked(answer: bool, calls: list):
+    def container_left() -> bool:
+        calls.append(1)
+        return answer
+    return container_left
+
+
+def test_a_zero_after_an_ending_signal_with_the_container_left_is_the_signal():
+    calls: list = []
+    assert task_code(0, [signal.SIGTERM], asked(True, calls)) == 128 + signal.SIGTERM
+    assert task_code(0, [signal.SIGINT, signal.SIGTERM], asked(True, calls)) == 128 + signal.SIGTERM
+    assert task_code(0, [signal.SIGUSR1, signal.SIGHUP], asked(True, calls)) == 128 + signal.SIGHUP
+
+
+def test_a_program_that_handles_the_signal_keeps_its_code():
+    calls: list = []
+    assert task_code(0, [signal.SIGTERM], asked(False, calls)) == 0  # podman removed its container: a clean end
+    assert task_code(3, [signal.SIGTERM], asked(True, calls)) == 3
+    assert task_code(143, [signal.SIGTERM], asked(True, calls)) == 143
+    assert len(calls) == 1  # podman is asked only about a 0 after an ending signal
+
+
+def test_without_an_ending_signal_podman_is_not_asked():
+    calls: list = []
+    assert task_code(0, [], asked(True, calls)) == 0
+    assert task_code(0, [signal.SIGUSR1, signal.SIGUSR2], asked(True, calls)) == 0
+    assert calls == []
