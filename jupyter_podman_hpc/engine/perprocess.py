@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -27,7 +28,9 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     it is done only if podman was not killed and the container's process
     (its pid file) is gone too. After its removal the reaper also kills the
     container's conmon, if one is left: a podman killed between creating and
-    starting the container leaves conmon and a ``runc init`` behind it.
+    starting the container leaves conmon and a ``runc init`` behind it. It
+    looks again a few times over the next 10 s: a podman killed just after
+    forking its conmon leaves a process that starts the container later.
     """
     context = step_context(podman.config, environ)
     name = f"{context.container_name(os.getuid())}.{context.local_id}"
@@ -50,14 +53,18 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
         code = task_code(code, passed, lambda: _exists(podman, name))
     if reaper is not None:
         # "d": podman ended on its own and took the container along; anything else: remove it. A podman
-        # killed while it started the container (a step cancelled at its start) leaves conmon to start it
-        # and write the pid file after podman is gone: no pid file yet is no proof then.
-        done = code < 128 and not _running(pidfile)
+        # killed or signalled while it started the container (a step cancelled at its start) leaves conmon
+        # to start it and write the pid file after podman is gone: no pid file yet is no proof then.
+        done = code < 128 and not ending(passed) and not _running(pidfile)
         os.write(reaper, b"d" if done else b"r")
         if done:
             pidfile.unlink(missing_ok=True)  # else the reaper's, after the removal: never before it
     return code
 
+
+# seconds between the reaper's looks for a container started after its removal: a podman killed just
+# after it forked its conmon leaves a process that becomes conmon, and starts the container, later
+LATE_START_CHECKS = (1, 3, 6)
 
 # what ends a task (srun's and scancel's); SIGUSR1 and SIGUSR2 are the program's own business
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -70,10 +77,14 @@ def task_code(podman_code: int, passed: Sequence[int], container_left: Callable[
     after an ending signal, with the container left (``container_left``, asked only then), is
     128 + that signal. A program that handles the signal and exits 0 is ended by podman, which removes
     its container (``--rm``), and keeps its 0."""
-    ending = [signum for signum in passed if signum in _ENDING]
-    if podman_code == 0 and ending and container_left():
-        return 128 + ending[-1]
+    if podman_code == 0 and ending(passed) and container_left():
+        return 128 + ending(passed)[-1]
     return podman_code
+
+
+def ending(passed: Sequence[int]) -> list[int]:
+    """The signals among ``passed`` that end a task."""
+    return [signum for signum in passed if signum in _ENDING]
 
 
 def _exists(podman: Podman, name: str) -> bool:
@@ -98,14 +109,24 @@ def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
                 os.dup2(devnull, fd)
             os.close(write_end)
             if os.read(read_end, 1) != b"d":
-                podman.remove_containers(name)
-                processes.kill_conmon(name)
+                _remove(podman, name, pidfile)
+                for pause in LATE_START_CHECKS:
+                    time.sleep(pause)
+                    if pidfile.exists() or processes.kill_conmon(name):
+                        _remove(podman, name, pidfile)
             pidfile.unlink(missing_ok=True)
         finally:
             os._exit(0)
     os.close(read_end)
     os.waitpid(child, 0)
     return write_end
+
+
+def _remove(podman: Podman, name: str, pidfile: Path) -> None:
+    """The container, its stray conmon (and ``runc init``), then its pid file: in that order."""
+    podman.remove_containers(name)
+    processes.kill_conmon(name)
+    pidfile.unlink(missing_ok=True)
 
 
 def _running(pidfile: Path) -> bool:

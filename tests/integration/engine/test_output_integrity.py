@@ -20,6 +20,12 @@ task's Python ignores, so the 1 MB steps' ``yes | head -c`` never ended (now res
 its other ranks' output whole. No lost byte was seen, so no workaround (``--log-driver
 passthrough``, reading the log before removal) is in place; a failure now lists every problem
 and what the step printed besides its ranks' own writes.
+
+Also found with it, in per-process steps cancelled at their start (each fixed in
+``engine/perprocess.py``): a pid file left by a container that conmon started after podman was
+killed; podman exiting 0 after scancel's SIGTERM, so that srun reported the cancelled step as a
+success (step 159, twice, once in a fresh-clone run); and pid files (step 9, step 159) left by a
+container started after the reaper's removal, by a podman killed just after it forked its conmon.
 """
 
 import concurrent.futures
@@ -101,10 +107,10 @@ def left_on_nodes(hpc) -> tuple[dict, list]:
     while True:
         remaining = {**hpc.leftovers(within=0),
                      **{n: t for n, t in hpc.on_each_node("sh", "-c", script).items() if t.strip()}}
-        if not remaining or time.monotonic() > deadline:
+        left = (remaining, monitors_of(root))  # a reaper looks for late starts for 10 s after its removal
+        if left == ({}, []) or time.monotonic() > deadline:
             break
         time.sleep(2)
-    left = (remaining, monitors_of(root))
     if left != ({}, []):  # what the monitors said and are doing, while it is there
         for node, text in hpc.on_each_node("sh", "-c", f"tail -n 30 {root}/{MONITOR_LOG}; "
                                            f"ls -la {root}/shared-run/*; true").items():
