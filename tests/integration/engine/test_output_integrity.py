@@ -17,9 +17,13 @@ task's Python ignores, so the 1 MB steps' ``yes | head -c`` never ended (now res
 ``stepsocket.default_signals``). Since then, 4 runs of 300 steps (100 of them per-process
 ``podman run --rm``, podman's default log driver): 3 passed, every byte in place; one reported
 9 problems of which only the first was shown, a ``--no-join`` 4x1 step whose srun exited 1 with
-its other ranks' output whole. No lost byte was seen, so no workaround (``--log-driver
-passthrough``, reading the log before removal) is in place; a failure now lists every problem
-and what the step printed besides its ranks' own writes.
+its other ranks' output whole. A failure lists every problem and what the step printed besides
+its ranks' own writes. On 2026-12-03 the lost output was seen again, in a fresh-clone run's
+``test_launcher.py`` (rank 1 of ``srun -n8 podman-hpc run --rm``: nothing on either stream,
+srun exit 0), and reproduced at load 7-10: 2 of 72 such steps lost a whole rank with podman's
+default log driver (conmon copies the output to the attached podman), none of 120 with
+``--log-driver passthrough`` (the task's own streams handed to the container). Per-process
+tasks now run with passthrough (``perprocess.log_driver_args``).
 
 Also found with it, in per-process steps cancelled at their start (each fixed in
 ``engine/perprocess.py``): a pid file left by a container that conmon started after podman was

@@ -1,8 +1,8 @@
-"""A per-process task's exit code when podman ends after srun's or scancel's signal."""
+"""A per-process task's exit code when podman ends after srun's or scancel's signal, and its log driver."""
 
 import signal
 
-from jupyter_podman_hpc.engine.perprocess import task_code
+from jupyter_podman_hpc.engine.perprocess import log_driver_args, task_code
 
 
 def asked(answer: bool, calls: list):
@@ -32,3 +32,11 @@ def test_without_an_ending_signal_podman_is_not_asked():
     assert task_code(0, [], asked(True, calls)) == 0
     assert task_code(0, [signal.SIGUSR1, signal.SIGUSR2], asked(True, calls)) == 0
     assert calls == []
+
+
+def test_the_output_passes_through_unless_a_log_driver_a_terminal_or_detach_is_asked():
+    assert log_driver_args([]) == ["--log-driver", "passthrough"]
+    assert log_driver_args(["--env", "A=1", "-e", "B", "--rm", "-v", "/a:/a"]) == ["--log-driver", "passthrough"]
+    for options in (["--log-driver", "k8s-file"], ["--log-driver=none"], ["-t"], ["-it"], ["--tty"],
+                    ["--tty=true"], ["-d"], ["--detach"], ["--rm", "-dt"]):
+        assert log_driver_args(options) == [], options
