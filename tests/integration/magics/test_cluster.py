@@ -132,7 +132,9 @@ def test_a_kernel_killed_with_sigkill_leaves_nothing(squashed_base, stack, tmp_p
         assert queued(squashed_base, job_id)
         os.kill(session.km.provisioner.process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while (queued(squashed_base, job_id) or owner_alive(record(directory)["controller"])) \
+        # the watchdog writes the record's state last, once the job and the controller are gone
+        while (queued(squashed_base, job_id) or any(owner_alive(record(directory)[part])
+                                                   for part in ("controller", "watchdog"))) \
                 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert_nothing_left(squashed_base, directory, listened)
