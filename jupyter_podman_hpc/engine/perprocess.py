@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from . import commands, processes
-from .podman import Podman, flag_name
+from .podman import Podman, flag_name, group_options, split_short_flags
 from .stepcontext import pmi_fd_passthrough, step_context, step_env_args
 from .. import stepsocket
 
@@ -43,8 +43,9 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
         named = ["--name", name, "--pidfile", str(pidfile)]
         reaper = _start_reaper(podman, name, pidfile)
     passthrough = pmi_fd_passthrough(environ)
+    log_driver = log_driver_args(options, podman.options("run"))
     argv = podman.run_command([*passthrough.run_args, *step_env_args(podman.config, environ), *named,
-                               *log_driver_args(options), *options, image, *command], module_args)
+                               *log_driver, *options, image, *command], module_args)
     env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
     process = commands.popen(argv, env=env, pass_fds=passthrough.fds)
     passed = stepsocket.forward_signals(process.pid)
@@ -62,7 +63,7 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     return code
 
 
-def log_driver_args(options: Sequence[str]) -> list[str]:
+def log_driver_args(options: Sequence[str], run_table: Mapping[str, bool]) -> list[str]:
     """``--log-driver passthrough``, unless the user chose a log driver, a terminal or a detached run.
 
     With podman's default driver conmon copies the container's output to the attached podman,
@@ -72,12 +73,9 @@ def log_driver_args(options: Sequence[str]) -> list[str]:
     hands the task's own stdin, stdout and stderr to the container: nothing is copied, so
     nothing can be lost.
     """
-    for option in options:
-        name = flag_name([option])
-        if name in ("--log-driver", "--tty", "--detach"):
-            return []
-        if not name.startswith("--") and name.startswith("-") and ("t" in name or "d" in name):
-            return []  # -t, -d, -it, -dt: podman refuses passthrough on a terminal
+    for group in split_short_flags(group_options(options, run_table), run_table):
+        if flag_name(group) in ("--log-driver", "-t", "--tty", "-d", "--detach"):
+            return []  # podman refuses passthrough on a terminal
     return ["--log-driver", "passthrough"]
 
 

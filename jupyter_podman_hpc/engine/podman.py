@@ -266,6 +266,23 @@ def group_options(args: Sequence[str], options: Mapping[str, bool]) -> list[list
     return groups
 
 
+def split_short_flags(groups: list[list[str]], table: Mapping[str, bool]) -> list[list[str]]:
+    """Grouped short flags as podman reads them: ``-it`` -> ``-i``, ``-t``; ``-eA=1`` -> ``-e A=1``."""
+    split: list[list[str]] = []
+    for group in groups:
+        word = group[0]
+        if len(group) > 1 or word.startswith("--") or len(word) <= 2 or not word.startswith("-"):
+            split.append(group)
+            continue
+        letters = word[1:]
+        for i, letter in enumerate(letters):
+            if table.get(f"-{letter}") and i + 1 < len(letters):
+                split.append([f"-{letter}", letters[i + 1:]])
+                break
+            split.append([f"-{letter}"])
+    return split
+
+
 def flag_name(group: Sequence[str]) -> str:
     """The option name of one grouped option (``--env=A=1`` and ``["--env", "A=1"]``: ``--env``)."""
     return group[0].split("=", 1)[0]

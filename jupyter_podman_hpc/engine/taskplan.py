@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .errors import EngineError
-from .podman import Podman, flag_name, group_options
+from .podman import Podman, flag_name, group_options, split_short_flags
 from .. import stepsocket
 
 
@@ -106,7 +106,7 @@ def split_options(podman: Podman, options: Sequence[str]) -> tuple[list[str], li
     run_options: list[str] = []
     exec_options: list[str] = []
     entrypoint = None
-    for group in _split_short_flags(group_options(options, run_table), run_table):
+    for group in split_short_flags(group_options(options, run_table), run_table):
         name = flag_name(group)
         if name in ("--rm", "-d", "--detach", "--name"):
             continue  # the launcher decides these
@@ -118,23 +118,6 @@ def split_options(podman: Podman, options: Sequence[str]) -> tuple[list[str], li
         if name not in ("-i", "--interactive", "-t", "--tty"):
             run_options += group
     return run_options, exec_options, entrypoint
-
-
-def _split_short_flags(groups: list[list[str]], table: Mapping[str, bool]) -> list[list[str]]:
-    """Grouped short flags as podman reads them: ``-it`` -> ``-i``, ``-t``; ``-eA=1`` -> ``-e A=1``."""
-    split: list[list[str]] = []
-    for group in groups:
-        word = group[0]
-        if len(group) > 1 or word.startswith("--") or len(word) <= 2 or not word.startswith("-"):
-            split.append(group)
-            continue
-        letters = word[1:]
-        for i, letter in enumerate(letters):
-            if table.get(f"-{letter}") and i + 1 < len(letters):
-                split.append([f"-{letter}", letters[i + 1:]])
-                break
-            split.append([f"-{letter}"])
-    return split
 
 
 def parse_entrypoint(value: str) -> list[str]:

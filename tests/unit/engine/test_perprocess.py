@@ -35,8 +35,12 @@ def test_without_an_ending_signal_podman_is_not_asked():
 
 
 def test_the_output_passes_through_unless_a_log_driver_a_terminal_or_detach_is_asked():
-    assert log_driver_args([]) == ["--log-driver", "passthrough"]
-    assert log_driver_args(["--env", "A=1", "-e", "B", "--rm", "-v", "/a:/a"]) == ["--log-driver", "passthrough"]
+    table = {"-d": False, "-e": True, "-i": False, "-t": False, "-v": True, "--detach": False, "--env": True,
+             "--log-driver": True, "--rm": False, "--tty": False, "--volume": True}
+    passthrough = ["--log-driver", "passthrough"]
+    assert log_driver_args([], table) == passthrough
+    assert log_driver_args(["--env", "A=1", "-e", "B", "--rm", "-v", "/a:/a"], table) == passthrough
+    assert log_driver_args(["-edata=1", "-e", "-t", "-v", "/d:/d"], table) == passthrough  # values, not flags
     for options in (["--log-driver", "k8s-file"], ["--log-driver=none"], ["-t"], ["-it"], ["--tty"],
                     ["--tty=true"], ["-d"], ["--detach"], ["--rm", "-dt"]):
-        assert log_driver_args(options) == [], options
+        assert log_driver_args(options, table) == [], options

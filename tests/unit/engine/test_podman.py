@@ -1,7 +1,7 @@
 """The podman command builder and option parsing (no podman needed)."""
 
 from jupyter_podman_hpc.engine.config import load_config
-from jupyter_podman_hpc.engine.podman import Podman, group_options, parse_options, split_at_image
+from jupyter_podman_hpc.engine.podman import Podman, group_options, parse_options, split_at_image, split_short_flags
 
 HELP = """\
 Options:
@@ -36,6 +36,12 @@ def test_split_at_image_finds_the_image_after_options():
 def test_group_options_pairs_flags_with_values():
     assert group_options(["-e", "A=1", "--rm", "-w/x", "--env=B"], parse_options(HELP)) == \
         [["-e", "A=1"], ["--rm"], ["-w/x"], ["--env=B"]]
+
+
+def test_grouped_short_flags_are_split_as_podman_reads_them():
+    table = {"-i": False, "-t": False, "-e": True, "-w": True}
+    assert split_short_flags([["-it"], ["-eA=1"], ["-e", "B=2"], ["--tty"]], table) == [
+        ["-i"], ["-t"], ["-e", "A=1"], ["-e", "B=2"], ["--tty"]]
 
 
 def test_commands_carry_the_hpc_storage_settings(tmp_path):

@@ -26,10 +26,3 @@ def test_task_command_is_what_podman_run_would_run():
         assert "no command" in str(err)
     else:
         raise AssertionError("an image without a command must be refused")
-
-
-def test_grouped_short_flags_are_split_as_podman_reads_them():
-    from jupyter_podman_hpc.engine.taskplan import _split_short_flags
-    table = {"-i": False, "-t": False, "-e": True, "-w": True}
-    assert _split_short_flags([["-it"], ["-eA=1"], ["-e", "B=2"], ["--tty"]], table) == [
-        ["-i"], ["-t"], ["-e", "A=1"], ["-e", "B=2"], ["--tty"]]
