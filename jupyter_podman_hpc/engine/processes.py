@@ -25,13 +25,24 @@ def running(pid: int) -> bool:
 
 
 def start_time(pid: int) -> str | None:
-    """When a running process started: tells it from a later one given the same pid (None if none)."""
+    """When a running process started, in clock ticks since boot: tells it from a later one given the
+    same pid (None if none, or a zombie). Not psutil's create_time: that adds the boot time, which
+    the kernel derives from the wall clock, and on this host it moved by 28 s within two hours, so
+    a live owner read as gone (a cluster's watchdog then left its controller running)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    state, ticks = fields[0], fields[19]  # fields 3 and 22 of proc(5), counted after the command name
+    return None if state in (b"Z", b"X", b"x") else ticks.decode()
+
+
+def _wall_clock_start(pid: int) -> str | None:
+    """The start time of earlier versions' owner tokens (psutil's create_time, with two decimals)."""
     import psutil
     try:
-        process = psutil.Process(pid)
-        if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-            return None
-        return f"{process.create_time():.2f}"
+        return f"{psutil.Process(pid).create_time():.2f}"
     except psutil.Error:
         return None
 
@@ -50,6 +61,8 @@ def owner_alive(token: str) -> bool:
     except ValueError:
         return False
     current = start_time(number)
+    if current is not None and "." in start:  # a token an earlier version wrote (a running kernel's label)
+        current = _wall_clock_start(number)
     return current is not None and (not start or current == start)
 
 

@@ -76,3 +76,13 @@ def test_ancestor_pidfd_finds_the_nearest_ancestor_by_name(tmp_path):
     parent, found, missing = out
     assert found == parent  # the shell called slurmstepd, through its pidfd
     assert missing == "None"
+
+
+def test_an_owner_token_counts_clock_ticks_since_boot_and_reads_an_earlier_versions_token():
+    token = processes.owner_token()
+    pid, _, start = token.partition(":")
+    assert int(pid) == os.getpid() and start.isdigit() and processes.owner_alive(token)
+    assert not processes.owner_alive(f"{pid}:{int(start) + 1}")  # a later process given the same pid
+    import psutil
+    earlier = f"{pid}:{psutil.Process().create_time():.2f}"  # what tokens held before
+    assert processes.owner_alive(earlier) and not processes.owner_alive(f"{pid}:1.00")
