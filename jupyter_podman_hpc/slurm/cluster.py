@@ -9,8 +9,10 @@ its connection files in the job directory (``ipython/security``), which
 every rank sees as its working directory. ``start`` returns once every
 engine has registered, reporting ``Progress("cluster", current=k, total=n)``
 on the way; bad input (from the spec), a missing image, engines that die
-(an image without ipyparallel) or a timeout stop whatever was started and
-raise ``ClusterError`` with one line.
+(an image without ipyparallel), a controller that fails (a scheduler that
+could not listen: its log holds a traceback) or a timeout stop whatever was
+started and raise ``ClusterError`` with one line. The controller listens on
+a block of ports below the kernel's ephemeral range (``controller_ports``).
 
 Nothing outlives its owner. The controller is started by a **watchdog**
 (``watchdog.py``) in a session of its own, which waits on pidfds for the
@@ -33,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import secrets
 import signal
 import socket
@@ -58,6 +61,8 @@ if TYPE_CHECKING:
 HEARTBEAT_MISSES = 10               # x 3 s heartbeat period: engines leave 30 s after the controller
 DEFAULT_TIME = "60"                 # minutes, when the caller gives no time limit
 CONTROLLER_START = 30.0             # seconds for the controller to write its connection files
+CONTROLLER_PORTS = 32               # ipyparallel 9 listens on 18 (2 broadcast leaves); the rest is headroom
+PORTS_FLOOR = 10000                 # the controller's ports are chosen above this, below the ephemeral range
 
 
 class ClusterNotFound(ClusterError, NotFound):
@@ -93,11 +98,39 @@ def cluster_spec(cluster_id: str, image: str, **fields) -> JobSpec:
         raise ClusterError(f"not a job specification field: {err}")
 
 
-def controller_argv(directory: Path, cluster_id: str, ip: str) -> list[str]:
+def controller_argv(directory: Path, cluster_id: str, ip: str, ports: range) -> list[str]:
     """The command line of a cluster's ipyparallel controller: its profile in the job directory, the cluster
-    id, the address the engines reach it at."""
+    id, the address the engines reach it at, the ports it listens on."""
     return [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={directory / PROFILE}",
-            f"--cluster-id={cluster_id}", f"--ip={ip}", "--log-level=WARN"]
+            f"--cluster-id={cluster_id}", f"--ip={ip}", f"--IPController.ports={ports[0]}-{ports[-1]}",
+            "--log-level=WARN"]
+
+
+def controller_ports(count: int = CONTROLLER_PORTS) -> range:
+    """A block of ``count`` free ports below the kernel's ephemeral range, for the controller.
+
+    ipyparallel's own choice is a port the kernel just gave it for ``bind(0)``, closed again until
+    a scheduler process binds it; in between, any outgoing connection (an engine registering) may get
+    it as its source port, and that scheduler dies with "Address already in use". Ports below the
+    ephemeral range are never handed out that way.
+    """
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low, high = (PORTS_FLOOR, first_ephemeral) if first_ephemeral - PORTS_FLOOR > 16 * count else (1024, 65536)
+    for _ in range(64):
+        start = random.randrange(low, high - count)
+        block = range(start, start + count)
+        if all(_free(port) for port in block):
+            return block
+    raise ClusterError(f"no {count} free ports for the IPython Parallel controller between {low} and {high}")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 # --- the cluster --------------------------------------------------------------------
@@ -169,13 +202,14 @@ class Cluster:
 
     def _start_controller(self, ip: str, client: SlurmClient) -> None:
         self._watchdog = watchdog.start(self.record.owner, self.directory,
-                                        controller_argv(self.directory, self.id, ip), client.env or os.environ)
+                                        controller_argv(self.directory, self.id, ip, controller_ports()),
+                                        client.env or os.environ)
         self.record.watchdog = owner_token(self._watchdog.pid)
         deadline = time.monotonic() + CONTROLLER_START
         files = self.connection_files
         while not all(path.exists() for path in files.values()):
             if self._watchdog.poll() is not None or time.monotonic() > deadline:
-                log = _tail(self.directory / CONTROLLER_LOG)
+                log = _raised(self.directory / CONTROLLER_LOG) or _tail(self.directory / CONTROLLER_LOG)
                 raise ClusterError(f"the IPython Parallel controller did not start{': ' + log if log else ''}")
             time.sleep(0.05)
 
@@ -200,6 +234,9 @@ class Cluster:
                 if status.finished and registered < total:
                     raise ClusterError(self._engines_failed(status.describe()))
                 state = status.state
+                raised = _raised(self.directory / CONTROLLER_LOG)
+                if raised:      # a scheduler process died; the controller serves on, without it
+                    raise ClusterError(f"the IPython Parallel controller failed ({raised}); the cluster was stopped")
             if (registered, state) != seen:      # a new engine, or the job's state changed
                 seen = (registered, state)
                 progress(Progress("cluster", f"{registered}/{total} engines registered (job {self.job_id} "
@@ -314,6 +351,21 @@ def _noise(line: str) -> bool:
 def _signal(token: str, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
         os.kill(int(token.partition(":")[0]), sig)
+
+
+def _raised(log: Path) -> str:
+    """The exception of the first traceback in a log ("ZMQError: Address already in use ..."), or ""."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    in_traceback = False
+    for line in lines:
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+        elif in_traceback and line.strip() and not line[0].isspace():
+            return line.strip()
+    return ""
 
 
 def _tail(path: Path, lines: int = 1) -> str:

@@ -1,8 +1,14 @@
-"""The engines' job of an interactive cluster: a JobSpec like any submission's."""
+"""An interactive cluster's parts: the engines' job (a JobSpec like any submission's), the controller's ports,
+what its log says when it failed."""
+
+import socket
+from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.slurm.cluster import DEFAULT_TIME, ClusterError, cluster_spec, engine_argv
+from jupyter_podman_hpc.slurm import cluster
+from jupyter_podman_hpc.slurm.cluster import (CONTROLLER_PORTS, DEFAULT_TIME, PORTS_FLOOR, ClusterError, cluster_spec,
+                                              controller_argv, controller_ports, engine_argv)
 from jupyter_podman_hpc.slurm.spec import JobSpecError
 
 
@@ -50,3 +56,37 @@ def test_a_record_update_keeps_what_the_watchdog_wrote(tmp_path):
     again = ClusterRecord.read(tmp_path)
     assert (again.state, again.watchdog, again.controller, again.engines) == ("running", "11:21", "12:22", 8)
     assert [p.name for p in tmp_path.iterdir()] == ["cluster.json"]
+
+
+def test_the_controllers_ports_are_a_free_block_below_the_ephemeral_range(monkeypatch):
+    first_ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    block = controller_ports()
+    assert len(block) == CONTROLLER_PORTS and block[0] >= PORTS_FLOOR and block[-1] < first_ephemeral
+    argv = controller_argv(Path("/jobs/1"), "ab12", "127.0.0.1", block)
+    assert f"--IPController.ports={block[0]}-{block[-1]}" in argv
+
+
+def test_a_block_with_a_port_in_use_is_passed_over(monkeypatch):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        starts = iter([busy - 3, busy + 1])
+        monkeypatch.setattr(cluster.random, "randrange", lambda *_: next(starts))
+        block = controller_ports(count=4)
+    assert block == range(busy + 1, busy + 5)
+
+
+def test_the_exception_of_a_controllers_traceback_is_its_one_line(tmp_path):
+    log = tmp_path / "controller.log"
+    log.write_text("2026-12-03 07:00:00.000 [IPController] WARNING | a note\n"
+                   "Process Process-3:\n"
+                   "Traceback (most recent call last):\n"
+                   '  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap\n'
+                   "    self.run()\n"
+                   "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:20011')\n"
+                   "a later line\n")
+    assert cluster._raised(log) == "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:20011')"
+    log.write_text("2026-12-03 07:00:00.000 [IPController] WARNING | no traceback here\n")
+    assert cluster._raised(log) == ""
+    assert cluster._raised(tmp_path / "absent.log") == ""
