@@ -15,7 +15,7 @@ from typing import Sequence, TextIO
 from .version import __version__
 from .engine import commands
 from .engine.errors import EngineError, InvalidInput
-from .engine.runplan import JOIN_FLAGS, Site, wants_join
+from .engine.runplan import SHARED_RUN_FLAGS, Site, wants_join, wants_reuse
 from .engine.progress import Progress
 from .engine.text import image_rows, text_table
 
@@ -201,7 +201,7 @@ class Cli:
         """``podman-hpc run`` and ``shared-run``: one container per node shared by a step's tasks
         (shared-run, or a module that asks for it), one per task inside a Slurm step, else become
         ``podman run``; the exit code of what ran."""
-        plan = self.site.plan(args, front_flags=JOIN_FLAGS)
+        plan = self.site.plan(args, front_flags=SHARED_RUN_FLAGS)
         if plan.image is None:
             raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
         from .engine.launcher import shared_run
@@ -209,7 +209,8 @@ class Cli:
         from .engine.stepcontext import in_slurm_step, pmi_fd_passthrough
         if shared or plan.shared:
             return shared_run(self.podman, plan.options, plan.module_args, plan.image, plan.command, self.environ,
-                              join=wants_join(plan.flags, self.config.shared_run_exec_mode))
+                              join=wants_join(plan.flags, self.config.shared_run_exec_mode),
+                              reuse=wants_reuse(plan.flags, self.config.shared_run_reuse))
         if in_slurm_step(self.environ):
             return per_process_run(self.podman, plan.options, plan.module_args, plan.image, plan.command,
                                    self.environ)
@@ -230,6 +231,9 @@ class Cli:
             if subcommand == "shared-run":
                 print(f"  {'--join':<22} enter the container by joining its namespaces (the default)")
                 print(f"  {'--no-join':<22} enter it with podman exec (shared_run_exec_mode: podman)")
+                print(f"  {'--reuse':<22} the job's later steps with the same image and options use this "
+                      f"container (shared_run_reuse: true)")
+                print(f"  {'--no-reuse':<22} a container for this step alone (the default)")
             for module in self.modules:
                 if module.cli_arg and not module.hidden:
                     print(f"  {module.flag:<22} {module.help}")

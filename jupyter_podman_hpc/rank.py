@@ -20,7 +20,7 @@ import os
 import sys
 
 from .stepsocket import Refused, address_of, container_name, environ_step_key, keep_listener, receive, \
-    rendezvous, run_plan, send
+    rendezvous, reused_by_step, run_plan, send
 
 CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"  # engine.config's DEFAULT_CONFIG_FILE
 # what the monitor may change in the environment podman exec runs with (SiteConfig.podman_env)
@@ -37,8 +37,9 @@ REFUSED = 125  # podman's code for errors of the tool itself
 
 def checked_plan(plan, key: str, environ) -> dict:
     """The monitor's plan if it has the shape the monitor gives (see ``engine.taskplan.task_plan``),
-    else Refused: the command runs in this step's container, podman is podman, and podman's
-    environment is this task's with only podman's own variables changed."""
+    else Refused: the command runs in this step's container (or the one its job's steps share on the
+    node), podman is podman, and podman's environment is this task's with only podman's own variables
+    changed."""
     def strings(value) -> bool:
         return type(value) is list and all(type(word) is str for word in value)
 
@@ -53,6 +54,8 @@ def checked_plan(plan, key: str, environ) -> dict:
             (plan["workdir"] is None or type(plan["workdir"]) is str)):
         raise Refused("the step monitor's plan is malformed: nothing was run")
     tail = [container_name(os.getuid(), key), *command]
+    if strings(argv) and len(argv) > len(tail) and reused_by_step(argv[-len(tail)], os.getuid(), environ):
+        tail[0] = argv[-len(tail)]   # the container the job's steps share on the node (shared-run --reuse)
     if not (strings(argv) and len(argv) > len(tail) + 1 and argv[-len(tail):] == tail
             and "exec" in argv[1:-len(tail)]):
         raise Refused(f"the step monitor's plan does not podman exec in this step's container: "

@@ -41,6 +41,7 @@ import sys
 # what a task passes on to its command: SIGHUP SIGINT SIGUSR1 SIGUSR2 SIGTERM
 FORWARDED = (_signal.SIGHUP, _signal.SIGINT, _signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGTERM)
 KEY_SIZE = 32
+DIGEST_SIZE = 12  # hex digits of a reused container's digest of its image and options
 SO_PEERPIDFD = 77  # Linux >= 6.5: a pidfd of the peer's process (its pid cannot be reused under us)
 CONNECT_TIMEOUT = 30  # s a connect waits for room in the monitor's backlog (4096): only a squatter fills it
 BACKLOG = 4096
@@ -74,6 +75,20 @@ def step_key(job: str, step: str, node: str) -> str:
     """A step on a node, the one definition: its rendezvous, container and step directory
     derive from it (``stepcontext.StepContext.key``)."""
     return f"{job}.{step}.{node}"
+
+
+def reuse_key(job: str, node: str, digest: str) -> str:
+    """A job's node container that its steps share (``shared-run --reuse``, ``engine.jobcontainer``):
+    ``digest`` stands for the container's image and options."""
+    return step_key(job, f"reuse-{digest}", node)
+
+
+def reused_by_step(name: str, uid: int, environ) -> bool:
+    """Whether ``name`` is a container this task's job shares on this node (``reuse_key``)."""
+    ids = step_ids(environ)
+    digest = name.rpartition(".reuse-")[2][:DIGEST_SIZE]
+    return (ids is not None and len(digest) == DIGEST_SIZE and all(c in "0123456789abcdef" for c in digest)
+            and name == container_name(uid, reuse_key(ids[0], ids[2], digest)))
 
 
 def node_name(environ) -> str:

@@ -31,6 +31,7 @@
 - ``stepcontext``: where a task sits in its Slurm step (node, rank, step key, PMI passthrough)
 - ``taskplan``: what a task runs in the container (entrypoint, CMD, environment, options)
 - ``stepmonitor``: the node's step monitor: serves the other tasks their plan, removes the container
+- ``jobcontainer``: a job's node container its steps share (``--reuse``): its locks, adopt or start, linger and removal
 - ``perprocess``: per-process mode (one ``podman run`` per task)
 - ``join``: running a task inside the node's container by joining its namespaces
 - ``service``: the per-user Podman REST service and clients of it

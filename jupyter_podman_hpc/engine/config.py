@@ -56,6 +56,8 @@ class SiteConfig:
         "-e", "SLURM_*", "-e", "SLURMD_*", "-e", "PALS_*", "-e", "PMI_*", "-e", "PMIX_*", "-e", "OMPI_*"])
     shared_run_command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
     shared_run_exec_mode: str = "join"  # ours: "podman" enters the container with podman exec
+    shared_run_reuse: bool = False      # ours: a job's steps share its node container (engine/jobcontainer.py)
+    shared_run_reuse_linger: float = 30.0  # seconds that container waits for the job's next step
     graph_root: str = "/tmp/{{ uid }}_hpc/storage"
     run_root: str = "/tmp/{{ uid }}_hpc"
     additional_stores: list[str] = field(default_factory=list)
@@ -150,8 +152,8 @@ class SiteConfig:
 
 
 _LIST_KEYS = {f.name for f in fields(SiteConfig) if f.type in ("list[str]",)}
-_FLOAT_KEYS = {"wait_timeout", "wait_poll_interval", "squash_unpack_idle_minutes"}
-_BOOL_KEYS = {"use_default_args"}
+_FLOAT_KEYS = {"wait_timeout", "wait_poll_interval", "squash_unpack_idle_minutes", "shared_run_reuse_linger"}
+_BOOL_KEYS = {"use_default_args", "shared_run_reuse"}
 _PLACEHOLDER = re.compile(r"{{\s*([^}]*?)\s*}}")
 
 

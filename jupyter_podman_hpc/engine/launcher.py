@@ -22,7 +22,7 @@ import socket
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from . import commands, processes
+from . import commands, jobcontainer, processes
 from .errors import EngineError, PermissionDenied
 from .podman import Podman
 from .stepcontext import StepContext, step_context
@@ -35,28 +35,37 @@ from .. import stepsocket
 
 
 def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str], image: str,
-               command: Sequence[str], environ: Mapping[str, str], join: bool) -> int:
+               command: Sequence[str], environ: Mapping[str, str], join: bool, reuse: bool = False) -> int:
     """Run ``command`` as this task inside the node's shared container; returns its exit code.
 
     ``join`` enters the container by joining its namespaces (falling back to
-    ``podman exec`` where only podman can do what the options ask).
+    ``podman exec`` where only podman can do what the options ask). ``reuse``
+    (in a Slurm job) runs it in the container the job's steps with this image and
+    options share on the node (``jobcontainer``), started by the first of them.
     """
     config = podman.config
     context = step_context(config, environ)
-    directory = Path(config.run_root) / "shared-run" / context.key  # the monitor's: made and removed by it
-    name = context.container_name(os.getuid())
+    runs = Path(config.run_root) / "shared-run"
+    directory = runs / context.key  # the monitor's: made and removed by it
     run_options, exec_options, entrypoint = split_options(podman, options)
     # The node container only keeps the namespaces alive: the image's
     # ENTRYPOINT is for the tasks, which run what `podman run IMAGE ARGS` would.
     keep_alive = ["--entrypoint", json.dumps(config.shared_run_command)]
+    head, tail = [*run_options, "-d", "--replace"], [*keep_alive, image]   # around its name and pid file
+    job_container = None
+    if reuse and stepsocket.step_ids(environ) is not None:
+        key = jobcontainer.reuse_key(context.job_id, context.node, [*head, *tail, *module_args])
+        job_container, name = runs / key, stepsocket.container_name(os.getuid(), key)
+    else:
+        name = context.container_name(os.getuid())
+    pidfile = (job_container or directory) / jobcontainer.PIDFILE
     known = None if entrypoint is not None else \
         stored_command([config.graph_root, *configured_stores(config)], image)
     start = ContainerStart(
-        podman.run_command([*run_options, "-d", "--replace", "--name", name, "--pidfile",
-                            str(directory / "container.pid"), *keep_alive, image], module_args),
+        podman.run_command([*head, "--name", name, "--pidfile", str(pidfile), *tail], module_args),
         None if entrypoint is not None or known is not None else
         podman.command(("image", "inspect"), "--format", IMAGE_COMMAND, image),
-        config.shared_run_command, known)
+        config.shared_run_command, pidfile, known, job_container, config.shared_run_reuse_linger)
     connection, container, pidfd = _join_step(podman, directory, name, start, context)
     try:
         plan = task_plan(podman, name, task_command(entrypoint, container, command), exec_options, environ,

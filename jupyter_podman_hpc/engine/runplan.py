@@ -106,8 +106,11 @@ def refuse_damaged_squash(config: SiteConfig, ref: str) -> None:
         raise SquashDamaged(image.squash_file, why)
 
 
-# shared-run's own flags: how the task enters the node's container (they beat shared_run_exec_mode)
+# shared-run's own flags: how the task enters the node's container (they beat shared_run_exec_mode),
+# and whether the job's later steps use the node's container again (they beat shared_run_reuse)
 JOIN_FLAGS = ("--join", "--no-join")
+REUSE_FLAGS = ("--reuse", "--no-reuse")
+SHARED_RUN_FLAGS = JOIN_FLAGS + REUSE_FLAGS
 
 
 def wants_join(flags: Sequence[str], mode: str) -> bool:
@@ -116,8 +119,15 @@ def wants_join(flags: Sequence[str], mode: str) -> bool:
     return given[-1] == "--join" if given else mode == "join"
 
 
+def wants_reuse(flags: Sequence[str], setting: bool) -> bool:
+    """Whether the step leases its job's container (the last of ``--reuse``/``--no-reuse`` given, else
+    the ``shared_run_reuse`` setting)."""
+    given = [flag for flag in flags if flag in REUSE_FLAGS]
+    return given[-1] == "--reuse" if given else setting
+
+
 def parse_run_args(podman: Podman, modules: ModuleSet, args: Sequence[str],
-                   extra_flags: Sequence[str] = JOIN_FLAGS) -> tuple[list[str], str | None, list[str], list[Module]]:
+                   extra_flags: Sequence[str] = SHARED_RUN_FLAGS) -> tuple[list[str], str | None, list[str], list[Module]]:
     """``[options] IMAGE [COMMAND...]``: (podman options with ``extra_flags`` kept, image, command,
     chosen modules). Module flags (``--gpu``, ``--openmpi-pmix``...) are told apart from podman's
     own run options; the modules are checked for conflicts and dependencies."""

@@ -9,6 +9,8 @@ sends only its arguments and environment and gets its whole plan
 its task ends, however it ends (normal exit, failure, scancel's signals, a
 crash): when all the node's tasks have closed theirs, the monitor removes the
 container, confirms it is gone (retrying if not) and logs failures in the run root.
+With ``--reuse`` it leases the job's container on the node instead, and
+removes it only if no later step took it within the linger (``jobcontainer``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from . import jobcontainer
 from .errors import EngineError
 from .podman import Podman, error_message
 from .taskplan import RunningContainer, split_options, task_command, task_plan
@@ -42,7 +45,10 @@ class ContainerStart:
     run: list[str]                 # podman run -d ... IMAGE, with the keep-alive as entrypoint
     inspect: list[str] | None      # podman image inspect for the image's ENTRYPOINT and CMD
     keep_alive: list[str]
+    pidfile: Path                  # where podman run writes the container's first pid
     image_command: tuple | None = None  # (ENTRYPOINT, CMD) read from the storages: no inspect
+    reuse: Path | None = None      # the job's container to lease (``jobcontainer``), its directory
+    linger: float = 0.0            # seconds a leased container waits for the job's next step
 
 
 IMAGE_COMMAND = "{{json .Config.Entrypoint}}\t{{json .Config.Cmd}}"
@@ -107,6 +113,7 @@ class StepMonitor:
         self.keep_alive: int | None = None  # a pidfd of the container's first process (no pid reuse)
         self.serving = False
         self.stopped_by: int | None = None  # the signal that asked this monitor to end the step
+        self.lease: jobcontainer.Lease | None = None  # the step's hold on its job's container (reuse)
 
     def run(self) -> int:
         """Start the step's container, serve the tasks that join it until the step ends or a signal stops
@@ -132,12 +139,23 @@ class StepMonitor:
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_IGN)  # the clean-up runs to its end
-            self._remove_container()
+            if self.lease is None:
+                self._remove_container()
             self.listener.close()
             shutil.rmtree(self.directory, ignore_errors=True)
             if self.stopped_by is not None:
-                self._log(f"stopped by {signal.Signals(self.stopped_by).name}: container removed")
+                self._log(f"stopped by {signal.Signals(self.stopped_by).name}"
+                          f"{': container removed' if self.lease is None else ''}")
+            if self.lease is not None:
+                self._leave_job_container()
         return 0 if "ready" in self.state else 1
+
+    def _leave_job_container(self) -> None:
+        """Let go of the job's container; unless another monitor does, wait to remove it once no step has
+        used it for the linger."""
+        self.lease.release(self.start.reuse)
+        jobcontainer.linger(self.start.reuse, self.start.linger, self._remove_container,
+                            lambda key: self.podman.remove_containers(stepsocket.container_name(os.getuid(), key)))
 
     def _on_signal(self, signum: int, _frame) -> None:
         """A signal (scancel reaching the monitor) ends the step here at a safe point: while it
@@ -151,8 +169,43 @@ class StepMonitor:
         print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {self.name}: {message}", flush=True)
 
     def _start_container(self) -> dict:
-        """Start the container; the line every task gets (ready + what it needs, or failed + why)."""
-        # podman run --replace removes a stale container of a crashed step with the same name
+        """Start the container, or lease the job's (reuse); the line every task gets (ready + what it
+        needs, or failed + why)."""
+        if self.start.reuse is None:
+            return self._run_container()
+        with jobcontainer.starting(self.start.reuse) as self.lease:
+            pid = self._adopt()
+            if pid is None:
+                state = self._run_container()
+                if "ready" in state:
+                    jobcontainer.record(self.start.reuse, self.container.pid)
+                return state
+            entrypoint, cmd = self.start.image_command or \
+                (self._inspect_image(None) if self.start.inspect else (None, None))
+            if entrypoint is False:
+                return {"failed": cmd}
+            self.container = RunningContainer(pid, entrypoint, cmd)
+            return {"ready": dict(self.container.__dict__)}
+
+    def _adopt(self) -> int | None:
+        """The first process of the job's container, with a pidfd of it in ``keep_alive``; None if it must
+        be started (again)."""
+        pid = jobcontainer.adopted(self.start.reuse, self.start.keep_alive)
+        if pid is None:
+            return None
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        if jobcontainer.adopted(self.start.reuse, self.start.keep_alive) != pid:  # the pid went meanwhile
+            os.close(pidfd)
+            return None
+        self.keep_alive = pidfd
+        return pid
+
+    def _run_container(self) -> dict:
+        """podman run the container (with --replace: it removes a stale container with the same name,
+        a crashed step's); the line every task gets."""
         inspect = self.start.inspect and self.podman.popen(self.start.inspect, stdout=subprocess.PIPE,
                                                            stderr=subprocess.PIPE, text=True)
         result = self.podman.run(self.start.run, check=False)
@@ -161,21 +214,31 @@ class StepMonitor:
                 inspect.kill()
                 inspect.wait()
             return {"failed": error_message(result.stderr, self.start.run)}
-        entrypoint, cmd = self.start.image_command or (None, None)
-        if inspect:
-            out, err = inspect.communicate()
-            if inspect.returncode != 0:  # podman run may have pulled the image meanwhile
-                again = self.podman.run(self.start.inspect, check=False)
-                out, err = (again.stdout, again.stderr) if again.returncode == 0 else (None, again.stderr)
-            if out is None:
-                return {"failed": f"cannot read the image's ENTRYPOINT and CMD: {error_message(err)}"}
-            entrypoint, cmd = (json.loads(part) for part in out.strip().split("\t"))
+        entrypoint, cmd = self.start.image_command or \
+            (self._inspect_image(inspect) if inspect else (None, None))
+        if entrypoint is False:
+            return {"failed": cmd}
         pid = self._wait_for_keep_alive()
         if pid is None:
             return {"failed": f"the container's keep-alive command ({' '.join(self.start.keep_alive)}) "
                               f"did not start: does the image have it?"}
         self.container = RunningContainer(pid, entrypoint, cmd)
         return {"ready": dict(self.container.__dict__)}
+
+    def _inspect_image(self, inspect: subprocess.Popen | None) -> tuple:
+        """(ENTRYPOINT, CMD) from podman image inspect (``inspect``, started already, or run now); (False,
+        why) if it cannot say."""
+        if inspect is None:
+            out, err = None, ""
+        else:
+            out, err = inspect.communicate()
+            out = out if inspect.returncode == 0 else None
+        if out is None:  # (again:) podman run may have pulled the image meanwhile
+            again = self.podman.run(self.start.inspect, check=False)
+            out, err = (again.stdout, again.stderr) if again.returncode == 0 else (None, again.stderr)
+        if out is None:
+            return False, f"cannot read the image's ENTRYPOINT and CMD: {error_message(err)}"
+        return tuple(json.loads(part) for part in out.strip().split("\t"))
 
     def _wait_for_keep_alive(self) -> int | None:
         """The container's first process once it runs the keep-alive command (None if it died).
@@ -187,7 +250,7 @@ class StepMonitor:
         expected = ("\0".join(self.start.keep_alive) + "\0").encode()
         deadline = time.monotonic() + self.podman.config.wait_timeout
         try:
-            pid = int((self.directory / "container.pid").read_text().strip())
+            pid = int(self.start.pidfile.read_text().strip())
             self.keep_alive = os.pidfd_open(pid)
         except (OSError, ValueError):
             return None
@@ -276,12 +339,12 @@ class StepMonitor:
         try:
             env = request["env"]
             podman, modules = self._engine(env)
-            from .runplan import JOIN_FLAGS, parse_run_args, wants_join  # the CLI's (loaded already: we are its fork)
+            from .runplan import SHARED_RUN_FLAGS, parse_run_args, wants_join  # the CLI's (loaded already: we are its fork)
             options, image, args, _ = parse_run_args(podman, modules, request["argv"][1:])
             if image is None:
                 raise EngineError("usage: podman-hpc shared-run [options] IMAGE [COMMAND...]", 125)
             join = wants_join(options, podman.config.shared_run_exec_mode)
-            _, exec_options, entrypoint = split_options(podman, [o for o in options if o not in JOIN_FLAGS])
+            _, exec_options, entrypoint = split_options(podman, [o for o in options if o not in SHARED_RUN_FLAGS])
             command = task_command(entrypoint, self.container, args)
         except EngineError as err:
             return {"error": str(err), "code": err.exit_code}

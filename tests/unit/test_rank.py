@@ -42,6 +42,20 @@ def test_a_plan_of_another_shape_than_the_monitors_is_refused():
             rank.checked_plan(plan, "7.1.n2", {})
 
 
+def test_a_plan_may_run_in_the_container_the_jobs_steps_share_on_this_node_and_no_other():
+    environ = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1", "SLURMD_NODENAME": "n2"}
+    shared = stepsocket.container_name(os.getuid(), stepsocket.reuse_key("7", "n2", "0123456789ab"))
+    plan = _plan(argv=["/usr/bin/podman", "exec", shared, "true"])
+    assert rank.checked_plan(plan, "7.1.n2", environ) == plan
+    for other_job, node, digest in (("8", "n2", "0123456789ab"), ("7", "n3", "0123456789ab"),
+                                    ("7", "n2", "0123456789"), ("7", "n2", "0123456789aX")):
+        name = stepsocket.container_name(os.getuid(), stepsocket.reuse_key(other_job, node, digest))
+        with pytest.raises(rank.Refused):
+            rank.checked_plan(_plan(argv=["/usr/bin/podman", "exec", name, "true"]), "7.1.n2", environ)
+    with pytest.raises(rank.Refused):   # not in a Slurm step: no job to share with
+        rank.checked_plan(plan, "7.1.n2", {})
+
+
 def test_argv0_must_be_the_configured_podman(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -1,7 +1,8 @@
-"""How a shared-run task enters its node's container: the flags beat the setting."""
+"""How a shared-run task enters its node's container, and whether its job's steps share it: the flags beat
+the settings."""
 
 from jupyter_podman_hpc.engine.config import load_config
-from jupyter_podman_hpc.engine.runplan import wants_join
+from jupyter_podman_hpc.engine.runplan import wants_join, wants_reuse
 
 
 def test_tasks_join_unless_told_to_use_podman_exec():
@@ -12,3 +13,12 @@ def test_tasks_join_unless_told_to_use_podman_exec():
     assert wants_join(["-e", "X=1", "--join"], "podman") is True
     assert wants_join(["--no-join"], "join") is False
     assert wants_join(["--no-join", "--join"], "podman") is True  # the last one given wins
+
+
+def test_a_jobs_steps_share_the_container_only_when_asked():
+    assert load_config({}).shared_run_reuse is False
+    config = load_config({"PODMANHPC_SHARED_RUN_REUSE": "true", "PODMANHPC_SHARED_RUN_REUSE_LINGER": "5"})
+    assert (config.shared_run_reuse, config.shared_run_reuse_linger) == (True, 5.0)
+    assert wants_reuse([], False) is False and wants_reuse([], True) is True
+    assert wants_reuse(["--join", "--reuse"], False) is True
+    assert wants_reuse(["--reuse", "--no-reuse"], True) is False  # the last one given wins
