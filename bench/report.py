@@ -9,7 +9,7 @@ import deepcam
 from common import Failure, Sample, markdown_table, summarize, write_csv
 
 # The configuration each benchmark's other configurations are compared with (same run, same size).
-BASELINES = {"launch": "bare", "squash": "plain mksquashfs", "lammps": "bare", "pynamic": "bare",
+BASELINES = {"launch": "bare", "steps": "bare", "squash": "plain mksquashfs", "lammps": "bare", "pynamic": "bare",
              "kernel": "local ipykernel", "deepcam": "bare", "readpath": "plain directory",
              "cluster": "bare srun"}
 # Benchmarks whose metrics include consecutive phases of one run: also a stacked bar per size.

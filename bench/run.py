@@ -3,7 +3,7 @@
 
     bench/run.py                   the full comparison (make bench)
     bench/run.py --smoke           one repetition at the smallest sizes (make bench-smoke)
-    bench/run.py --only lammps     some of: launch lammps pynamic deepcam readpath squash kernel cluster
+    bench/run.py --only lammps     some of: launch steps lammps pynamic deepcam readpath squash kernel cluster
 
 Run as the stack user with the stack's environment (dev/as-user does it).
 Images the application benchmarks need are built once and kept squashed in
@@ -33,9 +33,10 @@ import pynamic  # noqa: E402
 import readpath  # noqa: E402
 import report  # noqa: E402
 import squash  # noqa: E402
+import steps  # noqa: E402
 from common import BenchError, Failure, PrivateStorage, Sample, machine, remove_tree  # noqa: E402
 
-BENCHMARKS = ["launch", "lammps", "pynamic", "deepcam", "readpath", "squash", "kernel", "cluster"]
+BENCHMARKS = ["launch", "steps", "lammps", "pynamic", "deepcam", "readpath", "squash", "kernel", "cluster"]
 # 1x16 and 4x16 show what each added rank costs (the nodes declare 16 CPUs for them)
 FULL_SIZES = [(n, k) for n in (1, 2, 4) for k in (1, 2, 4, 8)] + [(1, 16), (4, 16)]
 SMOKE_SIZES = [(1, 1)]
@@ -98,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
                                "step seconds: wall time of the whole srun.")
             samples.extend(launch.measure(setup, LAUNCH_CONFIGS, sizes, repetitions))
 
+        def run_steps() -> None:
+            setup = launch_setup()
+            notes["steps"] = (f"`{image}` running `true` as a step of one allocation (`srun --jobid J --overlap "
+                              "-N<nodes> --ntasks-per-node=<tasks>`); `--reuse` steps run in the containers the "
+                              "job's earlier steps left. Step seconds: wall time of the whole srun.")
+            samples.extend(steps.measure(image, setup.ours_env, steps.SMOKE_SIZES if args.smoke else steps.FULL_SIZES,
+                                         repetitions))
+
         def run_lammps() -> None:
             problem = lammps.SMOKE if args.smoke else lammps.FULL
             nodes = lammps.SMOKE_NODES if args.smoke else lammps.FULL_NODES
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "against the same job's bare srun and the same engines bare.")
             samples.extend(cluster.measure(base, work, repetitions, failures))
 
-        for name, run in (("launch", run_launch), ("lammps", run_lammps), ("pynamic", run_pynamic),
+        for name, run in (("launch", run_launch), ("steps", run_steps), ("lammps", run_lammps), ("pynamic", run_pynamic),
                           ("deepcam", run_deepcam), ("readpath", run_readpath), ("squash", run_squash), ("kernel", run_kernel),
                           ("cluster", run_cluster)):
             attempt(name, run)
