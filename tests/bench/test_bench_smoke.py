@@ -27,9 +27,11 @@ import lammps  # noqa: E402
 import pynamic  # noqa: E402
 import readpath  # noqa: E402
 import run as bench_run  # noqa: E402
+import steps  # noqa: E402
 
 EXPECTED = {  # benchmark -> (configurations, metrics)
     "launch": (bench_run.LAUNCH_CONFIGS, ["step_seconds"]),
+    "steps": (steps.CONFIGS, ["step_seconds"]),
     "lammps": (lammps.CONFIGS, ["loop_seconds", "step_seconds"]),
     "pynamic": (pynamic.CONFIGS, ["step_seconds", "import_seconds", "visit_seconds"]),
     "deepcam": (deepcam.CONFIGS, [*deepcam.PHASES, "step_seconds"]),

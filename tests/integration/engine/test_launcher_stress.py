@@ -15,8 +15,10 @@ from tests.integration.engine.conftest import allocation, cancel_when_up
 CANCEL_DELAYS = (0.0, 0.2, 0.5, 1.0, 1.5)
 
 
-# podman-exec: a monitor per node; per-process: a reaper per task, one container each (so fewer)
-MODES = {"podman-exec": (("shared-run",), 4), "per-process": (("run", "--rm"), 1)}
+# podman-exec: a monitor per node; per-process: a reaper per task, one container each (so fewer);
+# --reuse: the job's container, which goes 1 s (its linger here) after a step has let go of it
+MODES = {"podman-exec": (("shared-run",), 4), "per-process": (("run", "--rm"), 1),
+         "podman-exec --reuse": (("shared-run", "--reuse"), 4)}
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -29,9 +31,12 @@ def test_a_step_cancelled_at_any_moment_of_its_start_leaves_nothing_within_secon
 
     In per-process mode each task's reaper removes its container. A podman killed while it
     started the container is no proof that none will run: conmon starts it, and writes its pid
-    file, after podman is gone (the 300-step test once found such a pid file, 2026-12-02)."""
+    file, after podman is gone (the 300-step test once found such a pid file, 2026-12-02).
+
+    With --reuse, the monitor of each cancelled step lets go of the job's container, and it goes
+    after the linger: also when the step was cancelled while its monitor held the starting lock."""
     hpc = squashed_tiny
-    env = hpc.env
+    env = {**hpc.env, "PODMANHPC_SHARED_RUN_REUSE_LINGER": "1"}
     argv, per_node = MODES[mode]
     with allocation(stack, env) as job:
         for index, delay in enumerate(CANCEL_DELAYS):
