@@ -51,7 +51,8 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
     # The node container only keeps the namespaces alive: the image's
     # ENTRYPOINT is for the tasks, which run what `podman run IMAGE ARGS` would.
     keep_alive = ["--entrypoint", json.dumps(config.shared_run_command)]
-    head, tail = [*run_options, "-d", "--replace"], [*keep_alive, image]   # around its name and pid file
+    # --rm: once its first process is killed, conmon's clean-up removes the container (stepmonitor)
+    head, tail = [*run_options, "-d", "--rm", "--replace"], [*keep_alive, image]   # around its name and pid file
     job_container = None
     if reuse and stepsocket.step_ids(environ) is not None:
         key = jobcontainer.reuse_key(context.job_id, context.node, [*head, *tail, *module_args])
