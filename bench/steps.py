@@ -1,10 +1,12 @@
 """A job's later steps: wall time of a step running `true` inside one allocation.
 
 Configurations, each a step of the same job (`srun --jobid J --overlap -N<n> --ntasks-per-node=<k>`):
-bare srun; podman-exec, which starts and removes its node containers every step; and podman-exec with
+bare srun; podman-exec, which starts and removes its node containers every step; podman-exec with
 `--reuse`, whose steps run in the containers the job's earlier steps left on its nodes (a warm-up step
-started them; a job's first `--reuse` step costs what a podman-exec step costs). Repetitions alternate
-the configurations so that drift on the machine spreads over all of them.
+started them; a job's first `--reuse` step costs what a podman-exec step costs); and per-process
+(`podman-hpc run --rm`, a container a task). Steps of one allocation, unlike the launch benchmark's
+jobs, wait for no scheduling. Repetitions alternate the configurations so that drift on the machine
+spreads over all of them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 from common import BenchError, Sample, alternating, timed
 
 BENCHMARK = "steps"
-CONFIGS = ["bare", "podman-exec", "podman-exec --reuse"]
+CONFIGS = ["bare", "podman-exec", "podman-exec --reuse", "per-process"]
 FULL_SIZES = [(1, 1), (4, 1), (4, 8)]
 SMOKE_SIZES = [(1, 1)]
 LINGER = 10  # seconds a reused container waits for the next step: longer than the gaps between its steps
@@ -27,6 +29,8 @@ def command(config: str, image: str, job: str, nodes: int, per_node: int) -> lis
     step = ["srun", "--jobid", job, "--overlap", f"-N{nodes}", f"--ntasks-per-node={per_node}"]
     if config == "bare":
         return [*step, "true"]
+    if config == "per-process":
+        return [*step, "podman-hpc", "run", "--rm", image, "true"]
     reuse = ["--reuse"] if config == "podman-exec --reuse" else []
     return [*step, "podman-hpc", "shared-run", *reuse, image, "true"]
 
