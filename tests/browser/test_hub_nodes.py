@@ -240,7 +240,8 @@ def test_server_on_a_node_from_the_browser(hub, page, console, artifacts, stack,
     _stop(page, hub)
     deadline = time.monotonic() + 60
     while server_jobs(hub.user):
-        assert time.monotonic() < deadline, f"the server's job outlived Stop My Server: {server_jobs(hub.user)}"
+        assert time.monotonic() < deadline, \
+            f"the server's job outlived Stop My Server: {server_jobs(hub.user)}\n{hub.log_tail()}"
         time.sleep(1)
     # nor on any other node (the submitted jobs' nodes; looked at now: while the server held its
     # node, a pending job of all nodes on a shared stack could keep the others from a new allocation)
