@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from . import processes
+from .files import atomic_write
 from .. import stepsocket
 
 CREATE = "create.lock"
@@ -67,7 +68,7 @@ class Lease:
     def release(self, directory: Path) -> None:
         """Let go (closing the descriptor drops the lock), noting when; again does nothing."""
         if self._fd is not None:
-            _write(directory / LAST_USED, str(time.clock_gettime(time.CLOCK_BOOTTIME)))
+            atomic_write(directory / LAST_USED, str(time.clock_gettime(time.CLOCK_BOOTTIME)), 0o600)
             os.close(self._fd)
             self._fd = None
 
@@ -91,27 +92,16 @@ def adopted(directory: Path, keep_alive: Sequence[str]) -> int | None:
         token = (directory / KEEP_ALIVE).read_text().strip()
     except OSError:
         return None
-    pid = int(token.partition(":")[0]) if token.partition(":")[0].isdigit() else 0
-    if not pid or not processes.owner_alive(token):
+    if not processes.owner_alive(token):
         return None
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:   # not psutil: the step's start waits on this
-            running = cmdline.read()
-    except OSError:
-        return None
-    return pid if running == ("\0".join(keep_alive) + "\0").encode() else None
+    pid = int(token.partition(":")[0])
+    return pid if processes.runs_command(pid, keep_alive) else None
 
 
 def record(directory: Path, pid: int) -> None:
     """Write the owner token of the container's first process, once it runs the keep-alive (held
     ``create.lock``)."""
-    _write(directory / KEEP_ALIVE, processes.owner_token(pid))
-
-
-def _write(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(text)
-    temporary.replace(path)
+    atomic_write(directory / KEEP_ALIVE, processes.owner_token(pid), 0o600)
 
 
 def linger(directory: Path, seconds: float, remove: Callable[[], None],

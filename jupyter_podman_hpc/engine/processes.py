@@ -1,5 +1,5 @@
-"""What the engine needs to know about a process: since when it runs (owner tokens, from /proc),
-and through psutil whether it runs, its command line, what runs below it, the files it holds
+"""What the engine needs to know about a process: since when it runs (owner tokens) and whether it
+runs a given command line, from /proc; through psutil whether it runs, its command line, what runs below it, the files it holds
 open; waiting for the first of several to exit (pidfds); and a container's stray conmon.
 
 psutil is imported on first use (about 14 ms): a kernel's watchdog, a step
@@ -89,6 +89,16 @@ def wait_any(tokens: Sequence[str], wake_fds: Sequence[int] = ()) -> str | None:
     finally:
         for fd in pidfds.values():
             os.close(fd)
+
+
+def runs_command(pid: int, argv: Sequence[str]) -> bool | None:
+    """Whether process ``pid`` runs exactly ``argv`` (read from /proc, without psutil: a step's start
+    waits on it); None if it is gone or we may not look at it."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return file.read() == ("\0".join(argv) + "\0").encode()
+    except OSError:
+        return None
 
 
 def cmdline(pid: int) -> list[str]:

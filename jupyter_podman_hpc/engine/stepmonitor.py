@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from . import jobcontainer
+from . import jobcontainer, processes
 from .errors import EngineError
 from .podman import Podman, error_message
 from .taskplan import RunningContainer, split_options, task_command, task_plan
@@ -182,8 +182,7 @@ class StepMonitor:
                 if "ready" in state:
                     jobcontainer.record(self.start.reuse, self.container.pid)
                 return state
-            entrypoint, cmd = self.start.image_command or \
-                (self._inspect_image(None) if self.start.inspect else (None, None))
+            entrypoint, cmd = self._image_command()
             if entrypoint is False:
                 return {"failed": cmd}
             self.container = RunningContainer(pid, entrypoint, cmd)
@@ -217,8 +216,7 @@ class StepMonitor:
                 inspect.kill()
                 inspect.wait()
             return {"failed": error_message(result.stderr, self.start.run)}
-        entrypoint, cmd = self.start.image_command or \
-            (self._inspect_image(inspect) if inspect else (None, None))
+        entrypoint, cmd = self._image_command(inspect)
         if entrypoint is False:
             return {"failed": cmd}
         pid = self._wait_for_keep_alive()
@@ -228,9 +226,12 @@ class StepMonitor:
         self.container = RunningContainer(pid, entrypoint, cmd)
         return {"ready": dict(self.container.__dict__)}
 
-    def _inspect_image(self, inspect: subprocess.Popen | None) -> tuple:
-        """(ENTRYPOINT, CMD) from podman image inspect (``inspect``, started already, or run now); (False,
+    def _image_command(self, inspect: subprocess.Popen | None = None) -> tuple:
+        """The image's (ENTRYPOINT, CMD): read from the storages already, (None, None) with the task's own
+        --entrypoint, else from podman image inspect (``inspect``, started already, or run now); (False,
         why) if it cannot say."""
+        if self.start.image_command or not self.start.inspect:
+            return self.start.image_command or (None, None)
         if inspect is None:
             out, err = None, ""
         else:
@@ -250,7 +251,6 @@ class StepMonitor:
         moment the first process is still the runtime's init, with the
         runtime's environment and credentials, which a joining task must not copy.
         """
-        expected = ("\0".join(self.start.keep_alive) + "\0").encode()
         deadline = time.monotonic() + self.podman.config.wait_timeout
         try:
             pid = int(self.start.pidfile.read_text().strip())
@@ -258,12 +258,11 @@ class StepMonitor:
         except (OSError, ValueError):
             return None
         while time.monotonic() < deadline and self._keep_alive_running():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                    if cmdline.read() == expected:
-                        return pid
-            except OSError:
+            running = processes.runs_command(pid, self.start.keep_alive)
+            if running is None:
                 return None
+            if running:
+                return pid
             time.sleep(0.001)
         return None
 
