@@ -1,6 +1,7 @@
 """What the engine needs to know about a process: since when it runs (owner tokens) and whether it
-runs a given command line, from /proc; through psutil whether it runs, its command line, what runs below it, the files it holds
-open; waiting for the first of several to exit (pidfds); and a container's stray conmon.
+runs a given command line, from /proc; through psutil whether it runs, its command line, what runs
+below it, the files it holds open; waiting for the first of several to exit (pidfds); and a
+container's stray conmon.
 
 psutil is imported on first use (about 14 ms): a kernel's watchdog, a step
 monitor or a service supervisor pays for it only when it looks at a process.

@@ -5,7 +5,6 @@ The kernel-side flow (``%podman_hpc cluster``, ``%%px``, a killed kernel) is in
 """
 
 import json
-import shutil
 import socket
 
 import pytest
@@ -14,18 +13,11 @@ from jupyter_podman_hpc.engine.processes import owner_alive
 from jupyter_podman_hpc.slurm import SlurmClient, cluster
 from jupyter_podman_hpc.slurm.cluster import Cluster, ClusterError
 from tests.conftest import run
+from tests.integration.slurm.conftest import store_env
 
 pytestmark = pytest.mark.slow
 
-STORE_VARS = ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME")
 TASK_SCHEDULER_PORTS = (3, 11)   # the task scheduler's engine and client ports, in ipyparallel 9's order of a block
-
-
-@pytest.fixture
-def root(stack):
-    path = stack.work_dir("clusters")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_controller_whose_scheduler_cannot_listen_fails_the_start_in_one_line(squashed_base, stack, root,
@@ -46,7 +38,7 @@ def test_a_controller_whose_scheduler_cannot_listen_fails_the_start_in_one_line(
         with pytest.raises(ClusterError) as raised:
             Cluster.start(stack.base_image, nodes=2, time="5", root=root, timeout=300,
                           client=SlurmClient(env=squashed_base.env),
-                          environment={name: squashed_base.env[name] for name in STORE_VARS})
+                          environment=store_env(squashed_base))
     finally:
         for holder in holders:
             holder.close()

@@ -7,7 +7,6 @@ environment: the script alone carries what the job needs."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,21 +16,10 @@ import pytest
 
 from jupyter_podman_hpc.slurm import Job, JobSpec, JobTimeout, SlurmClient, SlurmError
 from tests.conftest import run
+from tests.integration.slurm.conftest import store_env
 
-STORE_VARS = ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME")
 MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"}
 TIMEOUT = 300  # seconds a job may take, queueing behind other jobs included (nodes are exclusive)
-
-
-def store_env(hpc):
-    return {name: hpc.env[name] for name in STORE_VARS}
-
-
-@pytest.fixture
-def root(stack):
-    path = stack.work_dir("jobs")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def submit_and_wait(spec, root, **kwargs):

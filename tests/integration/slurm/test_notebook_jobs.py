@@ -5,25 +5,16 @@ IPython 8, no nbclient, no kernel, not this package)."""
 
 import base64
 import json
-import shutil
 import time
 
 import nbformat
-import pytest
 
 from jupyter_podman_hpc.slurm import Job, JobSpec
 from jupyter_podman_hpc.slurm.notebook import describe_progress
+from tests.integration.slurm.conftest import store_env
 
-STORE_VARS = ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME")
 TIMEOUT = 300
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
-
-
-@pytest.fixture
-def root(stack):
-    path = stack.work_dir("nbjobs")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def notebook_file(path, cells, tags=None):
@@ -38,7 +29,7 @@ def notebook_file(path, cells, tags=None):
 
 def spec(stack, hpc, notebook, **fields):
     return JobSpec(image=stack.base_image, notebook=notebook, nodes=2, tasks_per_node=1, time="5:00",
-                   environment={name: hpc.env[name] for name in STORE_VARS}, **fields)
+                   environment=store_env(hpc), **fields)
 
 
 def executed(job):
