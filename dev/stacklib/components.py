@@ -69,6 +69,8 @@ def env() -> dict[str, str]:
         # recompile the project on every podman-hpc call.
         "PYTHONPYCACHEPREFIX": str(layout.USER_HOME / ".cache" / "jph-pycache"),
         "STACK_NODES": " ".join(layout.NODES),
+        # <dir>/<node>/cpuacct.usage: the CPU nanoseconds of everything the node ran ("" without cgroup v1)
+        "STACK_NODE_CGROUPS": str(layout.NODE_CGROUPS) if layout.node_cgroup(layout.NODES[0]) else "",
         "STACK_PARTITION": layout.PARTITION,
         "STACK_LOG": str(layout.LOG),
         # podman-hpc 1.2.2 as a peer: PODMANHPC_CONFIG_FILE=$STACK_PEER_CONFIG $STACK_PEER_BIN ...

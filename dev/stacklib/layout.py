@@ -28,14 +28,21 @@ SLURM_CONF = SLURM_DIR / "slurm.conf"
 SLURMDBD_CONF = SLURM_DIR / "slurmdbd.conf"
 CLUSTER = "jph"
 PARTITION = "debug"
-NODES = ["n1", "n2", "n3", "n4"]
-NODES_EXPR = "n[1-4]"
+# `STACK_NODES=N dev/stack up` starts N nodes (the scale benchmark runs 16); every other
+# command works with the nodes `up` last started, recorded in NODE_COUNT_FILE.
+DEFAULT_NODE_COUNT = 4
+MAX_NODE_COUNT = 32
+NODE_COUNT_FILE = STATE / "node-count"
 NODE_CPUS = 16  # the launch benchmark runs 16 tasks a node (the host has 2 cores: they oversubscribe it)
 SLURMCTLD_PORT = 16817
 SLURMDBD_PORT = 16819
 SLURMD_FIRST_PORT = 17001
 SRUN_PORT_RANGE = "60001-63000"
 NODE_ROOT = STATE / "nodes"
+# Each node's processes (slurmd and all it starts: steps, podman, conmon, containers,
+# step monitors) stay in a cpuacct cgroup of the node's own, which rootless podman
+# cannot leave on cgroup v1: the scale benchmark reads what a step cost each node.
+NODE_CGROUPS = Path("/sys/fs/cgroup/cpuacct/jph-stack")
 
 MARIADB_DIR = STATE / "mariadb"
 MARIADB_PORT = 16306
@@ -78,6 +85,52 @@ MKSQUASHFS_VERSION = "4.6.1"
 MKSQUASHFS_STATIC = CACHE / f"mksquashfs-{MKSQUASHFS_VERSION}.static"
 
 CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def node_names(count: int) -> list[str]:
+    return [f"n{number}" for number in range(1, count + 1)]
+
+
+def requested_node_count(value: str | None) -> int:
+    """How many nodes `up` starts: ``STACK_NODES`` as a count, or as the names `dev/stack env`
+    exports (n1 ... nN); DEFAULT_NODE_COUNT when unset. ValueError for anything else."""
+    if not value or not value.strip():
+        return DEFAULT_NODE_COUNT
+    text = value.strip()
+    count = int(text) if text.isdigit() else len(text.split())
+    if not 1 <= count <= MAX_NODE_COUNT or (not text.isdigit() and text.split() != node_names(count)):
+        raise ValueError(f"STACK_NODES must be a node count from 1 to {MAX_NODE_COUNT} (or n1 ... nN), "
+                         f"not {value!r}")
+    return count
+
+
+def started_node_count() -> int:
+    try:
+        return requested_node_count(NODE_COUNT_FILE.read_text())
+    except (OSError, ValueError):
+        return DEFAULT_NODE_COUNT
+
+
+NODES = node_names(started_node_count())
+
+
+def use_nodes(count: int) -> None:
+    """`up`: from now on the stack has ``count`` nodes (recorded for the stack's later commands)."""
+    global NODES
+    NODES = node_names(count)
+    STATE.mkdir(parents=True, exist_ok=True)
+    NODE_COUNT_FILE.write_text(f"{count}\n")
+
+
+def nodes_expr() -> str:
+    """The nodes as a Slurm host list."""
+    return f"n[1-{len(NODES)}]" if len(NODES) > 1 else NODES[0]
+
+
+def node_cgroup(node: str) -> Path | None:
+    """The node's cpuacct cgroup, where the host has cgroup v1's cpuacct hierarchy (host-notes:
+    these machines do); None elsewhere."""
+    return NODE_CGROUPS / node if NODE_CGROUPS.parent.is_dir() else None
 
 
 def node_tmp(node: str) -> Path:

@@ -1,10 +1,12 @@
-"""Munge, the accounting database, slurmdbd, slurmctld and four slurmd nodes.
+"""Munge, the accounting database, slurmdbd, slurmctld and the slurmd nodes (four by default).
 
 Every daemon runs with the loopback bind shim preloaded (Slurm has no option
 to choose its listening address), and each slurmd has a private /tmp and a
 private /dev/shm (a tmpfs of its own), as a real compute node has: a copy
 unpacked into one node's /dev/shm is not seen by another, nor by the host (the
-login node), so every node pays its own unpack, as on a cluster.
+login node), so every node pays its own unpack, as on a cluster. Each node runs
+in a cpuacct cgroup of its own (``layout.node_cgroup``), which accounts the CPU
+of everything it starts.
 """
 
 import hashlib
@@ -119,7 +121,7 @@ def _slurm_conf() -> str:
     d = layout.SLURM_DIR
     first, last = layout.node_port(layout.NODES[0]), layout.node_port(layout.NODES[-1])
     return f"""\
-# Written by jupyter-podman-hpc's dev/stack: four nodes on one host.
+# Written by jupyter-podman-hpc's dev/stack: {len(layout.NODES)} nodes on one host.
 ClusterName={layout.CLUSTER}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={layout.SLURMCTLD_PORT}
@@ -153,9 +155,9 @@ InactiveLimit=0
 # end NODE_FAIL 30-40 s later (a ping every 10 s): srun learns of a dead node only then. No slurmd
 # missed a single ping in a day of make test, stress tests and benchmarks (slurmctld.log, 2026-12-02).
 SlurmdTimeout=30
-NodeName={layout.NODES_EXPR} NodeHostname=localhost NodeAddr=127.0.0.1 Port=[{first}-{last}] CPUs={layout.NODE_CPUS} RealMemory=2000 State=UNKNOWN
+NodeName={layout.nodes_expr()} NodeHostname=localhost NodeAddr=127.0.0.1 Port=[{first}-{last}] CPUs={layout.NODE_CPUS} RealMemory=2000 State=UNKNOWN
 # Whole nodes per job, as on Perlmutter: `srun -N4 -n8` then spreads 2 tasks per node.
-PartitionName={layout.PARTITION} Nodes={layout.NODES_EXPR} Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
+PartitionName={layout.PARTITION} Nodes={layout.nodes_expr()} Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
 """
 
 
@@ -235,13 +237,15 @@ def _checkout_for_nodes() -> str:
     return str(layout.CHECKOUT) if Path("/tmp") in layout.CHECKOUT.parents else ""
 
 
-# Run inside the node's own mount namespace: the checkout (if under /tmp) is
-# bound aside first, /tmp becomes the node's directory, the checkout is bound
-# back at its path, /dev/shm becomes a tmpfs of the node's own (freed with the
-# namespace, when the node's last process ends: its reboot), and / is made
-# shared, as rootless podman expects.
+# Run inside the node's own mount namespace: the node joins its cgroup (if any)
+# with everything it will start, the checkout (if under /tmp) is bound aside
+# first, /tmp becomes the node's directory, the checkout is bound back at its
+# path, /dev/shm becomes a tmpfs of the node's own (freed with the namespace,
+# when the node's last process ends: its reboot), and / is made shared, as
+# rootless podman expects.
 _NODE_NAMESPACE = """\
-tmp=$1 node=$2 checkout=$3 aside=$4
+tmp=$1 node=$2 checkout=$3 aside=$4 cgroup=$5
+if [ -n "$cgroup" ]; then echo $$ > "$cgroup/cgroup.procs"; fi
 if [ -n "$checkout" ]; then mkdir -p "$aside" && mount --bind "$checkout" "$aside"; fi
 mount --bind "$tmp" /tmp
 if [ -n "$checkout" ]; then mkdir -p "$checkout" && mount --bind "$aside" "$checkout" && umount "$aside"; fi
@@ -252,10 +256,15 @@ exec slurmd -D -N "$node"
 
 
 def _node_processes(node_tmp: Path) -> set[int]:
-    """Every process of the node: those whose /tmp is the node's, and every process below them
-    (a container's, whose /tmp is its own)."""
+    """Every process of the node: those whose /tmp is the node's, those in its cgroup (a ``runc
+    init`` whose conmon was killed has pid 1 as its parent and the container's mounts), and every
+    process below them (a container's, whose /tmp is its own)."""
     children: dict[int, list[int]] = {}
-    found: list[int] = []
+    cgroup = layout.node_cgroup(node_tmp.parent.name)
+    try:
+        found = [int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()] if cgroup else []
+    except OSError:
+        found = []  # not made yet: the node never ran
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -361,9 +370,13 @@ def slurmd_up(node: str) -> None:
     tmp.chmod(0o1777)
     _reboot_node(tmp)
     started_with.write_text(seen)
+    cgroup = layout.node_cgroup(node)
+    if cgroup:
+        cgroup.mkdir(parents=True, exist_ok=True)
     say(f"starting slurmd {node}")
     start_daemon(name, ["unshare", "--mount", "--propagation", "private", "sh", "-c", _NODE_NAMESPACE,
-                        "sh", str(tmp), node, checkout, str(layout.NODE_ROOT / node / "checkout-aside")],
+                        "sh", str(tmp), node, checkout, str(layout.NODE_ROOT / node / "checkout-aside"),
+                        str(cgroup or "")],
                  env=_daemon_env(), ready=lambda: _port_open(layout.node_port(node)))
 
 
@@ -384,13 +397,37 @@ def nodes_idle() -> bool:
     return all(_usable(states.get(node, "")) for node in layout.NODES)
 
 
-def resume_nodes(nodes: Sequence[str] = tuple(layout.NODES)) -> None:
-    """Nodes restarted after a crash may come back down or drained."""
+def resume_nodes(nodes: Sequence[str] = ()) -> None:
+    """Nodes (default: all) restarted after a crash may come back down or drained."""
+    nodes = nodes or layout.NODES
     states = _sinfo_states()
     stuck = [n for n in nodes if states.get(n, "").rstrip("*~#") in ("down", "drain", "drng", "fail")]
     if stuck:
         run(["scontrol", "update", f"nodename={','.join(stuck)}", "state=resume"],
             check=False, env=_daemon_env())
+
+
+def _nodes_with_state() -> list[str]:
+    """The stack's nodes and any node an earlier `up` with more nodes left behind."""
+    found = {entry.name for entry in layout.NODE_ROOT.glob("n*") if entry.name[1:].isdigit()}
+    return sorted(found | set(layout.NODES), key=lambda node: int(node[1:]))
+
+
+def _retire_extra_nodes() -> None:
+    """Power off the nodes an earlier `up` started beyond today's count, with all they ran."""
+    for node in _nodes_with_state():
+        if node not in layout.NODES:
+            if layout.node_tmp(node).is_dir():
+                _power_off(layout.node_tmp(node))
+            stop_daemon(f"slurmd-{node}")
+            shutil.rmtree(layout.NODE_ROOT / node, ignore_errors=True)
+            cgroup = layout.node_cgroup(node)
+            if cgroup and cgroup.is_dir():
+                try:
+                    cgroup.rmdir()  # empty once its processes are dead
+                except OSError as error:
+                    say(f"the cgroup of node {node} stays: {error}")
+            say(f"node {node} is no longer in the stack")
 
 
 def up() -> None:
@@ -401,13 +438,15 @@ def up() -> None:
         _stop_slurm()
     slurmdbd_up()
     slurmctld_up()
+    _retire_extra_nodes()
     for node in layout.NODES:
         slurmd_up(node)
-    wait_for(lambda: (resume_nodes(), nodes_idle())[1], "4 idle Slurm nodes", timeout=90)
+    wait_for(lambda: (resume_nodes(), nodes_idle())[1], f"{len(layout.NODES)} idle Slurm nodes",
+             timeout=90 + 5 * len(layout.NODES))
 
 
 def _stop_slurm() -> None:
-    for node in reversed(layout.NODES):
+    for node in reversed(_nodes_with_state()):
         stop_daemon(f"slurmd-{node}")
     for name in ("slurmctld", "slurmdbd"):
         stop_daemon(name)

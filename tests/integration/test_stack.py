@@ -87,6 +87,23 @@ def test_each_node_has_a_private_tmp_and_dev_shm(stack, directory):
         run(["srun", "-N1", "-w", "n1", "rm", "-f", name], check=False)
 
 
+def test_each_node_accounts_the_cpu_of_everything_it_runs(stack, squashed_base):
+    """The scale benchmark's per-node CPU (bench/scale.py): a node's cpuacct cgroup holds its steps,
+    and a container's processes, which rootless podman cannot move out of it."""
+    root = Path(os.environ["STACK_NODE_CGROUPS"])
+    cgroups = run(["srun", "-N4", "--ntasks-per-node=1", "sh", "-c",
+                   'echo "$SLURMD_NODENAME $(grep -E "^[0-9]+:([^:]*,)?cpuacct(,[^:]*)?:" /proc/self/cgroup)"'])
+    by_node = dict(line.split(" ", 1) for line in cgroups.stdout.splitlines())
+    assert {node: line.rsplit(":", 1)[1] for node, line in by_node.items()} == \
+        {node: f"/{root.name}/{node}" for node in stack.nodes}
+    usage = root / "n3" / "cpuacct.usage"
+    before = int(usage.read_text())
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\n"
+    squashed_base.srun("-N1", "-w", "n3", "podman-hpc", "run", "--rm", stack.base_image, "python3", "-c", burn)
+    spent = (int(usage.read_text()) - before) / 1e9
+    assert spent >= 1.0, f"n3 accounted {spent:.2f} CPU-s for a container that burnt 1 s"
+
+
 def test_stack_listens_on_loopback_only(stack):
     listeners = _tcp_listeners()
     stack_ports = {5000, 16306, 16817, 16819, 17001, 17002, 17003, 17004}
