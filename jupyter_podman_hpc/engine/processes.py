@@ -1,7 +1,7 @@
 """What the engine needs to know about a process: since when it runs (owner tokens) and whether it
 runs a given command line, from /proc; through psutil whether it runs, its command line, what runs
 below it, the files it holds open; waiting for the first of several to exit (pidfds); and a
-container's stray conmon.
+container's stray conmon and orphaned ``runc init``.
 
 psutil is imported on first use (about 14 ms): a kernel's watchdog, a step
 monitor or a service supervisor pays for it only when it looks at a process.
@@ -155,7 +155,8 @@ def descendants(pid: int, table: Mapping[int, int] | None = None) -> list[int]:
 def kill_conmon(container: str) -> list[int]:
     """SIGKILL this user's conmon of container ``container`` (conmon's ``-n``) and what runs below it: a
     ``runc init`` waiting for a start that never comes, which a podman killed between creating and starting
-    the container leaves behind even once ``podman rm`` has removed the record. The pids killed."""
+    the container leaves behind even once ``podman rm`` has removed the record. Also every orphaned
+    ``runc init`` of the user (``orphaned_runc_inits``). The pids killed."""
     import psutil
     table = parents()
     doomed: list[int] = []
@@ -165,12 +166,31 @@ def kill_conmon(container: str) -> list[int]:
         if info["name"] == "conmon" and info["uids"] and info["uids"].real == os.getuid() \
                 and "-n" in args and args[args.index("-n") + 1:args.index("-n") + 2] == [container]:
             doomed += [info["pid"], *descendants(info["pid"], table)]
+    doomed += [pid for pid in orphaned_runc_inits() if pid not in doomed]
     for pid in doomed:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
     return doomed
+
+
+def orphaned_runc_inits() -> list[int]:
+    """This user's ``runc init`` processes whose conmon is gone. One waits for a start that never comes
+    once its conmon was killed, and nothing else would ever end it. While conmon lives it is their parent
+    (a subreaper), and ``runc create`` before that; an orphan's parent is pid 1 or another subreaper."""
+    import psutil
+    names: dict[int, str] = {}
+    inits: dict[int, int] = {}
+    for process in psutil.process_iter(["pid", "ppid", "name", "cmdline", "uids"]):
+        info = process.info
+        names[info["pid"]] = info["name"] or ""
+        args = info["cmdline"] or []
+        if args[1:] == ["init"] and os.path.basename(args[0]) == "runc" and info["uids"] \
+                and info["uids"].real == os.getuid():
+            inits[info["pid"]] = info["ppid"]
+    return [pid for pid, parent in inits.items()
+            if names.get(parent, "") != "conmon" and not names.get(parent, "").startswith("runc")]
 
 
 def open_files_under(pids: Iterable[int], roots: Iterable[str]) -> list[str]:

@@ -374,6 +374,7 @@ class StepMonitor:
             if self._gone(result.returncode == 0):
                 if attempt > 1:
                     self._log(f"removed at attempt {attempt}")
+                processes.kill_conmon(self.name)  # a podman run killed before the start leaves a runc init
                 return
             why = error_message(result.stderr or "") if result.returncode else "podman rm succeeded"
             self._log(f"still there after podman rm (attempt {attempt}): {why}")

@@ -72,9 +72,9 @@ class Hpc:
         return {node: "\n".join(lines) for node, lines in outputs.items()}
 
     def leftovers(self, within: float = 30, job: str | None = None) -> dict[str, str]:
-        """Per node: this storage's containers, step directories, pid files, mounts and conmons that
-        remain once the nodes have had up to ``within`` seconds to clean up (a step's monitor
-        removes its container after the step's tasks have ended, so after srun returns)."""
+        """Per node: this storage's containers, step directories, pid files, mounts, conmons and orphaned
+        ``runc init`` processes that remain once the nodes have had up to ``within`` seconds to clean up (a
+        step's monitor removes its container after the step's tasks have ended, so after srun returns)."""
         script = ('podman-hpc ps -a --format "container {{.Names}} {{.Status}}"; '
                   'ls -A "$PODMANHPC_RUN_ROOT/shared-run" 2>/dev/null | sed "s/^/stepdir /"; '
                   'ls -A "$PODMANHPC_RUN_ROOT/per-process" 2>/dev/null | sed "s/^/pidfile /"; '
@@ -83,7 +83,12 @@ class Hpc:
                   # a conmon whose container record is gone (its pid file is under the run root)
                   'ps -u "$(id -u)" -o pid=,comm=,args= | awk -v root="-p $PODMANHPC_RUN_ROOT/" '
                   '\'$2 == "conmon" && index($0, root) { for (i = 3; i < NF; i++) if ($i == "-n") '
-                  'print "conmon", $1, $(i + 1) }\'; true')
+                  'print "conmon", $1, $(i + 1) }\'; '
+                  # a runc init whose conmon is gone: its parent is neither conmon nor runc create
+                  'ps -u "$(id -u)" -o pid=,ppid=,args= | awk \'$3 ~ /(^|\\/)runc$/ && $4 == "init" '
+                  '{ print $1, $2 }\' | while read -r pid parent; do '
+                  'case "$(cat /proc/$parent/comm 2>/dev/null)" in conmon|runc*) ;; *) echo "runc-init $pid";; '
+                  'esac; done; true')
         deadline = time.monotonic() + within
         while True:
             outputs = self.on_each_node("sh", "-c", script, job=job)

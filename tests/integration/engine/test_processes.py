@@ -1,6 +1,8 @@
-"""A container's stray conmon, on the real podman: what a per-process task's reaper kills after
-``podman rm`` (engine/processes.kill_conmon)."""
+"""A container's stray conmon and orphaned ``runc init``, on the real podman: what a per-process task's
+reaper and a step monitor kill after ``podman rm`` (engine/processes.kill_conmon)."""
 
+import os
+import signal
 import time
 import uuid
 
@@ -33,5 +35,30 @@ def test_kill_conmon_kills_a_container_held_between_create_and_start(squashed_ti
             time.sleep(0.1)
         assert processes.kill_conmon(name) == []
         assert processes.kill_conmon("no-such-container") == []
+    finally:
+        hpc("rm", "--force", "--time", "0", name, check=False)
+
+
+def test_a_runc_init_whose_conmon_was_killed_goes_too(squashed_tiny, stack):
+    """Once conmon is dead, nothing names the container: its ``runc init`` waits forever with pid 1 as its
+    parent (the leak a stress run left). kill_conmon of any container ends it, as an orphan of the user."""
+    hpc = squashed_tiny
+    name = f"orphan-{uuid.uuid4().hex[:8]}"
+    hpc("create", "--name", name, stack.tiny_image, "sleep", "600")
+    try:
+        hpc("init", name)
+        conmon = conmon_of(name)
+        [init] = processes.descendants(conmon)
+        os.kill(conmon, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while processes.running(conmon):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert processes.running(init) and init in processes.orphaned_runc_inits()
+        assert init in processes.kill_conmon("no-such-container")
+        while processes.running(init):
+            assert time.monotonic() < deadline + 10, processes.cmdline(init)
+            time.sleep(0.1)
+        assert init not in processes.orphaned_runc_inits()
     finally:
         hpc("rm", "--force", "--time", "0", name, check=False)

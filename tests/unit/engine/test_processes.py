@@ -86,3 +86,29 @@ def test_an_owner_token_counts_clock_ticks_since_boot_and_reads_an_earlier_versi
     import psutil
     earlier = f"{pid}:{psutil.Process().create_time():.2f}"  # what tokens held before
     assert processes.owner_alive(earlier) and not processes.owner_alive(f"{pid}:1.00")
+
+
+def test_a_runc_init_is_orphaned_unless_a_conmon_or_runc_is_its_parent(tmp_path):
+    """Processes whose command lines are ``runc init`` and ``conmon``: an interpreter run under those names
+    (the real case, a conmon killed under its waiting ``runc init``, is tests/integration/engine/test_processes.py)."""
+    for name in ("runc", "conmon"):
+        (tmp_path / name).symlink_to(sys.executable)
+    (tmp_path / "init").write_text("import sys; sys.stdin.read()\n")
+    (tmp_path / "parent").write_text(
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.argv[1], 'init'], stdin=subprocess.PIPE)\n"
+        "print(child.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+        "child.stdin.close(); child.wait()\n")
+    alone = subprocess.Popen([tmp_path / "runc", "init"], cwd=tmp_path, stdin=subprocess.PIPE)
+    conmon = subprocess.Popen([tmp_path / "conmon", "parent", tmp_path / "runc"], cwd=tmp_path,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    below_conmon = int(conmon.stdout.readline())
+    try:
+        orphans = processes.orphaned_runc_inits()
+        assert alone.pid in orphans  # its parent is this test, neither conmon nor runc
+        assert below_conmon not in orphans
+    finally:
+        for process in (alone, conmon):
+            process.stdin.close()
+            process.wait(timeout=10)
