@@ -26,7 +26,8 @@ CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"  # engine.config's DEFAULT_CONFI
 # what the monitor may change in the environment podman exec runs with (SiteConfig.podman_env)
 PODMAN_ENV_SET = frozenset(("XDG_CONFIG_HOME", "PODMANHPC_SQUASH_READ_PATH", "PODMANHPC_SQUASH_UNPACK_DIR",
                             "PODMANHPC_SQUASH_UNPACK_MAX_MB", "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES",
-                            "PODMANHPC_SQUASH_JOB"))
+                            "PODMANHPC_SQUASH_JOB", "PODMANHPC_SQUASH_JOB_NODES",
+                            "PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB"))
 PODMAN_ENV_UNSET = frozenset(("XDG_RUNTIME_DIR",))
 PLAN_KEYS = frozenset(("join", "command", "env", "workdir", "argv", "podman_env"))
 REFUSED = 125  # podman's code for errors of the tool itself

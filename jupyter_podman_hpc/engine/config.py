@@ -21,8 +21,8 @@ from typing import Any, Mapping
 
 from .errors import ConfigError
 from .text import truth
-from .readpath import (DEFAULT_BUDGET, DEFAULT_IDLE_MINUTES, DEFAULT_LOGIN_BUDGET, MODES as READ_PATHS,
-                       ReadPathSettings, budget_mb)
+from .readpath import (DEFAULT_AUTO_JOB_MAX_MB, DEFAULT_BUDGET, DEFAULT_IDLE_MINUTES, DEFAULT_LOGIN_BUDGET,
+                       MODES as READ_PATHS, ReadPathSettings, budget_mb)
 
 NO_SQUASH_DIR = ("no squashed image store: SCRATCH is not set and no squash_dir, SQUASH_DIR or --squash-dir "
                  "names one (podman-hpc's fallback /tmp/storage would be shared with every user of the node)")
@@ -80,6 +80,8 @@ class SiteConfig:
     squash_unpack_idle_minutes: float = DEFAULT_IDLE_MINUTES  # an unused copy is removed after this
     # the budget instead on a login node (no SLURM_JOB_ID), where only squash_read_path: unpacked unpacks
     squash_unpack_login_max_mb: str = DEFAULT_LOGIN_BUDGET
+    # auto unpacks no image whose unpacking makes the job's nodes read more than this (MiB) from the store
+    squash_unpack_auto_job_max_mb: float = DEFAULT_AUTO_JOB_MAX_MB
     runtime: str = ""
     cgroup_manager: str = "cgroupfs"
     network: str = ""
@@ -92,6 +94,7 @@ class SiteConfig:
     config_file: str = field(default="", metadata={"derived": True})
     # the Slurm job we run in, "" outside one (a login node): the unpack policy differs
     slurm_job_id: str = field(default="", metadata={"derived": True})
+    slurm_job_nodes: int = field(default=0, metadata={"derived": True})
     sources: dict[str, str] = field(default_factory=dict, metadata={"derived": True})
 
     @classmethod
@@ -142,7 +145,8 @@ class SiteConfig:
         """The read-path settings this configuration gives the mount program on this node (the budget that
         applies here: login node or job)."""
         return ReadPathSettings(self.squash_read_path, self.squash_unpack_dir, budget_mb(self.budget_key[1]),
-                                self.squash_unpack_idle_minutes, self.slurm_job_id)
+                                self.squash_unpack_idle_minutes, self.slurm_job_id, self.slurm_job_nodes,
+                                self.squash_unpack_auto_job_max_mb)
 
     @property
     def budget_key(self) -> tuple[str, str]:
@@ -152,7 +156,8 @@ class SiteConfig:
 
 
 _LIST_KEYS = {f.name for f in fields(SiteConfig) if f.type in ("list[str]",)}
-_FLOAT_KEYS = {"wait_timeout", "wait_poll_interval", "squash_unpack_idle_minutes", "shared_run_reuse_linger"}
+_FLOAT_KEYS = {"wait_timeout", "wait_poll_interval", "squash_unpack_idle_minutes", "shared_run_reuse_linger",
+               "squash_unpack_auto_job_max_mb"}
 _BOOL_KEYS = {"use_default_args", "shared_run_reuse"}
 _PLACEHOLDER = re.compile(r"{{\s*([^}]*?)\s*}}")
 
@@ -167,7 +172,7 @@ def load_config(environ: Mapping[str, str] | None = None, *, squash_dir: str | N
     from_file = _read_file(path, explicit=bool(config_file or env.get("PODMANHPC_CONFIG_FILE")))
 
     config = SiteConfig(user=user, uid=uid, config_file=path if from_file is not None else "",
-                        slurm_job_id=env.get("SLURM_JOB_ID", ""))
+                        slurm_job_id=env.get("SLURM_JOB_ID", ""), slurm_job_nodes=_job_nodes(env))
     from_file = from_file or {}
     defaults = config.as_dict()
     defaults["mount_program"] = _script("podman-hpc-mount")
@@ -301,6 +306,12 @@ def _coerce(key: str, value: Any, source: str) -> Any:
     if not isinstance(value, (str, int, float)):
         raise ConfigError(f"{where} must be a string")
     return str(value)
+
+
+def _job_nodes(env: Mapping[str, str]) -> int:
+    """The node count of the Slurm job we run in (0 outside one, or when Slurm does not say)."""
+    value = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
+    return int(value) if value.isdigit() else 0
 
 
 def _validate(config: SiteConfig) -> None:

@@ -339,7 +339,11 @@ def _squash_lower(squash: Path, lower: Path, digests: set[str], settings: ReadPa
     try:
         if not check(fd, squash, digests, verified()):
             log(f"{squash}: no digest recorded (squashed by podman-hpc 1.2.2 or before the check): not checked")
-        if settings.unpacks:
+        declined = settings.unpacks and settings.auto_declines(os.fstat(fd).st_size)
+        if declined:
+            log(f"{squash}: {declined}")
+            note_fallback(state_dir, declined)
+        elif settings.unpacks:
             copy = UnpackedCopy(squash, Path(settings.unpack_dir), int(settings.unpack_max_mb * 2**20), source_fd=fd)
             try:
                 root = copy.acquire()

@@ -11,8 +11,11 @@ measurements behind the choice:
 - ``kernel``: the squash file mounted with squashfuse_ll, below kernel
   overlayfs (``engine/kerneloverlay.py``).
 - ``fuse``: squashfuse_ll below fuse-overlayfs, podman-hpc 1.2.2's path.
-- ``auto`` (the default): ``unpacked`` while the image fits the cache budget
-  and the directory has room, else ``kernel`` where the node allows an
+- ``auto`` (the default): ``unpacked`` while the image fits the cache budget,
+  the directory has room and the job's nodes together read at most
+  ``squash_unpack_auto_job_max_mb`` from the shared store to unpack it (each
+  node reads the whole squash file; ``bench/scale.py`` measures it, and
+  ``bench/README.md`` has the model), else ``kernel`` where the node allows an
   overlay mount in the user namespace, else ``fuse``.
 
 The mount program (``engine/mount.py``) runs inside podman's user namespace
@@ -44,6 +47,9 @@ DEFAULT_IDLE_MINUTES = 30.0
 # On a login node (hundreds of users, RAM charged to no job) unpacking is asked for
 # (``squash_read_path: unpacked``) and then bounded per user: a Python/Jupyter image or two.
 DEFAULT_LOGIN_BUDGET = "2048"
+# What ``auto`` lets a job's nodes read together from the shared store to unpack an image: nodes x
+# squash file size (bench/README.md, "the scale model").
+DEFAULT_AUTO_JOB_MAX_MB = 65536.0
 
 
 @dataclass(frozen=True)
@@ -57,10 +63,14 @@ class ReadPathSettings:
     # the Slurm job podman runs in; "" on a login node, None when not told (an older
     # podman-hpc, a direct call): then auto unpacks as before
     job: str | None = None
+    job_nodes: int = 0   # the job's node count; 0 when unknown
+    auto_job_max_mb: float = DEFAULT_AUTO_JOB_MAX_MB
 
     VARIABLES = {"mode": "PODMANHPC_SQUASH_READ_PATH", "unpack_dir": "PODMANHPC_SQUASH_UNPACK_DIR",
                  "unpack_max_mb": "PODMANHPC_SQUASH_UNPACK_MAX_MB",
-                 "idle_minutes": "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES", "job": "PODMANHPC_SQUASH_JOB"}
+                 "idle_minutes": "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES", "job": "PODMANHPC_SQUASH_JOB",
+                 "job_nodes": "PODMANHPC_SQUASH_JOB_NODES",
+                 "auto_job_max_mb": "PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB"}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ReadPathSettings":
@@ -72,20 +82,21 @@ class ReadPathSettings:
             budget = budget_mb(env.get(cls.VARIABLES["unpack_max_mb"], str(cls.unpack_max_mb)))
         except ValueError:
             budget = cls.unpack_max_mb
-        try:
-            idle = float(env.get(cls.VARIABLES["idle_minutes"], DEFAULT_IDLE_MINUTES))
-        except ValueError:
-            idle = DEFAULT_IDLE_MINUTES
         return cls(mode=mode if mode in MODES else "auto",
                    unpack_dir=env.get(cls.VARIABLES["unpack_dir"], ""), unpack_max_mb=budget,
-                   idle_minutes=idle, job=env.get(cls.VARIABLES["job"]))
+                   idle_minutes=_number(env, cls.VARIABLES["idle_minutes"], DEFAULT_IDLE_MINUTES),
+                   job=env.get(cls.VARIABLES["job"]),
+                   job_nodes=int(_number(env, cls.VARIABLES["job_nodes"], 0)),
+                   auto_job_max_mb=_number(env, cls.VARIABLES["auto_job_max_mb"], DEFAULT_AUTO_JOB_MAX_MB))
 
     def env(self) -> dict[str, str]:
         """The environment variables that hand these settings to the mount program (``from_env`` reads them
         back)."""
         env = {self.VARIABLES["mode"]: self.mode, self.VARIABLES["unpack_dir"]: self.unpack_dir,
                self.VARIABLES["unpack_max_mb"]: f"{self.unpack_max_mb:g}",
-               self.VARIABLES["idle_minutes"]: f"{self.idle_minutes:g}"}
+               self.VARIABLES["idle_minutes"]: f"{self.idle_minutes:g}",
+               self.VARIABLES["job_nodes"]: str(self.job_nodes),
+               self.VARIABLES["auto_job_max_mb"]: f"{self.auto_job_max_mb:g}"}
         if self.job is not None:
             env[self.VARIABLES["job"]] = self.job
         return env
@@ -103,10 +114,29 @@ class ReadPathSettings:
         wanted = self.mode == "unpacked" or (self.mode == "auto" and not self.login_node)
         return wanted and bool(self.unpack_dir)
 
+    def auto_declines(self, squash_bytes: int) -> str:
+        """Why ``auto`` reads a squash file of ``squash_bytes`` through squashfuse though it would unpack it:
+        every node of the job unpacks the whole file, and together they would read more than
+        ``squash_unpack_auto_job_max_mb`` from the shared store. "" when that is no reason."""
+        total = self.job_nodes * squash_bytes / 2**20
+        if self.mode != "auto" or total <= self.auto_job_max_mb:
+            return ""
+        return (f"auto reads it through squashfuse: {self.job_nodes} nodes x {squash_bytes / 2**20:.0f} MiB "
+                f"would read {total:.0f} MiB from the shared store, more than squash_unpack_auto_job_max_mb "
+                f"({self.auto_job_max_mb:g})")
+
     @property
     def kernel_overlay(self) -> bool:
         """Layers are mounted with the kernel's squashfs and overlay (every mode but ``fuse``)."""
         return self.mode != "fuse"
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    """A number from ``env``; ``default`` when absent or not a number."""
+    try:
+        return float(env.get(name, default))
+    except ValueError:
+        return default
 
 
 def budget_mb(value: str | float, memory: int | None = None) -> float:

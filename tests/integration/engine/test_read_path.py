@@ -8,6 +8,7 @@ import dataclasses
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,21 @@ def test_an_image_over_the_unpack_budget_falls_back_to_squashfuse_and_says_so(sq
     info = hpc.srun("-w", node, "podman-hpc", "infohpc").stdout
     assert "no unpacked copy, squashfuse instead" in info and "squash_unpack_max_mb" in info
     assert hpc.mounts(node) == []
+
+
+def test_auto_reads_through_squashfuse_what_the_jobs_nodes_together_would_read_too_much_of(squashed_tiny, stack):
+    """Each node unpacks the whole squash file: a 2-node job's nodes would read 2x its size from the
+    shared store, past a limit of 1.5x; a 1-node job's stay within it."""
+    squash = next(Path(squashed_tiny.env["SQUASH_DIR"]).glob("overlay/l/*.squash"))
+    limit = f"{1.5 * squash.stat().st_size / 2**20:.3f}"
+    hpc = with_read_path(squashed_tiny, "auto", PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB=limit)
+    roots = hpc.srun("-N2", "--ntasks-per-node=1", "podman-hpc", "run", "--rm", stack.tiny_image, "sh", "-c",
+                     "grep ' / ' /proc/mounts").stdout.strip().splitlines()
+    assert len(roots) == 2 and all("/squash-mounts/" in line for line in roots), roots
+    info = hpc.srun("-w", stack.nodes[0], "podman-hpc", "infohpc").stdout
+    assert "auto reads it through squashfuse: 2 nodes x" in info and "squash_unpack_auto_job_max_mb" in info
+    assert "unpacked" in root_mount(hpc, stack.tiny_image, stack.nodes[0])  # one node: within the limit
+    assert hpc.mounts(stack.nodes[0]) == [] and hpc.mounts(stack.nodes[1]) == []
 
 
 def test_where_kernel_overlayfs_is_refused_the_mount_program_uses_fuse_overlayfs(squashed_tiny, tmp_path):
@@ -113,6 +129,8 @@ def test_killed_podman_and_container_leave_no_mount_or_watcher(squashed_tiny, st
         assert time.monotonic() < deadline, (hpc.mounts(node), watchers(hpc, node))
         time.sleep(1)
     assert [copy.in_use for copy in hpc.unpacked(node)] == [False]
+    # conmon killed under a runc init that waited for its start: the task's reaper ends that too
+    assert hpc.leftovers(within=15) == {}
 
 
 def test_fifty_containers_of_three_images_leave_nothing(hpc, stack):

@@ -222,6 +222,8 @@ def test_with_id_mappings_a_pulled_image_keeps_its_local_layers(pulled, tmp_path
     {"PODMANHPC_SQUASH_JOB": ""},                 # a login node: auto does not unpack
     {"PODMANHPC_SQUASH_READ_PATH": "kernel"},     # squashfuse: no faster than the local layers
     {"PODMANHPC_SQUASH_UNPACK_MAX_MB": "0.000001"},  # no room for a copy
+    {"PODMANHPC_SQUASH_JOB": "7", "PODMANHPC_SQUASH_JOB_NODES": "900",  # the job's nodes would read too much
+     "PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB": "0.0001"},
 ])
 def test_without_an_unpacked_copy_a_pulled_image_keeps_its_local_layers(pulled, tmp_path, monkeypatch, variables):
     graph, lower, store = pulled

@@ -15,11 +15,31 @@ def test_settings_travel_to_the_mount_program_through_podmans_environment(monkey
     monkeypatch.setenv("PODMANHPC_CONFIG_FILE", str(tmp_path / "none.yaml"))
     (tmp_path / "none.yaml").write_text("squash_read_path: kernel\nsquash_unpack_max_mb: 512\n")
     monkeypatch.setenv("SLURM_JOB_ID", "1234")  # a compute node's budget
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "16")
+    monkeypatch.setenv("PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB", "2048")
     config = load_config()
     settings = ReadPathSettings.from_env(config.podman_env({}))
-    assert settings == ReadPathSettings("kernel", f"/dev/shm/{os.getuid()}_hpc/unpacked", 512.0, 30.0, "1234")
+    assert settings == ReadPathSettings("kernel", f"/dev/shm/{os.getuid()}_hpc/unpacked", 512.0, 30.0, "1234",
+                                        16, 2048.0)
     assert settings.kernel_overlay and not settings.unpacks
     assert ReadPathSettings.from_env({}).mode == "auto"
+
+
+def test_auto_declines_to_unpack_what_the_jobs_nodes_together_would_read_too_much_of():
+    settings = ReadPathSettings("auto", "/dev/shm/x", 4096.0, 30.0, "7", job_nodes=16, auto_job_max_mb=2048.0)
+    assert settings.auto_declines(128 * 2**20) == ""           # 16 x 128 MiB = the limit
+    assert settings.auto_declines(129 * 2**20) == (
+        "auto reads it through squashfuse: 16 nodes x 129 MiB would read 2064 MiB from the shared store, "
+        "more than squash_unpack_auto_job_max_mb (2048)")
+    assert ReadPathSettings("unpacked", "/dev/shm/x", 4096.0, 30.0, "7", 16, 2048.0).auto_declines(2**30) == ""
+    assert ReadPathSettings("auto", "/dev/shm/x", 4096.0, 30.0, None).auto_declines(2**40) == ""  # nodes unknown
+
+
+def test_a_bad_auto_job_limit_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB", "-5")
+    with pytest.raises(ConfigError, match=r"^squash_unpack_auto_job_max_mb \(env: PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB\) "
+                                          "must be positive$"):
+        load_config()
 
 
 def test_an_unknown_read_path_is_a_one_line_error(monkeypatch, tmp_path):
