@@ -38,7 +38,11 @@ demo: stack-up
 	$(AS_USER) ./dev/demo
 
 # Benchmarks (bench/README.md): not part of `make test`, except the smoke run (tests/bench).
-bench: stack-up
+# As root, `make bench` starts BENCH_NODES Slurm nodes for the scale benchmark (bench/scale.py);
+# `make test` and `make stack-up` go back to 4.
+BENCH_NODES ?= 16
+bench:
+	@if [ "$$(id -u)" = 0 ]; then STACK_NODES=$(BENCH_NODES) $(STACK) up; else $(MAKE) --no-print-directory stack-up; fi
 	$(AS_USER) python bench/run.py
 
 bench-smoke: stack-up

@@ -204,6 +204,16 @@ def ensure_pulled(ref: str, log: Callable[[str], None] = print) -> str:
     return ref
 
 
+def squash_file(store: Path, ref: str) -> Path:
+    """The squash file of ``ref`` in ``store``."""
+    from jupyter_podman_hpc.engine.store import SquashStore
+
+    found = SquashStore(store).find(ref)
+    if found is None or not found.squash_file:
+        raise BenchError(f"{ref} has no squash file in {store}")
+    return Path(found.squash_file)
+
+
 def ensure_image(name: str, containerfile: Path, context: Path, base: str, key_parts: Sequence[str] = (),
                  log: Callable[[str], None] = print) -> str:
     """``localhost/jph-bench/<name>:<key>`` in the benchmark images' squashed store.
@@ -264,16 +274,23 @@ class PrivateStorage:
                 "PODMANHPC_RUN_ROOT": self.root, "PODMANHPC_CONFIG_HOME": f"{self.root}/config",
                 "PODMANHPC_SQUASH_UNPACK_DIR": f"{self.unpack_root}/unpacked"}
 
-    def remove(self, nodes: bool = True) -> None:
+    def _removal(self) -> list[str]:
         # podman's own `unshare` joins the namespace where the storage's mounts live
         script = ('podman-hpc rm --all --force --time 0 >/dev/null 2>&1; '
                   'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1" "$2"\' '
                   'sh "$1" "$2"')
+        return ["sh", "-c", script, "sh", self.root, self.unpack_root]
+
+    def remove(self, nodes: bool = True) -> None:
         env = self.env()
-        subprocess.run(["sh", "-c", script, "sh", self.root, self.unpack_root], env=env, capture_output=True,
-                       check=False)
+        subprocess.run(self._removal(), env=env, capture_output=True, check=False)
         if nodes:
-            _on_every_node(["sh", "-c", script, "sh", self.root, self.unpack_root], env)
+            _on_every_node(self._removal(), env)
+
+    def remove_on(self, node: str) -> None:
+        """Remove it on ``node`` only."""
+        subprocess.run(["srun", "-N1", "-w", node, *self._removal()], env=self.env(), capture_output=True,
+                       check=False, timeout=600)
 
 
 def _on_every_node(argv: Sequence[str], env: Mapping[str, str]) -> None:

@@ -39,10 +39,10 @@ CANDIDATES = [BASELINE, "squashfuse_ll", "kernel overlay, read-only", "kernel ov
 
 
 def measure(base: str, work: Path, repetitions: int, log: Callable[[str], None] = print) -> list:
-    from common import Sample, ensure_pulled, pulled_store, timed
+    from common import Sample, ensure_pulled, pulled_store, squash_file, timed
 
     ensure_pulled(base, log)
-    squash = _squash_file(pulled_store(), base)
+    squash = squash_file(pulled_store(), base)
     work.mkdir(parents=True, exist_ok=True)
     _, result = timed(["podman", "unshare", sys.executable, __file__, str(squash), str(work),
                        str(repetitions + 1)], timeout=1800)
@@ -54,15 +54,6 @@ def measure(base: str, work: Path, repetitions: int, log: Callable[[str], None] 
             samples.append(Sample(BENCHMARK, name, "base", rep, "import_seconds", seconds))
         log(f"readpath {name:<30} median {statistics.median(values[1:]):.3f} s")
     return samples
-
-
-def _squash_file(store: Path, ref: str) -> Path:
-    from jupyter_podman_hpc.engine.store import SquashStore
-
-    found = SquashStore(store).find(ref)
-    if found is None or not found.squash_file:
-        raise RuntimeError(f"{ref} has no squash file in {store}")
-    return Path(found.squash_file)
 
 
 # --- inside podman unshare ----------------------------------------------------------

@@ -9,9 +9,9 @@ import deepcam
 from common import Failure, Sample, markdown_table, summarize, write_csv
 
 # The configuration each benchmark's other configurations are compared with (same run, same size).
-BASELINES = {"launch": "bare", "steps": "bare", "squash": "plain mksquashfs", "lammps": "bare", "pynamic": "bare",
-             "kernel": "local ipykernel", "deepcam": "bare", "readpath": "plain directory",
-             "cluster": "bare srun"}
+BASELINES = {"launch": "bare", "steps": "bare", "scale": "bare", "scale-reads": "unpacked", "squash": "plain mksquashfs",
+             "lammps": "bare", "pynamic": "bare", "kernel": "local ipykernel", "deepcam": "bare",
+             "readpath": "plain directory", "cluster": "bare srun"}
 # Benchmarks whose metrics include consecutive phases of one run: also a stacked bar per size.
 PHASES = {deepcam.BENCHMARK: deepcam.PHASES}
 
@@ -29,12 +29,17 @@ def _order(sizes):
     return sorted(sizes, key=key)
 
 
+def unit(metric: str) -> str:
+    """A metric's unit, from its name's ending: ``_mib`` or ``_seconds``."""
+    return "MiB" if metric.endswith("_mib") else "s"
+
+
 def table(samples: Sequence[Sample], benchmark: str, metric: str) -> str:
     stats = summarize(s for s in samples if s.benchmark == benchmark and s.metric == metric)
     configs = list(dict.fromkeys(s.config for s in samples if s.benchmark == benchmark and s.metric == metric))
     sizes = _order({size for (_, _, size, _) in stats})
     baseline = BASELINES.get(benchmark)
-    header = ["size", *[f"{c} (s)" for c in configs]]
+    header = ["size", *[f"{c} ({unit(metric)})" for c in configs]]
     if baseline in configs:
         header += [f"{c} − {baseline}" for c in configs if c != baseline]
     rows = []
@@ -45,8 +50,9 @@ def table(samples: Sequence[Sample], benchmark: str, metric: str) -> str:
             for c in configs:
                 if c != baseline:
                     other = stats.get((benchmark, metric, size, c))
-                    row.append(f"{other['median'] - base['median']:+.2f} s ({other['median'] / base['median']:.2f}x)"
-                               if other else "—")
+                    row.append(f"{other['median'] - base['median']:+.2f} {unit(metric)} "
+                               f"({other['median'] / base['median']:.2f}x)"
+                               if other and base["median"] else "—")  # a CPU time may be 0 ticks
         rows.append(row)
     return markdown_table(header, rows)
 

@@ -3,7 +3,7 @@
 
     bench/run.py                   the full comparison (make bench)
     bench/run.py --smoke           one repetition at the smallest sizes (make bench-smoke)
-    bench/run.py --only lammps     some of: launch steps lammps pynamic deepcam readpath squash kernel cluster
+    bench/run.py --only lammps     some of: launch steps scale lammps pynamic deepcam readpath squash kernel cluster
 
 Run as the stack user with the stack's environment (dev/as-user does it).
 Images the application benchmarks need are built once and kept squashed in
@@ -32,11 +32,12 @@ import launch  # noqa: E402
 import pynamic  # noqa: E402
 import readpath  # noqa: E402
 import report  # noqa: E402
+import scale  # noqa: E402
 import squash  # noqa: E402
 import steps  # noqa: E402
-from common import BenchError, Failure, PrivateStorage, Sample, machine, remove_tree  # noqa: E402
+from common import BenchError, Failure, PrivateStorage, Sample, image_store, machine, remove_tree  # noqa: E402
 
-BENCHMARKS = ["launch", "steps", "lammps", "pynamic", "deepcam", "readpath", "squash", "kernel", "cluster"]
+BENCHMARKS = ["launch", "steps", "scale", "lammps", "pynamic", "deepcam", "readpath", "squash", "kernel", "cluster"]
 # 1x16 and 4x16 show what each added rank costs (the nodes declare 16 CPUs for them)
 FULL_SIZES = [(n, k) for n in (1, 2, 4) for k in (1, 2, 4, 8)] + [(1, 16), (4, 16)]
 SMOKE_SIZES = [(1, 1)]
@@ -107,6 +108,25 @@ def main(argv: list[str] | None = None) -> int:
             samples.extend(steps.measure(image, setup.ours_env, steps.SMOKE_SIZES if args.smoke else steps.FULL_SIZES,
                                          repetitions))
 
+        def run_scale() -> None:
+            setup = launch_setup()
+            counts = scale.node_counts(len(os.environ["STACK_NODES"].split()), args.smoke)
+            tasks = scale.SMOKE_TASKS if args.smoke else scale.TASKS
+            notes["scale"] = (f"`{image}` running `true` as steps of one allocation, on n1..nN; the stack had "
+                              f"{len(os.environ['STACK_NODES'].split())} nodes. Node CPU: everything the step ran "
+                              "on a node (its cpuacct cgroup), mean over the step's nodes; login CPU: srun's; "
+                              "ctld CPU: slurmctld's during the step.")
+            samples.extend(scale.measure(launch.configurations(setup, scale.CONFIGS), setup.ours_env, counts, tasks,
+                                         repetitions))
+            readings = [scale.kernel_reading(base)]
+            if not args.smoke:
+                readings.append(scale.Reading("import torch", deepcam.prepare(base, work, storage).image,
+                                              image_store(), "import torch"))
+            notes["scale-reads"] = ("A job's first step on a fresh node, per read path and workload: MiB of the "
+                                    "squash file the node read, and the step's seconds. Workloads: "
+                                    + "; ".join(f"{r.name}: `{r.image}`, python3 -c '{r.code}'" for r in readings))
+            samples.extend(scale.measure_reads(readings, repetitions))
+
         def run_lammps() -> None:
             problem = lammps.SMOKE if args.smoke else lammps.FULL
             nodes = lammps.SMOKE_NODES if args.smoke else lammps.FULL_NODES
@@ -152,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "against the same job's bare srun and the same engines bare.")
             samples.extend(cluster.measure(base, work, repetitions, failures))
 
-        for name, run in (("launch", run_launch), ("steps", run_steps), ("lammps", run_lammps), ("pynamic", run_pynamic),
-                          ("deepcam", run_deepcam), ("readpath", run_readpath), ("squash", run_squash), ("kernel", run_kernel),
-                          ("cluster", run_cluster)):
+        for name, run in (("launch", run_launch), ("steps", run_steps), ("scale", run_scale), ("lammps", run_lammps),
+                          ("pynamic", run_pynamic), ("deepcam", run_deepcam), ("readpath", run_readpath),
+                          ("squash", run_squash), ("kernel", run_kernel), ("cluster", run_cluster)):
             attempt(name, run)
     finally:
         if {"lammps", "pynamic", "deepcam"} & set(args.only):
