@@ -122,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.smoke:
                 readings.append(scale.Reading("import torch", deepcam.prepare(base, work, storage).image,
                                               image_store(), "import torch"))
-            notes["scale-reads"] = ("A job's first step on a fresh node, per read path and workload: MiB of the "
-                                    "squash file the node read, and the step's seconds. Workloads: "
+            notes["scale-reads"] = ("A job's first step on a fresh node, then on a node that checked the squash "
+                                    "file before (its copy gone), per read path and workload: MiB of the squash "
+                                    "file the node read, and the step's seconds. Workloads: "
                                     + "; ".join(f"{r.name}: `{r.image}`, python3 -c '{r.code}'" for r in readings))
             samples.extend(scale.measure_reads(readings, repetitions))
 
