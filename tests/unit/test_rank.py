@@ -56,6 +56,18 @@ def test_a_plan_may_run_in_the_container_the_jobs_steps_share_on_this_node_and_n
         rank.checked_plan(plan, "7.1.n2", {})
 
 
+def test_the_variables_a_plan_may_set_are_those_podman_hpc_gives_podman(monkeypatch, tmp_path):
+    """rank.py keeps its own list (importing the read path's settings would slow every task): it must
+    name exactly what SiteConfig.podman_env sets, or a --no-join task refuses its monitor's plan."""
+    monkeypatch.setenv("PODMANHPC_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    (tmp_path / "none.yaml").write_text("{}\n")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")   # a job: every read-path variable is set
+    before = {"XDG_RUNTIME_DIR": "/run/user/1", "KEPT": "x"}
+    after = load_config().podman_env(before)
+    assert {key for key, value in after.items() if before.get(key) != value} == rank.PODMAN_ENV_SET
+    assert set(before) - set(after) == rank.PODMAN_ENV_UNSET
+
+
 def test_argv0_must_be_the_configured_podman(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
