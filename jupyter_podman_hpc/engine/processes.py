@@ -157,16 +157,15 @@ def kill_conmon(container: str) -> list[int]:
     ``runc init`` waiting for a start that never comes, which a podman killed between creating and starting
     the container leaves behind even once ``podman rm`` has removed the record. Also every orphaned
     ``runc init`` of the user (``orphaned_runc_inits``). The pids killed."""
-    import psutil
-    table = parents()
+    infos = _process_infos()
+    table = {info["pid"]: info["ppid"] for info in infos if info["ppid"] is not None}
     doomed: list[int] = []
-    for process in psutil.process_iter(["pid", "name", "cmdline", "uids"]):
-        info = process.info
+    for info in infos:
         args = info["cmdline"] or []
-        if info["name"] == "conmon" and info["uids"] and info["uids"].real == os.getuid() \
+        if info["name"] == "conmon" and _ours(info) \
                 and "-n" in args and args[args.index("-n") + 1:args.index("-n") + 2] == [container]:
             doomed += [info["pid"], *descendants(info["pid"], table)]
-    doomed += [pid for pid in orphaned_runc_inits() if pid not in doomed]
+    doomed += [pid for pid in _orphaned_runc_inits(infos) if pid not in doomed]
     for pid in doomed:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -179,18 +178,25 @@ def orphaned_runc_inits() -> list[int]:
     """This user's ``runc init`` processes whose conmon is gone. One waits for a start that never comes
     once its conmon was killed, and nothing else would ever end it. While conmon lives it is their parent
     (a subreaper), and ``runc create`` before that; an orphan's parent is pid 1 or another subreaper."""
+    return _orphaned_runc_inits(_process_infos())
+
+
+def _orphaned_runc_inits(infos: Sequence[dict]) -> list[int]:
+    names = {info["pid"]: info["name"] or "" for info in infos}
+    return [info["pid"] for info in infos
+            if (info["cmdline"] or [""])[1:] == ["init"] and os.path.basename(info["cmdline"][0]) == "runc"
+            and _ours(info) and names.get(info["ppid"], "") != "conmon"
+            and not names.get(info["ppid"], "").startswith("runc")]
+
+
+def _process_infos() -> list[dict]:
+    """One pass over the process table: pid, parent, name, command line and uids of each process."""
     import psutil
-    names: dict[int, str] = {}
-    inits: dict[int, int] = {}
-    for process in psutil.process_iter(["pid", "ppid", "name", "cmdline", "uids"]):
-        info = process.info
-        names[info["pid"]] = info["name"] or ""
-        args = info["cmdline"] or []
-        if args[1:] == ["init"] and os.path.basename(args[0]) == "runc" and info["uids"] \
-                and info["uids"].real == os.getuid():
-            inits[info["pid"]] = info["ppid"]
-    return [pid for pid, parent in inits.items()
-            if names.get(parent, "") != "conmon" and not names.get(parent, "").startswith("runc")]
+    return [process.info for process in psutil.process_iter(["pid", "ppid", "name", "cmdline", "uids"])]
+
+
+def _ours(info: dict) -> bool:
+    return bool(info["uids"]) and info["uids"].real == os.getuid()
 
 
 def open_files_under(pids: Iterable[int], roots: Iterable[str]) -> list[str]:
