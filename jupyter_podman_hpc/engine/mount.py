@@ -31,7 +31,7 @@ import stat
 import sys
 from pathlib import Path
 
-from . import commands
+from . import commands, processes
 from .errors import EngineError
 from .kerneloverlay import kernel_options, mount_overlay
 from .private import own_dir
@@ -246,9 +246,8 @@ def wait_for_unmount(target: str) -> None:
 
 def _detach() -> bool:
     """Fork a watcher; True in the watcher, False in the parent (which then exits)."""
-    if os.fork() != 0:
+    if not processes.detach():
         return False
-    os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)

@@ -115,12 +115,8 @@ def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
     its conmon never hold it: its other end sees EOF when this process dies.
     """
     read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:
+    if processes.detach():
         try:
-            os.setsid()
-            if os.fork() != 0:
-                os._exit(0)
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
@@ -135,7 +131,6 @@ def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
         finally:
             os._exit(0)
     os.close(read_end)
-    os.waitpid(child, 0)
     return write_end
 
 

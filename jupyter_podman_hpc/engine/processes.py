@@ -1,7 +1,7 @@
 """What the engine needs to know about a process: since when it runs (owner tokens) and whether it
 runs a given command line, from /proc; through psutil whether it runs, its command line, what runs
-below it, the files it holds open; waiting for the first of several to exit (pidfds); and a
-container's stray conmon and orphaned ``runc init``.
+below it, the files it holds open; waiting for the first of several to exit (pidfds); leaving the
+caller's process tree (``detach``); and a container's stray conmon and orphaned ``runc init``.
 
 psutil is imported on first use (about 14 ms): a kernel's watchdog, a step
 monitor or a service supervisor pays for it only when it looks at a process.
@@ -10,6 +10,7 @@ monitor or a service supervisor pays for it only when it looks at a process.
 from __future__ import annotations
 
 import os
+import select
 import signal
 from typing import Iterable, Mapping, Sequence
 
@@ -128,6 +129,38 @@ def ancestor_pidfd(name: str) -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def detach() -> bool:
+    """Fork a process that init adopts, in a session of its own: False in the caller, True in the new
+    process once it is adopted.
+
+    Until then the new process is still in the caller's process tree, which Slurm's proctrack/linuxproc
+    SIGKILLs, again and again, as a cancelled step ends. A step monitor or a reaper killed there after it
+    began its work would leave that work half done (a step directory, a container): under load the new
+    process can run well ahead of the intermediate one's exit.
+    """
+    child = os.fork()
+    if child != 0:
+        os.waitpid(child, 0)
+        return False
+    try:
+        os.setsid()
+        middle = os.getpid()
+        if os.fork() != 0:
+            os._exit(0)
+    except BaseException:
+        os._exit(1)
+    try:
+        pidfd = os.pidfd_open(middle)
+    except ProcessLookupError:   # gone already: we were adopted
+        return True
+    try:
+        if os.getppid() == middle:   # a pidfd is readable once its process has exited and its children moved
+            select.select([pidfd], [], [])
+    finally:
+        os.close(pidfd)
+    return True
 
 
 def parents() -> dict[int, int]:

@@ -58,12 +58,8 @@ def start_monitor(podman: Podman, directory: Path, listener, name: str, start: C
                    tasks: int, step_daemon: int | None) -> None:
     """Fork the detached monitor, which takes over the step's listening socket and
     ``step_daemon``, a pidfd of the node's slurmstepd for the step (if known)."""
-    pid = os.fork()
-    if pid == 0:
+    if processes.detach():  # it outlives the task
         try:
-            os.setsid()
-            if os.fork() != 0:  # the grandchild is reparented: it outlives the task
-                os._exit(0)
             # Let go of everything the task holds: Slurm's output pipes (srun
             # waits for them), PMI_FD, the step lock.
             devnull = os.open(os.devnull, os.O_RDWR)
@@ -84,7 +80,6 @@ def start_monitor(podman: Podman, directory: Path, listener, name: str, start: C
     listener.close()
     if step_daemon is not None:
         os.close(step_daemon)
-    os.waitpid(pid, 0)
 
 
 class StepMonitor:

@@ -37,7 +37,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from ..engine.processes import owner_alive, owner_token, wait_any
+from ..engine.processes import detach, owner_alive, owner_token, wait_any
 
 if TYPE_CHECKING:  # the engine's podman is imported lazily: the watchdog must start fast
     from ..engine.podman import Podman
@@ -157,12 +157,12 @@ def watchdog(owner: str, client_pid: int, name: str) -> int:
 
 
 def _leave_the_job() -> None:
-    """Go on in a child that init adopts at once. Slurm SIGKILLs what is left of a job's process tree
+    """Go on in a process that init adopts. Slurm SIGKILLs what is left of a job's process tree
     KillWait seconds after its SIGTERM, and a removal can take longer (waiting for the container's lock,
     held by the server's own clean-up or ``podman run --rm``); a podman killed in the middle of a removal
     leaves the container behind. (Under proctrack/cgroup the child dies with the job anyway: there the
     sweep is the fallback.)"""
-    if os.fork() > 0:
+    if not detach():
         os._exit(0)
 
 

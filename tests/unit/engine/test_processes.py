@@ -1,8 +1,10 @@
 """Process facts through psutil, on real processes of this test."""
 
+import json
 import os
 import subprocess
 import sys
+import time
 
 from jupyter_podman_hpc.engine import processes
 
@@ -112,3 +114,35 @@ def test_a_runc_init_is_orphaned_unless_a_conmon_or_runc_is_its_parent(tmp_path)
         for process in (alone, conmon):
             process.stdin.close()
             process.wait(timeout=10)
+
+
+def _ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+        pid = int(text[text.rindex(")") + 2:].split()[1])
+        chain.append(pid)
+    return chain
+
+
+def test_a_detached_process_goes_on_only_once_it_has_left_the_callers_process_tree(monkeypatch):
+    """Slurm SIGKILLs a cancelled step's process tree: a monitor must not begin its work while it is
+    still in it, however late the intermediate process exits (here 0.5 s late)."""
+    caller, real_fork = os.getpid(), os.fork
+
+    def slow_intermediate_fork():
+        pid = real_fork()
+        if pid != 0 and os.getpid() != caller:  # the intermediate process, having forked the new one
+            time.sleep(0.5)
+        return pid
+
+    monkeypatch.setattr(os, "fork", slow_intermediate_fork)
+    read_end, write_end = os.pipe()
+    if processes.detach():
+        os.write(write_end, json.dumps([os.getsid(0) != os.getsid(caller), caller in _ancestors(os.getpid())]).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as reply:
+        other_session, in_callers_tree = json.loads(reply.read())
+    assert other_session and not in_callers_tree
