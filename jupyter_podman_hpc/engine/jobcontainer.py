@@ -98,6 +98,11 @@ def adopted(directory: Path, keep_alive: Sequence[str]) -> int | None:
     return pid if processes.runs_command(pid, keep_alive) else None
 
 
+def is_job_container(directory: Path) -> bool:
+    """Whether a directory of ``<run root>/shared-run`` is a job's container's (not a step's)."""
+    return ".reuse-" in directory.name
+
+
 def record(directory: Path, pid: int) -> None:
     """Write the owner token of the container's first process, once it runs the keep-alive (held
     ``create.lock``)."""

@@ -4,11 +4,13 @@ import os
 import subprocess
 import time
 import uuid
+from signal import SIGKILL
 
 import pytest
 
+from jupyter_podman_hpc.engine.stepmonitor import KILLED_MONITOR_GRACE, MONITOR_LOG
 from tests.conftest import run
-from tests.integration.engine.conftest import recording_podman
+from tests.integration.engine.conftest import monitors_of, recording_podman
 
 # Each rank prints its rank, its node, the container it runs in (its pid namespace and
 # the start time of that namespace's pid 1: namespace numbers alone are reused) and the OS.
@@ -103,6 +105,31 @@ def test_scancel_removes_every_container_within_seconds(squashed_tiny, stack):
     elapsed = time.monotonic() - cancelled
     assert remaining == {}, remaining
     assert elapsed < 30
+
+
+def test_a_killed_monitors_container_and_directory_go_at_the_end_of_the_nodes_next_step(squashed_tiny, stack):
+    """A monitor killed by SIGKILL (the OOM killer, an administrator) runs no clean-up: its container and
+    step directory stay until the node's next monitor, once done, finds the directory's lock free."""
+    hpc, node, name = squashed_tiny, stack.nodes[1], f"killed-monitor-{uuid.uuid4().hex[:8]}"
+    step = subprocess.Popen(["srun", "-J", name, "-N1", "-w", node, "podman-hpc", "shared-run", stack.tiny_image,
+                             "sh", "-c", "echo up; sleep 600"], env=hpc.env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert step.stdout.readline() == "up\n"
+        # the monitor writes to its log (the step's tasks, srun and podman do not)
+        monitors = [int(pid) for pid, _ in monitors_of(hpc.env["PODMANHPC_RUN_ROOT"])
+                    if os.readlink(f"/proc/{pid}/fd/1").endswith(f"/{MONITOR_LOG}")]
+        assert len(monitors) == 1, monitors
+        os.kill(monitors[0], SIGKILL)
+    finally:
+        run(["scancel", "-n", name], env=hpc.env)
+        step.wait(timeout=60)
+    left = hpc.leftovers(within=3)
+    assert "container podman-hpc-" in left.get(node, "") and "stepdir " in left[node], left  # what it left
+    time.sleep(KILLED_MONITOR_GRACE)
+    hpc.srun("-w", node, "podman-hpc", "shared-run", stack.tiny_image, "true")
+    assert hpc.leftovers(within=15) == {}
+    log = hpc.srun("-w", node, "cat", f"{hpc.env['PODMANHPC_RUN_ROOT']}/{MONITOR_LOG}").stdout
+    assert "its monitor was killed" in log, log
 
 
 def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stack):
