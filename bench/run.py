@@ -115,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             notes["scale"] = (f"`{image}` running `true` as steps of one allocation, on n1..nN; the stack had "
                               f"{len(os.environ['STACK_NODES'].split())} nodes. Node CPU: everything the step ran "
                               "on a node (its cpuacct cgroup), mean over the step's nodes; login CPU: srun's; "
-                              "ctld CPU: slurmctld's during the step.")
-            samples.extend(scale.measure(launch.configurations(setup, scale.CONFIGS), setup.ours_env, counts, tasks,
-                                         repetitions))
+                              "ctld CPU: slurmctld's during the step. In `podman-exec, nodes in turn`, node i starts "
+                              f"{scale.TURN_SECONDS} s x i after node 0 (`sleep` in `sh`), so no two nodes' work "
+                              "shares the cores.")
+            samples.extend(scale.measure(scale.configurations(launch.configurations(setup, scale.LAUNCH_CONFIGS)),
+                                         setup.ours_env, counts, tasks, repetitions))
             readings = [scale.kernel_reading(base)]
             if not args.smoke:
                 readings.append(scale.Reading("import torch", deepcam.prepare(base, work, storage).image,

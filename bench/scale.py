@@ -43,7 +43,10 @@ from common import (BenchError, PrivateStorage, Sample, alternating, ensure_pull
 
 BENCHMARK = "scale"
 READS = "scale-reads"
-CONFIGS = ["bare", "podman-exec", "per-process", "1.2.2 shared-run"]
+IN_TURN = "podman-exec, nodes in turn"
+LAUNCH_CONFIGS = ["bare", "podman-exec", "per-process", "1.2.2 shared-run"]   # the launch benchmark's
+CONFIGS = [*LAUNCH_CONFIGS[:2], IN_TURN, *LAUNCH_CONFIGS[2:]]
+TURN_SECONDS = 2   # between two nodes' starts in IN_TURN: more than a podman-exec node's whole work here
 NODE_COUNTS = (1, 2, 4, 8, 16)
 TASKS = (1, 8)
 SMOKE_NODE_COUNTS, SMOKE_TASKS = (1, 2), (1,)
@@ -59,6 +62,26 @@ def node_counts(available: int, smoke: bool) -> list[int]:
     if not counts:
         raise BenchError("the stack has no nodes")
     return counts
+
+
+def configurations(launch: Mapping[str, Callable[[int, int], tuple[list[str], dict]]]
+                   ) -> dict[str, Callable[[int, int], tuple[list[str], dict]]]:
+    """The launch benchmark's configurations (``LAUNCH_CONFIGS``), and podman-exec with its nodes in turn."""
+    table = dict(launch)
+    table[IN_TURN] = in_turn(launch["podman-exec"])
+    return {name: table[name] for name in CONFIGS if name in table}
+
+
+def in_turn(command: Callable[[int, int], tuple[list[str], dict]]) -> Callable[[int, int], tuple[list[str], dict]]:
+    """``command``'s step with node i starting ``TURN_SECONDS`` x i after node 0: each node's work then runs
+    alone on this machine's 2 cores, as on a cluster where every node has its own. Beside ``command``'s
+    figure at the same size, it separates the CPU that the node count adds in our design from the CPU that
+    16 nodes' processes sharing 2 cores cost each other."""
+    def step(nodes: int, per_node: int) -> tuple[list[str], dict]:
+        argv, env = command(nodes, per_node)
+        wait = f'sleep "$((SLURM_NODEID * {TURN_SECONDS}))"; exec "$@"'
+        return [*argv[:3], "sh", "-c", wait, "sh", *argv[3:]], env
+    return step
 
 
 def host_list(nodes: int) -> str:
