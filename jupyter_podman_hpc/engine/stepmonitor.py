@@ -9,8 +9,8 @@ sends only its arguments and environment and gets its whole plan
 its task ends, however it ends (normal exit, failure, scancel's signals, a
 crash): when all the node's tasks have closed theirs, the monitor removes the
 container, confirms it is gone (retrying if not) and logs failures in the run root.
-It holds a lock on its step directory while it lives, so that the node's next
-monitor, once done, removes what a killed one (SIGKILL: no clean-up ran) left.
+It holds a lock file in its step directory while it lives, so that the node's
+next monitor, once done, removes what a killed one (SIGKILL: no clean-up ran) left.
 With ``--reuse`` it leases the job's container on the node instead, and
 removes it only if no later step took it within the linger (``jobcontainer``).
 """
@@ -39,7 +39,8 @@ from .. import stepsocket
 
 MONITOR_LOG = "shared-run-monitor.log"  # in the run root: it outlives the step directories
 PER_TASK_PREFIXES = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "PALS_")
-KILLED_MONITOR_GRACE = 2.0   # seconds: an unlocked step directory younger than this may be a monitor's first instant
+MONITOR_LOCK = "monitor.lock"   # in the step directory, locked by its monitor while it lives
+KILLED_MONITOR_GRACE = 2.0   # seconds: an unlocked lock file younger than this may be in a monitor's first instant
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,11 @@ def start_monitor(podman: Podman, directory: Path, listener, name: str, start: C
         os.close(step_daemon)
 
 
-def _locked(directory: Path, how: int) -> int | None:
-    """An open descriptor of ``directory`` locked ``how``; None if it is gone, or LOCK_NB found it locked."""
+def _locked(path: Path, how: int, create: bool = False) -> int | None:
+    """An open descriptor of the file ``path`` (made if ``create``) locked ``how``; None if it is missing,
+    or LOCK_NB found it locked."""
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
     except OSError:
         return None
     try:
@@ -129,7 +131,7 @@ class StepMonitor:
         self.serving = False
         self.stopped_by: int | None = None  # the signal that asked this monitor to end the step
         self.lease: jobcontainer.Lease | None = None  # the step's hold on its job's container (reuse)
-        self.directory_lock: int | None = None  # tells the node's later monitors that this one lives
+        self.directory_lock: int | None = None  # MONITOR_LOCK: tells the node's later monitors that this one lives
 
     def run(self) -> int:
         """Start the step's container, serve the tasks that join it until the step ends or a signal stops
@@ -148,7 +150,7 @@ class StepMonitor:
             # over then leaves no step directory behind, and this one is removed below however
             # the step ends
             self.directory.mkdir(parents=True, exist_ok=True)
-            self.directory_lock = _locked(self.directory, fcntl.LOCK_EX)   # held until this process exits
+            self.directory_lock = _locked(self.directory / MONITOR_LOCK, fcntl.LOCK_EX, create=True)  # until exit
             self.state = self._start_container()
             if "failed" in self.state:
                 self._log(self.state["failed"])
@@ -169,17 +171,18 @@ class StepMonitor:
         return 0 if "ready" in self.state else 1
 
     def _sweep_killed_monitors(self) -> None:
-        """Remove the container and directory of the node's steps whose monitor was killed: nothing holds
-        their directory's lock (a job's shared containers have their own lingerers: ``jobcontainer``)."""
+        """Remove the container and directory of the node's steps whose monitor was killed: nobody holds
+        their lock file. (A directory without one is a monitor's first instant, or an older podman-hpc's
+        whose monitor may still run; a job's shared containers have their own lingerers: ``jobcontainer``.)"""
         node = self.directory.name.rpartition(".")[2]
         for other in self.directory.parent.glob(f"*.{node}"):
             if other == self.directory or jobcontainer.is_job_container(other):
                 continue
-            held = _locked(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = _locked(other / MONITOR_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if held is None:
                 continue
             try:
-                # made this instant: its monitor takes the lock next (it does so at once after mkdir)
+                # made this instant: its monitor locks it next (at once after making it)
                 if time.time() - os.fstat(held).st_mtime < KILLED_MONITOR_GRACE:
                     continue
                 name = stepsocket.container_name(os.getuid(), other.name)
