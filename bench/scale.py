@@ -252,3 +252,43 @@ def _first_steps(reading: Reading, squash: Path, mode: str) -> dict[str, tuple[f
         return steps
     finally:
         storage.remove_on("n1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Some configurations at some sizes, without the rest of ``make bench``: per-step lines, then medians
+    of CPU per node (``bench/scale.py --configs podman-exec "podman-exec, nodes in turn" --nodes 1 16``)."""
+    import argparse
+    import datetime as dt
+
+    import launch
+    from common import remove_tree, summarize
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--nodes", nargs="+", type=int, default=list(NODE_COUNTS))
+    parser.add_argument("--tasks", nargs="+", type=int, default=list(TASKS))
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--image", default=os.environ.get("STACK_BASE_IMAGE"))
+    args = parser.parse_args(argv)
+    work = Path(os.environ["SCRATCH"]) / "bench" / dt.datetime.now().strftime("scale-%Y%m%d-%H%M%S")
+    work.mkdir(parents=True)
+    try:
+        with_peer = "1.2.2 shared-run" in args.configs
+        setup = launch.prepare(args.image, work, with_peer=with_peer)
+        launch_table = launch.configurations(setup, [name for name in LAUNCH_CONFIGS
+                                                     if with_peer or not name.startswith("1.2.2")])
+        table = {name: command for name, command in configurations(launch_table).items() if name in args.configs}
+        medians = summarize(measure(table, setup.ours_env, args.nodes, args.tasks, args.repetitions))
+        for config in table:
+            for nodes in args.nodes:
+                for per_node in args.tasks:
+                    stats = medians[(BENCHMARK, "node_cpu_seconds", f"{nodes}x{per_node}", config)]
+                    print(f"{config:<28} {nodes:>2}x{per_node}: median {stats['median']:.3f} CPU-s a node "
+                          f"({stats['min']:.3f}-{stats['max']:.3f})")
+    finally:
+        remove_tree(work)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
