@@ -42,6 +42,7 @@ from typing import Callable, Iterator, Sequence
 
 from . import processes
 from .files import atomic_write
+from .locks import held_flock
 from .. import stepsocket
 
 CREATE = "create.lock"
@@ -77,10 +78,10 @@ class Lease:
 def starting(directory: Path) -> Iterator[Lease]:
     """Hold ``create.lock`` for the ``with`` block (adopt or start the container in it); yields the
     step's lease, which outlasts the block."""
-    create = _locked(directory, CREATE, fcntl.LOCK_EX)
+    create = held_flock(directory, CREATE, fcntl.LOCK_EX)
     try:
         # never blocks for long: a reaper holds holders.lock only while it also holds create.lock
-        yield Lease(_locked(directory, HOLDERS, fcntl.LOCK_SH))
+        yield Lease(held_flock(directory, HOLDERS, fcntl.LOCK_SH))
     finally:
         os.close(create)
 
@@ -115,7 +116,7 @@ def linger(directory: Path, seconds: float, remove: Callable[[], None],
     has used the container for ``seconds`` and none uses or starts it, then ``remove()`` it and the
     directory goes. First, the node's job containers whose lingerer was killed go the same way
     (``remove_named(key)``), if they are idle."""
-    lingering = _locked(directory, LINGER, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    lingering = held_flock(directory, LINGER, fcntl.LOCK_EX | fcntl.LOCK_NB)
     if lingering is None:
         return
     try:
@@ -134,7 +135,7 @@ def linger(directory: Path, seconds: float, remove: Callable[[], None],
 
 def _sweep(directory: Path, seconds: float, remove_named: Callable[[str], None]) -> None:
     """Remove another job container of the node if nobody lingers for it and it is idle."""
-    lingering = _locked(directory, LINGER, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    lingering = held_flock(directory, LINGER, fcntl.LOCK_EX | fcntl.LOCK_NB)
     if lingering is None:      # its lingerer runs
         return
     try:
@@ -147,7 +148,7 @@ def _removed_if_idle(directory: Path, seconds: float, remove: Callable[[], None]
     """``remove()`` the container and its directory if no step uses or starts it (both locks taken
     without waiting) and none used it for ``seconds``; whether it did."""
     # (made again if a lingerer before us removed them: then nothing holds them)
-    held = [fd for fd in (_locked(directory, name, fcntl.LOCK_EX | fcntl.LOCK_NB) for name in (CREATE, HOLDERS))
+    held = [fd for fd in (held_flock(directory, name, fcntl.LOCK_EX | fcntl.LOCK_NB) for name in (CREATE, HOLDERS))
             if fd is not None]
     try:
         if len(held) < 2 or _last_used(directory) + seconds > time.clock_gettime(time.CLOCK_BOOTTIME):
@@ -171,25 +172,3 @@ def _last_used(directory: Path) -> float:
     except (OSError, ValueError):
         return 0.0
 
-
-def _locked(directory: Path, name: str, how: int) -> int | None:
-    """An open descriptor of ``directory/name`` (made if missing) locked ``how``, still linked there once
-    locked (a lingerer may have removed the file a waiter held open); None if LOCK_NB found it taken."""
-    path = directory / name
-    while True:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except FileNotFoundError:   # the directory went between the two calls
-            continue
-        try:
-            fcntl.flock(fd, how)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)

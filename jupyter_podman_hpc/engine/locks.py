@@ -1,7 +1,9 @@
 """An exclusive file lock that excludes other processes and other threads alike.
 
-``flocked`` locks a path of ours with flock; ``lockf_held`` takes the fcntl (POSIX) lock
-containers/storage takes, on a lock file the caller opens (a squashed store's).
+``flocked`` locks a path of ours with flock; ``held_flock`` returns a descriptor that holds a
+flock (shared, or tried without waiting) for as long as the caller keeps it open; ``lockf_held``
+takes the fcntl (POSIX) lock containers/storage takes, on a lock file the caller opens (a squashed
+store's).
 """
 
 from __future__ import annotations
@@ -42,6 +44,37 @@ def flocked(path: str | Path, mode: int = 0o644) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def held_flock(directory: Path, name: str, how: int, create: bool = True) -> int | None:
+    """An open descriptor of ``directory/name`` locked ``how``, still linked there once locked (another
+    process may have removed the file a waiter held open). With ``create`` the directory and file are made
+    if missing; without, None if there is nothing to lock. None also if LOCK_NB found it taken."""
+    path = directory / name
+    while True:
+        if create:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+        except OSError as err:
+            if not create:
+                return None   # nothing there to lock
+            if isinstance(err, FileNotFoundError):   # the directory went between the two calls
+                continue
+            raise
+        try:
+            fcntl.flock(fd, how)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+        if not create:
+            return None
 
 
 _thread_locks: dict[str, threading.Lock] = {}

@@ -33,6 +33,7 @@ from typing import Mapping
 
 from . import jobcontainer, processes
 from .errors import EngineError
+from .locks import held_flock
 from .podman import Podman, error_message
 from .taskplan import RunningContainer, split_options, task_command, task_plan
 from .. import stepsocket
@@ -87,21 +88,6 @@ def start_monitor(podman: Podman, directory: Path, listener, name: str, start: C
         os.close(step_daemon)
 
 
-def _locked(path: Path, how: int, create: bool = False) -> int | None:
-    """An open descriptor of the file ``path`` (made if ``create``) locked ``how``; None if it is missing,
-    or LOCK_NB found it locked."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, how)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
 class StepMonitor:
     """Owns the node's container for one step: starts it, counts tasks, removes it."""
 
@@ -150,7 +136,7 @@ class StepMonitor:
             # over then leaves no step directory behind, and this one is removed below however
             # the step ends
             self.directory.mkdir(parents=True, exist_ok=True)
-            self.directory_lock = _locked(self.directory / MONITOR_LOCK, fcntl.LOCK_EX, create=True)  # until exit
+            self.directory_lock = held_flock(self.directory, MONITOR_LOCK, fcntl.LOCK_EX)  # until exit
             self.state = self._start_container()
             if "failed" in self.state:
                 self._log(self.state["failed"])
@@ -178,7 +164,7 @@ class StepMonitor:
         for other in self.directory.parent.glob(f"*.{node}"):
             if other == self.directory or jobcontainer.is_job_container(other):
                 continue
-            held = _locked(other / MONITOR_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = held_flock(other, MONITOR_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
             if held is None:
                 continue
             try:
