@@ -125,8 +125,9 @@ class Pool:
                     return entry
         return None
 
-    def adopted(self) -> None:
-        """The adopted kernel is up: refill now (not while it was starting: 2 cores)."""
+    def refill(self) -> None:
+        """A kernel of this kernelspec is up: refill now (not while it was starting: they would share
+        the cores)."""
         self._hold_until = 0.0
         self._wake.set()
 

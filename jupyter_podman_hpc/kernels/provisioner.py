@@ -181,7 +181,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
         assert self._podman is not None, "pre_launch was not called"
         env = dict(kwargs.get("env") or os.environ)
         cwd = kwargs.get("cwd")
-        pool = self._pool(cmd, cwd)
+        spec_file = self._pool_spec_file(cmd)
+        pool = pools.find(pools.spec_key(spec_file) or "") if spec_file else None
         entry = pool.take(cwd or home()) if pool is not None else None
         if entry is not None and self._hand_over(entry, cmd, env, cwd):
             self.log.info("podman-hpc: kernel %s adopts pooled container %s (image %s)", self.kernel_id,
@@ -195,8 +196,11 @@ class PodmanHPCProvisioner(LocalProvisioner):
                           self.container_name, self.image)
             self._attach(self._spawn(argv, podman_env, self.container_name, ()), cwd)
         await self._wait_until_listening()
-        if entry is not None and pool is not None:
-            pool.adopted()
+        if spec_file is not None:
+            # refilled, or made by this kernelspec's first kernel, once this kernel is up (not beside its start)
+            pool = self._open_pool(spec_file, cwd)
+            if pool is not None:
+                pool.refill()
         return self.connection_info
 
     def _spawn(self, argv: Sequence[str], podman_env: dict[str, str], name: str,
@@ -217,20 +221,28 @@ class PodmanHPCProvisioner(LocalProvisioner):
 
     # --- the warm pool (see pool.py) ---------------------------------------------------
 
-    def _pool(self, cmd: Sequence[str], cwd: str | None) -> pools.Pool | None:
-        """This kernelspec's pool in this process (made on first use), if it can serve this kernel."""
+    def _pool_size(self) -> int:
+        return self.pool if self.pool is not None else pools.default_size
+
+    def _pool_spec_file(self, cmd: Sequence[str]) -> Path | None:
+        """The kernel.json of this kernel's pool, if this kernelspec keeps one in this process and it
+        can serve this kernel (ipykernel's launcher, over tcp)."""
         assert self._container is not None
-        size = self.pool if self.pool is not None else pools.default_size
-        if size <= 0 or self.kernel_spec is None or not self._container.boots(self._container.argv_in_image(cmd)):
+        if self._pool_size() <= 0 or self.kernel_spec is None:
+            return None
+        if not self._container.boots(self._container.argv_in_image(cmd)):
             return None
         if self.connection_info.get("transport", "tcp") != "tcp":
             return None
-        spec_file = Path(getattr(self.kernel_spec, "resource_dir", "") or ".") / "kernel.json"
+        return Path(getattr(self.kernel_spec, "resource_dir", "") or ".") / "kernel.json"
+
+    def _open_pool(self, spec_file: Path, cwd: str | None) -> pools.Pool | None:
+        """This kernelspec's pool in this process, made if there is none yet."""
         key = pools.spec_key(spec_file)
         if key is None:
             return None
         try:
-            return pools.get(key, lambda: self._make_pool(key, size, spec_file, cwd))
+            return pools.get(key, lambda: self._make_pool(key, self._pool_size(), spec_file, cwd))
         except EngineError as err:
             self.log.warning("podman-hpc: no kernel pool for %s: %s", key, err)
             return None
@@ -242,7 +254,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
         settings = dict((spec.metadata.get("kernel_provisioner") or {}).get("config") or {})
         provisioner = cls(**settings, kernel_spec=spec, config=config, **({"log": log} if log else {}))
         provisioner._prepare_engine()
-        return provisioner._pool(spec.argv, None)
+        spec_file = provisioner._pool_spec_file(spec.argv)
+        return provisioner._open_pool(spec_file, None) if spec_file else None
 
     def _make_pool(self, key: str, size: int, spec_file: Path, cwd: str | None) -> pools.Pool:
         """The pool, whose containers a provisioner of its own starts (this one is its kernel's)."""

@@ -1,11 +1,13 @@
 """Warm pools of container kernels in a real `jupyter server`.
 
-A kernelspec installed with `--pool 1` has a container started when the server
-starts; a session adopts it (no container of its own), with its own
-connection file and key, the notebook's directory and the server's variables;
-a replacement starts; interrupt, restart and shutdown work; nothing is left
-when the server stops, when it is SIGKILLed (watchdog, or the sweep of the
-next server), or when the kernelspec is removed.
+A kernelspec installed with `--pool 1` has a container started when the
+server starts; a session adopts it (no container of its own), with its own
+connection file and key, the notebook's directory and the server's
+variables; a replacement starts; interrupt, restart and shutdown work;
+nothing is left when the server stops, when it is SIGKILLed (watchdog, or the
+sweep of the next server), or when the kernelspec is removed. A kernelspec
+installed while the server runs gets its pool once its first kernel, started
+on demand, is up.
 """
 
 from __future__ import annotations
@@ -87,6 +89,27 @@ def test_a_pooled_kernel_is_like_one_started_on_demand(kernel_site, stack, tmp_p
             assert status == 204
         assert second not in kernel_site.container_names()
     # the server stopped: no kernel, no pool container
+    assert kernel_site.containers() == []
+
+
+def test_a_kernelspec_installed_while_the_server_runs_gets_its_pool_after_its_first_kernel(
+        kernel_site, stack, tmp_path):
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    log = tmp_path / "server.log"
+    with jupyter_server(kernel_site, root, log) as (base, token, _):
+        install(kernel_site, stack, "pool-later", 1)
+        first_id = open_notebook(base, token, "first.ipynb", "pool-later")
+        # on demand, alone: the pool's container starts only once this kernel is up (they would share the cores)
+        assert kernel_site.container_names(first_id) == [f"podman-hpc-kernel-{first_id}"]
+        text = log.read_text()
+        started = text.index(f"starting kernel {first_id} in podman-hpc-kernel-{first_id}")
+        assert "kernel(s) of pool-later:" in text[started:] and "kernel(s) of pool-later:" not in text[:started], \
+            text[-3000:]
+        [pooled] = wait_for("a pool container", lambda: pool_containers(kernel_site, "pool-later"), 60)
+        second_id = open_notebook(base, token, "second.ipynb", "pool-later")
+        assert kernel_site.container_names(second_id) == []
+        assert f"kernel {second_id} adopts pooled container {pooled} " in log.read_text()
     assert kernel_site.containers() == []
 
 

@@ -79,7 +79,7 @@ def test_serves_kernels_under_its_directories_and_refills(site):
     taken = pool.take("/srv/notebooks/project")
     assert taken is not None and taken.name in site.processes
     assert taken.name not in pool.names()
-    pool.adopted()  # the kernel is up: a replacement starts
+    pool.refill()  # the kernel is up: a replacement starts
     wait(lambda: len(pool.names()) == 2)
     assert taken.name not in site.removed  # it belongs to its kernel now
     pool.close()
