@@ -2,9 +2,9 @@
 
 A container kernelspec with a pool size N (``pool`` in its provisioner
 config, ``jupyter podman-hpc kernel install IMAGE --pool N``, or the
-server-wide default ``c.PodmanHPC.kernel_pool``) keeps N containers of that
-kernelspec started in each process that starts its kernels (a Jupyter
-server). Each runs ``boot.py --pool``: ipykernel and IPython imported (the
+server-wide default ``c.PodmanHPC.kernel_pool``, 1 unless configured) keeps N
+containers of that kernelspec started in each process that starts its
+kernels (a Jupyter server: from its start). Each runs ``boot.py --pool``: ipykernel and IPython imported (the
 slow part of a start), waiting on its stdin for the kernel's connection
 file, working directory and environment. A kernel start adopts one (see
 ``PodmanHPCProvisioner.launch_kernel``) and a replacement starts in the
@@ -48,7 +48,9 @@ CHECK_SECONDS = 2.0  # how often a pool checks its kernelspec and its containers
 HOLD_SECONDS = 5.0  # a refill waits this long after an adoption (unless the kernel is up sooner)
 MAX_FAILURES = 3  # containers in a row that die before they are ready: the pool stops refilling
 
-default_size = 0  # for kernelspecs that set no pool size (c.PodmanHPC.kernel_pool)
+# for kernelspecs that set no pool size: a Jupyter server sets its c.PodmanHPC.kernel_pool (1 unless
+# configured); any other process (a script's KernelManager, nbval) starts kernels on demand
+default_size = 0
 default_dirs: tuple[str, ...] = ()  # what pool containers mount besides $HOME (the server's root dir)
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,11 @@ class PodmanHPC(Configurable):
     max_nodes = Int(64, help="The most nodes a user may request from the UI.").tag(config=True)
     max_tasks_per_node = Int(256, help="The most tasks per node a user may request from the UI.").tag(config=True)
     max_containerfile_bytes = Int(256_000, help="The largest Containerfile accepted.").tag(config=True)
-    kernel_pool = Int(0, help="Container kernels kept started ahead of need per kernelspec that sets no "
-                              "pool size of its own (its `pool`, `kernel install --pool N`).").tag(config=True)
+    kernel_pool = Int(1, help="Container kernels kept started ahead of need per kernelspec that sets no "
+                              "pool size of its own (its `pool`, `kernel install --pool N`): a user's first "
+                              "kernel of an image is ready at once instead of after a container start. Each "
+                              "costs one idle container (ipykernel imported) per container kernelspec and "
+                              "server; 0 starts every kernel on demand.").tag(config=True)
 
 
 class Backend:

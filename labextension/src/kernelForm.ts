@@ -40,7 +40,7 @@ export class KernelForm extends Widget {
       min: 0,
       max: MAX_POOL,
       step: 1,
-      value: 0
+      placeholder: "server's default"
     });
     this.node.append(
       h(
@@ -63,7 +63,8 @@ export class KernelForm extends Widget {
             h(
               'div',
               { class: 'jp-PodmanHpc-hint' },
-              'Kernels started ahead of need in each server (a warm pool): a new kernel is ready at once.'
+              'Kernels started ahead of need in each server (a warm pool): a new kernel is ready at once. ' +
+                "Empty: the server's default (one, unless your site set another); 0: each kernel starts on demand."
             )
           )
         )
@@ -71,12 +72,13 @@ export class KernelForm extends Widget {
     );
   }
 
-  /** The name (undefined: the default) and the pool size, clamped to 0..MAX_POOL. */
+  /** The name and the pool size, clamped to 0..MAX_POOL (undefined: the server's default). */
   getValue(): IKernelRequest {
-    const pool = Math.round(Number(this._pool.value));
+    const text = this._pool.value.trim();
+    const pool = Math.round(Number(text));
     return {
       displayName: this._name.value.trim() || undefined,
-      pool: Number.isFinite(pool) ? Math.min(Math.max(pool, 0), MAX_POOL) : 0
+      pool: text && Number.isFinite(pool) ? Math.min(Math.max(pool, 0), MAX_POOL) : undefined
     };
   }
 }

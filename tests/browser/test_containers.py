@@ -366,16 +366,17 @@ def test_make_kernel_appears_in_the_launcher(page, console, stack_lab, artifacts
     dialog = page.locator(".jp-Dialog")
     dialog.wait_for(state="visible", timeout=15_000)
     dialog.locator("input[name=display_name]").fill(display)
-    dialog.locator("input[name=pool]").fill("1")  # a warm pool of one kernel
+    # "Kept ready" left empty: the server's default pool (one kernel)
+    assert dialog.locator("input[name=pool]").input_value() == ""
     page.screenshot(path=str(artifacts / "make-kernel-dialog.png"))
     dialog.locator(".jp-mod-accept").click()
     # installed: a notification says so (an error would open a dialog instead)
     page.locator(".Toastify__toast", has_text="installed").first.wait_for(state="visible", timeout=60_000)
     kernels = get_json(stack_lab, "podman-hpc/api/kernels")["kernels"]
     [kernel] = [k for k in kernels if k["display_name"] == display]
-    assert kernel["image"] == stack.base_image and kernel["pool"] == 1, kernel
+    assert kernel["image"] == stack.base_image and kernel["pool"] is None, kernel
     try:
-        # the server keeps one of its kernels started
+        # the server keeps one of its kernels started (c.PodmanHPC.kernel_pool's default)
         deadline = time.monotonic() + 60
         while not pool_containers(stack_lab, kernel["name"]):
             assert time.monotonic() < deadline, f"no pool container for {kernel['name']}"

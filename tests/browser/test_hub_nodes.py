@@ -5,8 +5,9 @@ environment, the installed wheel):
 - the Launcher lists the container kernels; one starts and runs a cell;
 - `%podman_hpc run` works from a notebook, and a job `%podman_hpc submit` sends from there
   gets the variables its batch script exports (`--env`);
-- a kernel of a kernelspec with a pool (`kernel install --pool 1`) adopts the container the
-  server keeps started on its node;
+- a kernel of a kernelspec installed with no pool size (the server's default pool, one)
+  adopts the container the server keeps started on its node (the other kernelspec has
+  `--pool 0`: cold);
 - "Run at scale" submits a 2-node job from inside the server's job, which runs on two other
   nodes and whose rank logs the Jobs section's logs viewer shows;
 - "Stop My Server" on the hub's control panel cancels the job and leaves no container
@@ -65,8 +66,8 @@ class UserServer:
 @pytest.fixture
 def hub(stack, squashed_base, site_venv, configurable_http_proxy):  # noqa: F811
     instance = start_hub(stack=stack, squashed=squashed_base, site_venv=site_venv, chp=configurable_http_proxy)
-    install_kernel(instance, site_venv, stack.base_image, "site-node", DISPLAY)
-    install_kernel(instance, site_venv, stack.base_image, "site-node-pooled", POOLED, "--pool", "1")
+    install_kernel(instance, site_venv, stack.base_image, "site-node", DISPLAY, "--pool", "0")  # the cold one
+    install_kernel(instance, site_venv, stack.base_image, "site-node-pooled", POOLED)  # the server's default pool
     # the server's job directories ("Run at scale"): on the shared scratch, this test's own
     (instance.root / "config" / "jupyter_server_config.json").write_text(
         json.dumps({"PodmanHPC": {"job_root": str(instance.root / "jobs")}}))

@@ -81,7 +81,9 @@ def install_as_user(kernel_site, home: Path, *args: str) -> None:
 def test_hub_user_runs_a_cell_in_a_container_kernel(kernel_site, hub, stack):
     hub, home = hub
     token, user = hub.token, hub.user
-    install_as_user(kernel_site, home, stack.base_image, "--name", "hub-base", "--display-name", "Base image (hub)")
+    # started on demand (no pool): the server's default pool is test_hub_user_gets_a_pooled_kernel's
+    install_as_user(kernel_site, home, stack.base_image, "--name", "hub-base", "--display-name", "Base image (hub)",
+                    "--pool", "0")
     assert (home / ".local/share/jupyter/kernels/hub-base/kernel.json").is_file()
 
     user_url = hub.start_server(timeout=150)
@@ -105,11 +107,12 @@ def test_hub_user_runs_a_cell_in_a_container_kernel(kernel_site, hub, stack):
 
 
 def test_hub_user_gets_a_pooled_kernel(kernel_site, hub, stack):
-    """A kernelspec with a pool: the single-user server starts its container at once, the
-    user's kernel adopts it, and stopping the server leaves no container."""
+    """A kernelspec installed as a user does (no pool size: the server's default, one): the
+    single-user server starts its container at once, the user's kernel adopts it, and stopping
+    the server leaves no container."""
     hub, home = hub
     token, user = hub.token, hub.user
-    install_as_user(kernel_site, home, stack.base_image, "--name", "hub-pooled", "--pool", "1")
+    install_as_user(kernel_site, home, stack.base_image, "--name", "hub-pooled")
     user_url = hub.start_server(timeout=150)
     deadline = time.monotonic() + 90
     while not (pooled := kernel_site.container_names()):

@@ -1,13 +1,13 @@
 """Warm pools of container kernels in a real `jupyter server`.
 
-A kernelspec installed with `--pool 1` has a container started when the
-server starts; a session adopts it (no container of its own), with its own
-connection file and key, the notebook's directory and the server's
-variables; a replacement starts; interrupt, restart and shutdown work;
-nothing is left when the server stops, when it is SIGKILLed (watchdog, or the
-sweep of the next server), or when the kernelspec is removed. A kernelspec
-installed while the server runs gets its pool once its first kernel, started
-on demand, is up.
+A kernelspec installed with no pool size (the server's default, one) or with
+`--pool 1` has a container started when the server starts; a session adopts
+it (no container of its own), with its own connection file and key, the
+notebook's directory and the server's variables; a replacement starts;
+interrupt, restart and shutdown work; nothing is left when the server stops,
+when it is SIGKILLed (watchdog, or the sweep of the next server), or when the
+kernelspec is removed. A kernelspec installed while the server runs gets its
+pool once its first kernel, started on demand, is up.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def probe(base: str, token: str, kernel_id: str) -> dict:
 
 
 def test_a_pooled_kernel_is_like_one_started_on_demand(kernel_site, stack, tmp_path):
-    install(kernel_site, stack, "pool-base", 1)
+    install(kernel_site, stack, "pool-base", None)  # the server's default pool
     root = tmp_path / "notebooks"
     (root / "sub").mkdir(parents=True)
     runtime = Path(kernel_site.env["JUPYTER_RUNTIME_DIR"])

@@ -30,7 +30,9 @@ KERNEL = "site-base"
 @pytest.fixture
 def hub(stack, squashed_base, site_venv, configurable_http_proxy):
     instance = start_hub(stack=stack, squashed=squashed_base, site_venv=site_venv, chp=configurable_http_proxy)
-    install_kernel(instance, site_venv, stack.base_image, KERNEL, "Base image (site)")
+    # started on demand, so that its container is the kernel's own (the default pool on a node:
+    # tests/browser/test_hub_nodes.py)
+    install_kernel(instance, site_venv, stack.base_image, KERNEL, "Base image (site)", "--pool", "0")
     try:
         yield instance
     finally:
