@@ -12,6 +12,14 @@ Configurations, each a kernelspec in a throwaway ``JUPYTER_PATH``:
 - ``pooled container kernel``: the same with ``pool: 1`` (a warm pool): a
   start adopts a started container. The time the pool takes to refill between
   two starts is not counted (each pooled start waits for a ready pool first);
+- ``container kernel, server just started``: a kernelspec installed with no
+  pool size, as a user does (the server's default pool, ``c.PodmanHPC.kernel_pool``,
+  one), started as soon as a new server answers: the server's pool container
+  is still starting when the kernel adopts it. A new server for each sample:
+  a user's first kernel, at its worst;
+- ``container kernel, server started 2 s before``: the same, started 2 s after
+  the new server answered, as when a user first loads JupyterLab's page and
+  then clicks;
 - ``container kernel, login node after a pull``: the same kernelspec, started
   by a second server whose node-local storage has pulled the image
   (``podman-hpc pull``: the image is local AND squashed, as on a login node
@@ -20,6 +28,9 @@ Configurations, each a kernelspec in a throwaway ``JUPYTER_PATH``:
   as fast as squashfuse; in a job it reads the unpacked squashed copy
   (``engine/mount.py``). Its server runs after the first one, in the same
   benchmark run.
+
+The cold configurations' kernelspecs have ``pool: 0``: the server's default
+pool would otherwise serve them.
 
 Two paths (the table's rows):
 
@@ -45,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -67,8 +79,11 @@ BENCHMARK = "kernel"
 CONFIGS = ["local ipykernel", "container kernel", "pooled container kernel"]
 POOLED = "pooled container kernel"
 LOGIN = "container kernel, login node after a pull"
+FRESH = "container kernel, server just started"
+LATER = "container kernel, server started 2 s before"
+FIRST_KERNEL_DELAYS = {FRESH: 0.0, LATER: 2.0}  # seconds from a new server's first answer to its first kernel
 KERNEL_NAMES = {"local ipykernel": "bench-local", "container kernel": "bench-container",
-                POOLED: "bench-pooled", LOGIN: "bench-container"}
+                POOLED: "bench-pooled", LOGIN: "bench-container", FRESH: "bench-default", LATER: "bench-default"}
 POOL_SETTLE = 4.0  # seconds a server's pool container gets to become ready (not visible from outside)
 READY_TIMEOUT = 180.0
 
@@ -93,7 +108,8 @@ def measure(image: str, work: Path, repetitions: int, failures: list[Failure],
     try:
         # cold and pooled in separate servers: a pool's ready container keeps the image's squashfuse
         # mount (and its page cache) alive, and a cold start beside it would read through a warm mount
-        for configs in (["local ipykernel", "container kernel"], ["local ipykernel", POOLED]):
+        for configs in (["local ipykernel", "container kernel"], ["local ipykernel", POOLED],
+                        ["local ipykernel", FRESH, LATER]):
             samples += _run_child([*argv, "--configs", *configs], env, root, failures, log)
     finally:
         storage.remove(nodes=False)
@@ -155,7 +171,9 @@ def _install(image: str, prefix: Path, configs: list[str]) -> None:
         shutil.rmtree(path)
     if {"container kernel", LOGIN} & set(configs):
         kernelspec.install(image, name=KERNEL_NAMES["container kernel"], prefix=prefix,
-                           display_name=f"bench: {image}")
+                           display_name=f"bench: {image}", pool=0)
+    if {FRESH, LATER} & set(configs):
+        kernelspec.install(image, name=KERNEL_NAMES[FRESH], prefix=prefix, display_name=f"bench: {image} (default)")
     if POOLED in configs:
         kernelspec.install(image, name=KERNEL_NAMES[POOLED], prefix=prefix, display_name=f"bench: {image} (pool)",
                            pool=1)
@@ -303,14 +321,16 @@ def _pool_started(timeout: float) -> None:
     time.sleep(POOL_SETTLE)
 
 
-def _server_path(repetitions: int, root: Path, configs: list[str]) -> None:
+@contextlib.contextmanager
+def _server(root: Path, *args: str):
+    """A running ``jupyter server`` (with ``args``) rooted at ``root``: (base URL, token); stopped after."""
     port, token = _free_port(), secrets.token_hex(16)
     root.mkdir(parents=True, exist_ok=True)
-    log = open(root.parent / "server.log", "wb")
+    log = open(root.parent / "server.log", "ab")
     server = subprocess.Popen(
         [str(Path(sys.executable).with_name("jupyter-server")), "--ServerApp.ip=127.0.0.1",
          f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-         "--ServerApp.open_browser=False", f"--ServerApp.root_dir={root}"],
+         "--ServerApp.open_browser=False", f"--ServerApp.root_dir={root}", *args],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -322,18 +342,48 @@ def _server_path(repetitions: int, root: Path, configs: list[str]) -> None:
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"jupyter server did not start (see {root.parent / 'server.log'})")
-                time.sleep(0.2)
+                time.sleep(0.05)
+        yield base, token
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
 
+
+def _ready_seconds(base: str, token: str, name: str) -> float:
+    """POST /api/kernels for kernelspec ``name`` to the first kernel_info reply on its WebSocket; the kernel
+    is deleted after (not timed)."""
+    started = time.perf_counter()
+    kernel = _request("POST", f"{base}/api/kernels", token, {"name": name})
+    try:
+        asyncio.run(_info_on_websocket(f"ws{base[4:]}/api/kernels/{kernel['id']}/channels", token))
+        return time.perf_counter() - started
+    finally:
+        _request("DELETE", f"{base}/api/kernels/{kernel['id']}", token)
+
+
+def _first_kernel_ready_seconds(root: Path, delay: float) -> float:
+    """A user's first kernel: a new server (default settings), and ``delay`` s after it answers a kernel of
+    the kernelspec without a pool size, which adopts the pool container the server started (or is starting)."""
+    with _server(root) as (base, token):
+        time.sleep(delay)
+        return _ready_seconds(base, token, KERNEL_NAMES[FRESH])
+
+
+def _server_path(repetitions: int, root: Path, configs: list[str]) -> None:
+    # no default pool in this server: its container would keep the image's squashfuse mount warm for the
+    # cold starts and for the first kernels' servers
+    with _server(root, "--PodmanHPC.kernel_pool=0") as (base, token):
         def start(config: str) -> float:
+            if config in FIRST_KERNEL_DELAYS:
+                return _first_kernel_ready_seconds(root, FIRST_KERNEL_DELAYS[config])
             if config == POOLED:
                 _pool_started(120)
-            started = time.perf_counter()
-            kernel = _request("POST", f"{base}/api/kernels", token, {"name": KERNEL_NAMES[config]})
-            try:
-                asyncio.run(_info_on_websocket(f"ws://127.0.0.1:{port}/api/kernels/{kernel['id']}/channels", token))
-                return time.perf_counter() - started
-            finally:
-                _request("DELETE", f"{base}/api/kernels/{kernel['id']}", token)
+            return _ready_seconds(base, token, KERNEL_NAMES[config])
 
         for config in configs:  # warm-up, not recorded
             try:
@@ -343,14 +393,6 @@ def _server_path(repetitions: int, root: Path, configs: list[str]) -> None:
         for repetition in range(repetitions):
             for config in alternating(configs, repetition):
                 _emit(config, "server", repetition, "ready_seconds", lambda: start(config))
-    finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
     _emit(configs[-1], "server stop", 0, "containers_left", lambda: float(_kernel_containers()))
 
 
@@ -360,12 +402,13 @@ def child(argv: list[str]) -> int:
     parser.add_argument("--image", required=True)
     parser.add_argument("--prefix", type=Path, required=True)
     parser.add_argument("--repetitions", type=int, default=5)
-    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=[*CONFIGS, LOGIN],
+    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=[*CONFIGS, LOGIN, *FIRST_KERNEL_DELAYS],
                         help="configurations to start")
     args = parser.parse_args(argv)
     configs = args.configs
     _install(args.image, args.prefix, configs)
-    _manager_path(args.repetitions, configs)
+    if not set(FIRST_KERNEL_DELAYS) & set(configs):  # a server's default; a KernelManager starts on demand
+        _manager_path(args.repetitions, configs)
     _server_path(args.repetitions, args.prefix.parent / "notebooks", configs)
     return 0
 

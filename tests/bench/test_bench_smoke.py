@@ -41,7 +41,7 @@ EXPECTED = {  # benchmark -> (configurations, metrics)
     "deepcam": (deepcam.CONFIGS, [*deepcam.PHASES, "step_seconds"]),
     "readpath": (readpath.CANDIDATES, ["import_seconds"]),
     "squash": (["plain mksquashfs", "ours", "1.2.2"], ["squash_seconds"]),
-    "kernel": (kernel.CONFIGS, ["ready_seconds"]),
+    "kernel": ([*kernel.CONFIGS, kernel.LOGIN, *kernel.FIRST_KERNEL_DELAYS], ["ready_seconds"]),
     "cluster": (cluster.CONFIGS, ["start_seconds"]),
 }
 
