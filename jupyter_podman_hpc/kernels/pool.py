@@ -4,11 +4,11 @@ A container kernelspec with a pool size N (``pool`` in its provisioner
 config, ``jupyter podman-hpc kernel install IMAGE --pool N``, or the
 server-wide default ``c.PodmanHPC.kernel_pool``, 1 unless configured) keeps N
 containers of that kernelspec started in each process that starts its
-kernels (a Jupyter server: from its start). Each runs ``boot.py --pool``: ipykernel and IPython imported (the
-slow part of a start), waiting on its stdin for the kernel's connection
-file, working directory and environment. A kernel start adopts one (see
-``PodmanHPCProvisioner.launch_kernel``) and a replacement starts in the
-background.
+kernels (a Jupyter server: from its start). Each runs ``boot.py --pool``:
+ipykernel and IPython imported (the slow part of a start), waiting on its
+stdin for the kernel's connection file, working directory and environment.
+A kernel start adopts one (see ``PodmanHPCProvisioner.launch_kernel``) and a
+replacement starts in the background.
 
 What a pool can serve: a kernel whose working directory is inside one of
 the directories the pool's containers mount (``$HOME`` and the server's
