@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--python", default="python3", help="python command inside the image (default: python3)")
     install.add_argument("--pool", type=int, metavar="N",
                          help=f"keep N kernels started ahead of need in each Jupyter server (0-{kernelspec.MAX_POOL}; "
-                              "default: the server's c.PodmanHPC.kernel_pool)")
+                              "default: the server's c.PodmanHPC.kernel_pool, 1 unless the site set another)")
     install.add_argument("--no-slurm", dest="slurm", action="store_false",
                          help="without the host's Slurm inside the kernel (the slurm module)")
     where = install.add_mutually_exclusive_group()
