@@ -25,9 +25,9 @@ def _load_jupyter_server_extension(serverapp) -> None:
     serverapp.web_app.add_handlers(".*$", handlers(serverapp.web_app.settings["base_url"]))
     _sweep_orphan_kernels(serverapp.log)
     _sweep_orphan_services(backend, serverapp.log)
-    _stop_tasks_on_shutdown(serverapp, backend)
+    _stop_on_shutdown(serverapp, backend)
     _kernel_start_errors_as_messages(serverapp.kernel_manager)
-    _warm_kernel_pools(serverapp, settings.kernel_pool)
+    backend.start_kernel_pools(serverapp.kernel_spec_manager)
     serverapp.log.info("jupyter_podman_hpc server extension loaded (podman-hpc API at %spodman-hpc/api/)",
                        serverapp.web_app.settings["base_url"])
 
@@ -60,32 +60,6 @@ def _kernel_start_errors_as_messages(kernel_manager) -> None:
     kernel_manager.start_kernel = start_kernel
 
 
-def _warm_kernel_pools(serverapp, default_size: int) -> None:
-    """Start the warm pools of the container kernelspecs that ask for one, in the background;
-    pooled containers mount $HOME and the server's root directory (see kernels/pool.py)."""
-    import os
-    import threading
-
-    from ..kernels import pool
-
-    pool.default_size = default_size
-    pool.default_dirs = (os.path.realpath(serverapp.root_dir),)
-
-    def warm():
-        from ..kernels import kernelspec
-        from ..kernels.provisioner import PodmanHPCProvisioner
-
-        for kernel in kernelspec.list_kernels():
-            if (kernel.pool if kernel.pool is not None else default_size) > 0:
-                try:
-                    PodmanHPCProvisioner.warm(kernel.name, serverapp.kernel_spec_manager, serverapp.config,
-                                              serverapp.log)
-                except Exception as err:  # noqa: BLE001 - kernels of that spec then start on demand
-                    serverapp.log.warning("podman-hpc: no kernel pool for %s: %s", kernel.name, err)
-
-    threading.Thread(target=warm, name="podman-hpc-kernel-pools", daemon=True).start()
-
-
 def _sweep_orphan_services(backend, log) -> None:
     """The Podman services of a pull or build whose server died (SIGKILL) are stopped, and their
     build containers removed, at the next start (see engine/servicesweep.py)."""
@@ -103,15 +77,18 @@ def _sweep_orphan_services(backend, log) -> None:
     threading.Thread(target=run, name="podman-hpc-service-sweep", daemon=True).start()
 
 
-def _stop_tasks_on_shutdown(serverapp, backend) -> None:
+def _stop_on_shutdown(serverapp, backend) -> None:
     """A server stopped by SIGTERM (or from the UI) cancels its pulls and builds and records them
-    as interrupted before it exits, rather than leaving their Podman services running."""
+    as interrupted before it exits, rather than leaving their Podman services running, and closes
+    its kernel pools (their waiting containers go; adopted ones are their kernels')."""
     import asyncio
 
     cleanup = serverapp.cleanup_extensions
 
     async def cleanup_extensions():
-        await asyncio.get_running_loop().run_in_executor(None, backend.tasks.shutdown)
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(loop.run_in_executor(None, backend.tasks.shutdown),
+                             loop.run_in_executor(None, backend.close_kernel_pools))
         await cleanup()
 
     serverapp.cleanup_extensions = cleanup_extensions

@@ -6,7 +6,9 @@ settings (traitlets), its root directory and background tasks.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from pathlib import Path
 
 from traitlets import Int, Unicode
@@ -48,7 +50,10 @@ class Backend:
     def __init__(self, settings: PodmanHPC, root_dir: str, log=None):
         self.settings = settings
         self.root_dir = root_dir
+        self.log = log or logging.getLogger(__name__)
         self.tasks = TaskManager(log=log, records=self._task_records(log))
+        self._warming: list[threading.Thread] = []
+        self._pools_closing = threading.Event()
 
     def _task_records(self, log) -> TaskRecords | None:
         """The user's task records (``engine.taskrecords``), or None when the run root cannot hold
@@ -267,24 +272,52 @@ class Backend:
         from ..kernels import kernelspec
         kernel = kernelspec.install(image, name=name, display_name=display_name, modules=modules, pool=pool)
         if (kernel.pool if kernel.pool is not None else self.settings.kernel_pool) > 0:
-            self._warm(kernel.name)
+            self.warm_kernel_pools([kernel.name])
         return kernel.as_dict()
 
-    def _warm(self, kernel_name: str) -> None:
-        """Start the new kernelspec's pool in this server now (kernels/pool.py), in the background."""
-        import threading
+    # --- warm kernel pools (kernels/pool.py) ----------------------------------------------
 
+    def start_kernel_pools(self, spec_manager=None) -> None:
+        """The server starts: ``kernel_pool`` becomes its process's pool size for kernelspecs that set
+        none, pool containers mount the root directory besides $HOME, and every pool starts."""
+        from ..kernels import kernelspec, pool
+
+        pool.default_size = self.settings.kernel_pool
+        pool.default_dirs = (os.path.realpath(self.root_dir),)
+        self.warm_kernel_pools([kernel.name for kernel in kernelspec.list_kernels()
+                                if (kernel.pool if kernel.pool is not None else pool.default_size) > 0],
+                               spec_manager)
+
+    def warm_kernel_pools(self, names: list[str], spec_manager=None) -> None:
+        """Start the pools of kernelspecs ``names`` now, not at their first kernel, in the background."""
         from jupyter_client.kernelspec import KernelSpecManager
 
         from ..kernels.provisioner import PodmanHPCProvisioner
 
         def warm():
-            try:
-                PodmanHPCProvisioner.warm(kernel_name, KernelSpecManager(), self.settings.config)
-            except Exception as err:  # noqa: BLE001 - its kernels then start on demand
-                self.settings.log.warning("podman-hpc: no kernel pool for %s: %s", kernel_name, err)
+            manager = spec_manager or KernelSpecManager()
+            for name in names:
+                if self._pools_closing.is_set():
+                    return
+                try:
+                    PodmanHPCProvisioner.warm(name, manager, self.settings.config, self.log)
+                except Exception as err:  # noqa: BLE001 - its kernels then start on demand
+                    self.log.warning("podman-hpc: no kernel pool for %s: %s", name, err)
 
-        threading.Thread(target=warm, name=f"podman-hpc-kernel-pool-{kernel_name}", daemon=True).start()
+        thread = threading.Thread(target=warm, name="podman-hpc-kernel-pools", daemon=True)
+        self._warming.append(thread)
+        thread.start()
+
+    def close_kernel_pools(self) -> None:
+        """The server stops: no pool starts any more, every pool of this process closes, and the process
+        goes back to pooling no kernelspec by default (pytest-jupyter runs servers one after another)."""
+        from ..kernels import pool
+
+        self._pools_closing.set()
+        for thread in self._warming:
+            thread.join(60)
+        pool.default_size, pool.default_dirs = 0, ()
+        pool.close_all()
 
     def remove_kernel(self, name: str) -> dict:
         """Remove this user's container kernel ``name``; the kernel removed."""
