@@ -79,19 +79,24 @@ def _sweep_orphan_services(backend, log) -> None:
 
 def _stop_on_shutdown(serverapp, backend) -> None:
     """A server stopped by SIGTERM (or from the UI) cancels its pulls and builds and records them
-    as interrupted before it exits, rather than leaving their Podman services running, and closes
-    its kernel pools (their waiting containers go; adopted ones are their kernels')."""
+    as interrupted before it exits, rather than leaving their Podman services running; once its
+    kernels are shut down, it closes its kernel pools (their waiting containers go). Not before:
+    while the pools close, a kernel whose container a watchdog removed at the SIGTERM would be
+    restarted, on demand, by a server on its way out."""
     import asyncio
 
-    cleanup = serverapp.cleanup_extensions
+    cleanup_extensions, cleanup_kernels = serverapp.cleanup_extensions, serverapp.cleanup_kernels
 
-    async def cleanup_extensions():
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(loop.run_in_executor(None, backend.tasks.shutdown),
-                             loop.run_in_executor(None, backend.close_kernel_pools))
-        await cleanup()
+    async def stop_tasks_then_extensions():
+        await asyncio.get_running_loop().run_in_executor(None, backend.tasks.shutdown)
+        await cleanup_extensions()
 
-    serverapp.cleanup_extensions = cleanup_extensions
+    async def stop_kernels_then_pools():
+        await cleanup_kernels()
+        await asyncio.get_running_loop().run_in_executor(None, backend.close_kernel_pools)
+
+    serverapp.cleanup_extensions = stop_tasks_then_extensions
+    serverapp.cleanup_kernels = stop_kernels_then_pools
 
 
 def _sweep_orphan_kernels(log) -> None:
