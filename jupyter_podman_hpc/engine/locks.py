@@ -1,7 +1,8 @@
 """An exclusive file lock that excludes other processes and other threads alike.
 
 ``flocked`` locks a path of ours with flock; ``held_flock`` returns a descriptor that holds a
-flock (shared, or tried without waiting) for as long as the caller keeps it open; ``lockf_held``
+flock (shared, or tried without waiting) for as long as the caller keeps it open, and
+``abandoned_lock`` one of a lock file whose holder was killed; ``lockf_held``
 takes the fcntl (POSIX) lock containers/storage takes, on a lock file the caller opens (a squashed
 store's).
 """
@@ -14,6 +15,7 @@ import fcntl
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -75,6 +77,20 @@ def held_flock(directory: Path, name: str, how: int, create: bool = True) -> int
         os.close(fd)
         if not create:
             return None
+
+
+# seconds: an unlocked lock file younger than this may be in its holder's first instant (made, not yet locked)
+NEW_LOCK_GRACE = 2.0
+
+
+def abandoned_lock(directory: Path, name: str) -> int | None:
+    """A descriptor holding the lock on ``directory/name`` if its holders are gone: nobody holds it, and it
+    is older than ``NEW_LOCK_GRACE`` (a holder killed by SIGKILL ran no clean-up); else None."""
+    held = held_flock(directory, name, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+    if held is not None and time.time() - os.fstat(held).st_mtime < NEW_LOCK_GRACE:
+        os.close(held)
+        return None
+    return held
 
 
 _thread_locks: dict[str, threading.Lock] = {}

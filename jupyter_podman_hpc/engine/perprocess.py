@@ -3,6 +3,7 @@ in a step), and nothing of it outlives the task."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from . import commands, processes
+from .locks import abandoned_lock, held_flock
 from .podman import Podman, flag_name, group_options, split_short_flags
 from .stepcontext import pmi_fd_passthrough, step_context, step_env_args
 from .. import stepsocket
@@ -31,6 +33,10 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     starting the container leaves conmon and a ``runc init`` behind it. It
     looks again a few times over the next 10 s: a podman killed just after
     forking its conmon leaves a process that starts the container later.
+    The task and its reaper hold a lock file while either lives; the node's
+    next task removes what a task and reaper both killed left (SIGKILL, or a
+    step's end under Slurm's proctrack/cgroup, which kills detached
+    processes too).
     """
     context = step_context(podman.config, environ)
     name = f"{context.container_name(os.getuid())}.{context.local_id}"
@@ -38,10 +44,19 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     named: list[str] = []
     reaper = None
     if ours:
-        pidfile = Path(podman.config.run_root) / "per-process" / f"{name}.pid"
-        pidfile.parent.mkdir(parents=True, exist_ok=True)
+        tasks = Path(podman.config.run_root) / "per-process"
+        sweep_killed_tasks(podman, tasks)
+        pidfile = tasks / f"{name}.pid"
         named = ["--name", name, "--pidfile", str(pidfile)]
-        reaper = _start_reaper(podman, name, pidfile)
+        # srun's or scancel's signal waits until the reaper exists: ended in between, this task would leave
+        # a lock file that no reaper removes (the reaper keeps them blocked: its start is in the step's tree)
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)
+        try:
+            # held, through the reaper's inherited copy too, until this process and its reaper have both ended
+            held_flock(tasks, f"{name}{LOCK_SUFFIX}", fcntl.LOCK_EX)
+            reaper = _start_reaper(podman, name, pidfile)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     passthrough = pmi_fd_passthrough(environ)
     log_driver = log_driver_args(options, podman.options("run"))
     argv = podman.run_command([*passthrough.run_args, *step_env_args(podman.config, environ), *named,
@@ -57,7 +72,10 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
         # killed or signalled while it started the container (a step cancelled at its start) leaves conmon
         # to start it and write the pid file after podman is gone: no pid file yet is no proof then.
         done = code < 128 and not ending(passed) and not _running(pidfile)
-        os.write(reaper, b"d" if done else b"r")
+        try:
+            os.write(reaper, b"d" if done else b"r")
+        except BrokenPipeError:
+            pass  # the reaper was killed: once this task ends too, the node's next task sweeps what is left
         if done:
             pidfile.unlink(missing_ok=True)  # else the reaper's, after the removal: never before it
     return code
@@ -82,6 +100,8 @@ def log_driver_args(options: Sequence[str], run_table: Mapping[str, bool]) -> li
 # seconds between the reaper's looks for a container started after its removal: a podman killed just
 # after it forked its conmon leaves a process that becomes conmon, and starts the container, later
 LATE_START_CHECKS = (1, 3, 6)
+
+LOCK_SUFFIX = ".lock"   # <container name>.lock beside its pid file
 
 # what ends a task (srun's and scancel's); SIGUSR1 and SIGUSR2 are the program's own business
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -108,6 +128,21 @@ def _exists(podman: Podman, name: str) -> bool:
     return podman("container", "exists", name, check=False).returncode == 0
 
 
+def sweep_killed_tasks(podman: Podman, tasks: Path) -> None:
+    """Remove the containers (and conmons, pid and lock files) of this node's per-process tasks whose task
+    and reaper were both killed: nobody holds their lock file. The run root is the node's own (podman
+    keeps its run state there), so every lock file in it is of this node."""
+    for lock in tasks.glob(f"*{LOCK_SUFFIX}"):
+        held = abandoned_lock(tasks, lock.name)
+        if held is None:
+            continue
+        try:
+            name = lock.name[:-len(LOCK_SUFFIX)]
+            _remove(podman, name, tasks / f"{name}.pid")
+        finally:
+            os.close(held)
+
+
 def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
     """Fork a process that removes container ``name`` unless this process says "done" (``d``).
 
@@ -128,6 +163,7 @@ def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
                     if pidfile.exists() or processes.kill_conmon(name):
                         _remove(podman, name, pidfile)
             pidfile.unlink(missing_ok=True)
+            pidfile.with_suffix(LOCK_SUFFIX).unlink(missing_ok=True)
         finally:
             os._exit(0)
     os.close(read_end)
@@ -135,10 +171,12 @@ def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
 
 
 def _remove(podman: Podman, name: str, pidfile: Path) -> None:
-    """The container, its stray conmon (and ``runc init``), then its pid file: in that order."""
+    """The container, its stray conmon (and ``runc init``), then its pid and lock files: in that order.
+    (A reaper killed during its later looks leaves no lock to sweep: only a late start would be missed.)"""
     podman.remove_containers(name)
     processes.kill_conmon(name)
     pidfile.unlink(missing_ok=True)
+    pidfile.with_suffix(LOCK_SUFFIX).unlink(missing_ok=True)
 
 
 def _running(pidfile: Path) -> bool:

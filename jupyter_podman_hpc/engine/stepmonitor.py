@@ -33,7 +33,7 @@ from typing import Mapping
 
 from . import jobcontainer, processes
 from .errors import EngineError
-from .locks import held_flock
+from .locks import abandoned_lock, held_flock
 from .podman import Podman, error_message
 from .taskplan import RunningContainer, split_options, task_command, task_plan
 from .. import stepsocket
@@ -41,7 +41,6 @@ from .. import stepsocket
 MONITOR_LOG = "shared-run-monitor.log"  # in the run root: it outlives the step directories
 PER_TASK_PREFIXES = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "PALS_")
 MONITOR_LOCK = "monitor.lock"   # in the step directory, locked by its monitor while it lives
-KILLED_MONITOR_GRACE = 2.0   # seconds: an unlocked lock file younger than this may be in a monitor's first instant
 
 
 @dataclass(frozen=True)
@@ -164,13 +163,10 @@ class StepMonitor:
         for other in self.directory.parent.glob(f"*.{node}"):
             if other == self.directory or jobcontainer.is_job_container(other):
                 continue
-            held = held_flock(other, MONITOR_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False)
+            held = abandoned_lock(other, MONITOR_LOCK)
             if held is None:
                 continue
             try:
-                # made this instant: its monitor locks it next (at once after making it)
-                if time.time() - os.fstat(held).st_mtime < KILLED_MONITOR_GRACE:
-                    continue
                 name = stepsocket.container_name(os.getuid(), other.name)
                 self.podman.remove_containers(name)
                 processes.kill_conmon(name)

@@ -6,9 +6,11 @@ import time
 import uuid
 from signal import SIGKILL
 
+import psutil
 import pytest
 
-from jupyter_podman_hpc.engine.stepmonitor import KILLED_MONITOR_GRACE, MONITOR_LOG
+from jupyter_podman_hpc.engine.locks import NEW_LOCK_GRACE
+from jupyter_podman_hpc.engine.stepmonitor import MONITOR_LOG
 from tests.conftest import run
 from tests.integration.engine.conftest import monitors_of, recording_podman
 
@@ -123,13 +125,61 @@ def test_a_killed_monitors_container_and_directory_go_at_the_end_of_the_nodes_ne
     finally:
         run(["scancel", "-n", name], env=hpc.env)
         step.wait(timeout=60)
-    left = hpc.leftovers(within=3)
-    assert "container podman-hpc-" in left.get(node, "") and "stepdir " in left[node], left  # what it left
-    time.sleep(KILLED_MONITOR_GRACE)
-    hpc.srun("-w", node, "podman-hpc", "shared-run", stack.tiny_image, "true")
-    assert hpc.leftovers(within=15) == {}
+    left_until_the_nodes_next_step(hpc, node, "stepdir ", "shared-run", stack.tiny_image, "true")
     log = hpc.srun("-w", node, "cat", f"{hpc.env['PODMANHPC_RUN_ROOT']}/{MONITOR_LOG}").stdout
     assert "its monitor was killed" in log, log
+
+
+def test_a_killed_per_process_tasks_container_goes_at_the_start_of_the_nodes_next_task(squashed_tiny, stack):
+    """Every process of a per-process task killed by SIGKILL, as Slurm's proctrack/cgroup ends a step (the
+    task, its podman, its detached reaper, conmon and the container's processes are all in the step's
+    cgroup): nothing runs a clean-up, and the container's record, pid file and lock file stay until the
+    node's next per-process task finds the lock free."""
+    hpc, node, name = squashed_tiny, stack.nodes[2], f"killed-task-{uuid.uuid4().hex[:8]}"
+    step = subprocess.Popen(["srun", "-J", name, "-N1", "-w", node, "podman-hpc", "run", "--rm", stack.tiny_image,
+                             "sh", "-c", "echo up; sleep 600"], env=hpc.env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert step.stdout.readline() == "up\n"
+        holders = [psutil.Process(int(pid)) for pid, _ in monitors_of(hpc.env["PODMANHPC_RUN_ROOT"])
+                   if lock_holder(pid)]
+        assert len(holders) == 2, holders   # the task and its reaper
+        conmons = [process for process in psutil.process_iter(["name", "cmdline"])
+                   if process.info["name"] == "conmon" and hpc.env["PODMANHPC_RUN_ROOT"] in
+                   " ".join(process.info["cmdline"] or ()) and "-n" in (process.info["cmdline"] or ())]
+        assert len(conmons) == 1, conmons
+        for process in [*holders, *conmons]:
+            for doomed in [process, *process.children(recursive=True)]:
+                doomed.kill()
+    finally:
+        run(["scancel", "-n", name], env=hpc.env)
+        step.wait(timeout=60)
+    left_until_the_nodes_next_step(hpc, node, ".lock", "run", "--rm", stack.tiny_image, "true")
+
+
+def left_until_the_nodes_next_step(hpc, node, mark, *next_step):
+    """What the killed processes left on ``node`` (their container, and ``mark``) stays until the node's
+    next step (``podman-hpc *next_step``) removes it."""
+    left = hpc.leftovers(within=3)
+    assert "container podman-hpc-" in left.get(node, "") and mark in left[node], left
+    time.sleep(NEW_LOCK_GRACE)
+    hpc.srun("-w", node, "podman-hpc", *next_step)
+    assert hpc.leftovers(within=15) == {}
+
+
+def lock_holder(pid):
+    """Whether process ``pid`` holds a per-process task's lock file open."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if "/per-process/" in target and target.endswith(".lock"):
+            return True
+    return False
 
 
 def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stack):

@@ -1,6 +1,7 @@
 """Helpers of the engine's unit tests: squash files made with the real mksquashfs, and
 copies of them unpacked into a cache (engine/unpack.py, engine/unpackcache.py); images
-squashed into a store as migrate leaves them (engine/store.py, engine/storeremove.py)."""
+squashed into a store as migrate leaves them (engine/store.py, engine/storeremove.py); what a
+sweep of killed monitors or tasks removes (engine/stepmonitor.py, engine/perprocess.py)."""
 
 import json
 import os
@@ -55,3 +56,23 @@ def squashed_image(store, image_id, layer, link, names):
     for path, record in ((store.images_json, {"id": image_id, "layer": layer, "names": names}),
                          (store.layers_json, {"id": layer})):
         path.write_text(json.dumps(json.loads(path.read_text()) + [record]))
+
+
+class RemovalsPodman:
+    """Stands in for Podman in a sweep: records the containers removed and the conmons killed."""
+
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+        self.killed: list[str] = []
+
+    def remove_containers(self, *names: str) -> None:
+        self.removed += names
+
+
+@pytest.fixture
+def removals(monkeypatch) -> RemovalsPodman:
+    from jupyter_podman_hpc.engine import processes
+
+    podman = RemovalsPodman()
+    monkeypatch.setattr(processes, "kill_conmon", podman.killed.append)
+    return podman

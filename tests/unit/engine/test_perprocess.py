@@ -44,3 +44,30 @@ def test_the_output_passes_through_unless_a_log_driver_a_terminal_or_detach_is_a
     for options in (["--log-driver", "k8s-file"], ["--log-driver=none"], ["-t"], ["-it"], ["--tty"],
                     ["--tty=true"], ["-d"], ["--detach"], ["--rm", "-dt"]):
         assert log_driver_args(options, table) == [], options
+
+
+def test_a_task_sweeps_only_the_containers_whose_task_and_reaper_are_gone(tmp_path, removals):
+    """Swept: a lock file nobody holds (its task and reaper were killed), with its pid file. Kept: one a
+    live task or reaper holds, one made a moment ago (a task's first instant), and other files."""
+    import fcntl
+    import os
+    import time
+
+    from jupyter_podman_hpc.engine import perprocess
+    from jupyter_podman_hpc.engine.locks import NEW_LOCK_GRACE
+
+    old = time.time() - NEW_LOCK_GRACE - 10
+    for name, age in {"killed": old, "alive": old, "starting": time.time()}.items():
+        for suffix in (".lock", ".pid"):
+            (tmp_path / f"podman-hpc-1-9.0.n1.{name}{suffix}").touch()
+            os.utime(tmp_path / f"podman-hpc-1-9.0.n1.{name}{suffix}", (age, age))
+    (tmp_path / "notes.txt").touch()
+    held = os.open(tmp_path / "podman-hpc-1-9.0.n1.alive.lock", os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+
+    perprocess.sweep_killed_tasks(removals, tmp_path)
+    os.close(held)
+    assert removals.removed == removals.killed == ["podman-hpc-1-9.0.n1.killed"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "notes.txt", "podman-hpc-1-9.0.n1.alive.lock", "podman-hpc-1-9.0.n1.alive.pid",
+        "podman-hpc-1-9.0.n1.starting.lock", "podman-hpc-1-9.0.n1.starting.pid"]

@@ -38,7 +38,7 @@ def test_the_monitors_plans_pass_the_tasks_checks(tmp_path):
         assert changed["XDG_CONFIG_HOME"] == str(tmp_path / "run" / "config")
 
 
-def test_a_monitor_sweeps_only_the_steps_of_its_node_whose_monitor_is_gone(tmp_path, monkeypatch):
+def test_a_monitor_sweeps_only_the_steps_of_its_node_whose_monitor_is_gone(tmp_path, removals):
     """Swept: a step directory whose lock file nobody holds. Kept: one whose monitor holds it, one
     locked a moment ago (a monitor's first instant), one without a lock file (an older podman-hpc's
     monitor may run), another node's, and a job's shared container (its lingerer's)."""
@@ -47,11 +47,11 @@ def test_a_monitor_sweeps_only_the_steps_of_its_node_whose_monitor_is_gone(tmp_p
     import time
 
     from jupyter_podman_hpc import stepsocket
-    from jupyter_podman_hpc.engine import processes
-    from jupyter_podman_hpc.engine.stepmonitor import KILLED_MONITOR_GRACE, MONITOR_LOCK, StepMonitor
+    from jupyter_podman_hpc.engine.locks import NEW_LOCK_GRACE
+    from jupyter_podman_hpc.engine.stepmonitor import MONITOR_LOCK, StepMonitor
 
     runs = tmp_path / "shared-run"
-    old = time.time() - KILLED_MONITOR_GRACE - 10
+    old = time.time() - NEW_LOCK_GRACE - 10
     for key, lock in {"9.0.n1": "old", "9.1.n1": "old", "9.2.n1": "new", "9.3.n1": None, "9.4.n2": "old",
                       f"9.reuse-{'a' * stepsocket.DIGEST_SIZE}.n1": "old", "9.5.n1": "old"}.items():
         (runs / key).mkdir(parents=True)
@@ -62,19 +62,11 @@ def test_a_monitor_sweeps_only_the_steps_of_its_node_whose_monitor_is_gone(tmp_p
     held = os.open(runs / "9.1.n1" / MONITOR_LOCK, os.O_RDWR)
     fcntl.flock(held, fcntl.LOCK_EX)   # 9.1's monitor lives
 
-    class Podman:
-        removed: list[str] = []
-
-        def remove_containers(self, *names):
-            self.removed += names
-
-    killed: list[str] = []
-    monkeypatch.setattr(processes, "kill_conmon", killed.append)
     monitor = StepMonitor.__new__(StepMonitor)
-    monitor.podman, monitor.directory, monitor.name = Podman(), runs / "9.5.n1", "podman-hpc-x-9.5.n1"
+    monitor.podman, monitor.directory, monitor.name = removals, runs / "9.5.n1", "podman-hpc-x-9.5.n1"
     monitor._sweep_killed_monitors()
     os.close(held)
     gone = stepsocket.container_name(os.getuid(), "9.0.n1")
-    assert Podman.removed == [gone] and killed == [gone]
+    assert removals.removed == [gone] and removals.killed == [gone]
     assert sorted(path.name for path in runs.iterdir()) == ["9.1.n1", "9.2.n1", "9.3.n1", "9.4.n2", "9.5.n1",
                                                            f"9.reuse-{'a' * stepsocket.DIGEST_SIZE}.n1"]
