@@ -78,16 +78,18 @@ def _sweep_orphan_services(backend, log) -> None:
 
 
 def _stop_on_shutdown(serverapp, backend) -> None:
-    """A server stopped by SIGTERM (or from the UI) cancels its pulls and builds and records them
-    as interrupted before it exits, rather than leaving their Podman services running; once its
-    kernels are shut down, it closes its kernel pools (their waiting containers go). Not before:
-    while the pools close, a kernel whose container a watchdog removed at the SIGTERM would be
-    restarted, on demand, by a server on its way out."""
+    """A server stopped by SIGTERM (or from the UI) first stops restarting its kernels: at a job's
+    SIGTERM each kernel's watchdog removes its container, and a restart by a server on its way out
+    would start one that nothing removes. Then it cancels its pulls and builds and records them as
+    interrupted, rather than leaving their Podman services running; once its kernels are shut down,
+    it closes its kernel pools (their waiting containers go)."""
     import asyncio
 
     cleanup_extensions, cleanup_kernels = serverapp.cleanup_extensions, serverapp.cleanup_kernels
 
     async def stop_tasks_then_extensions():
+        for kernel_id in serverapp.kernel_manager.list_kernel_ids():
+            serverapp.kernel_manager.get_kernel(kernel_id).stop_restarter()
         await asyncio.get_running_loop().run_in_executor(None, backend.tasks.shutdown)
         await cleanup_extensions()
 
