@@ -18,6 +18,6 @@ async def test_a_stopping_server_restarts_no_kernel_that_dies_meanwhile(jp_serve
         await jp_serverapp.cleanup_extensions()
         psutil.Process(first).kill()
         await asyncio.sleep(2 * kernel.restarter_class.time_to_dead.default_value + 1)  # two polls
-        assert kernel.provisioner is None or kernel.provisioner.pid == first  # no new kernel started
+        assert kernel.provisioner.pid == first  # no new kernel started
     finally:
         await jp_serverapp.cleanup_kernels()
