@@ -44,7 +44,7 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     named: list[str] = []
     reaper = None
     if ours:
-        tasks = Path(podman.config.run_root) / "per-process"
+        tasks = tasks_dir(podman)
         sweep_killed_tasks(podman, tasks)
         pidfile = tasks / f"{name}.pid"
         named = ["--name", name, "--pidfile", str(pidfile)]
@@ -128,10 +128,16 @@ def _exists(podman: Podman, name: str) -> bool:
     return podman("container", "exists", name, check=False).returncode == 0
 
 
-def sweep_killed_tasks(podman: Podman, tasks: Path) -> None:
+def tasks_dir(podman: Podman) -> Path:
+    """Where the node's per-process tasks keep their containers' pid and lock files."""
+    return Path(podman.config.run_root) / "per-process"
+
+
+def sweep_killed_tasks(podman: Podman, tasks: Path) -> list[str]:
     """Remove the containers (and conmons, pid and lock files) of this node's per-process tasks whose task
     and reaper were both killed: nobody holds their lock file. The run root is the node's own (podman
-    keeps its run state there), so every lock file in it is of this node."""
+    keeps its run state there), so every lock file in it is of this node. The containers' names."""
+    removed = []
     for lock in tasks.glob(f"*{LOCK_SUFFIX}"):
         held = abandoned_lock(tasks, lock.name)
         if held is None:
@@ -139,8 +145,10 @@ def sweep_killed_tasks(podman: Podman, tasks: Path) -> None:
         try:
             name = lock.name[:-len(LOCK_SUFFIX)]
             _remove(podman, name, tasks / f"{name}.pid")
+            removed.append(name)
         finally:
             os.close(held)
+    return removed
 
 
 def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from . import jobcontainer, processes
+from . import jobcontainer, perprocess, processes
 from .errors import EngineError
 from .locks import abandoned_lock, held_flock
 from .podman import Podman, error_message
@@ -153,6 +153,8 @@ class StepMonitor:
             if self.lease is not None:
                 self._leave_job_container()
             self._sweep_killed_monitors()
+            for name in perprocess.sweep_killed_tasks(self.podman, perprocess.tasks_dir(self.podman)):
+                self._log(f"removed {name}: its per-process task and reaper were killed")
         return 0 if "ready" in self.state else 1
 
     def _sweep_killed_monitors(self) -> None:

@@ -130,11 +130,12 @@ def test_a_killed_monitors_container_and_directory_go_at_the_end_of_the_nodes_ne
     assert "its monitor was killed" in log, log
 
 
-def test_a_killed_per_process_tasks_container_goes_at_the_start_of_the_nodes_next_task(squashed_tiny, stack):
+@pytest.mark.parametrize("next_step", [("run", "--rm"), ("shared-run",)], ids=["per-process", "podman-exec"])
+def test_a_killed_per_process_tasks_container_goes_with_the_nodes_next_step(squashed_tiny, stack, next_step):
     """Every process of a per-process task killed by SIGKILL, as Slurm's proctrack/cgroup ends a step (the
     task, its podman, its detached reaper, conmon and the container's processes are all in the step's
     cgroup): nothing runs a clean-up, and the container's record, pid file and lock file stay until the
-    node's next per-process task finds the lock free."""
+    node's next per-process task (at its start) or podman-exec step (at its end) finds the lock free."""
     hpc, node, name = squashed_tiny, stack.nodes[2], f"killed-task-{uuid.uuid4().hex[:8]}"
     step = subprocess.Popen(["srun", "-J", name, "-N1", "-w", node, "podman-hpc", "run", "--rm", stack.tiny_image,
                              "sh", "-c", "echo up; sleep 600"], env=hpc.env, stdout=subprocess.PIPE, text=True)
@@ -153,7 +154,7 @@ def test_a_killed_per_process_tasks_container_goes_at_the_start_of_the_nodes_nex
     finally:
         run(["scancel", "-n", name], env=hpc.env)
         step.wait(timeout=60)
-    left_until_the_nodes_next_step(hpc, node, ".lock", "run", "--rm", stack.tiny_image, "true")
+    left_until_the_nodes_next_step(hpc, node, ".lock", *next_step, stack.tiny_image, "true")
 
 
 def left_until_the_nodes_next_step(hpc, node, mark, *next_step):
