@@ -34,9 +34,9 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     looks again a few times over the next 10 s: a podman killed just after
     forking its conmon leaves a process that starts the container later.
     The task and its reaper hold a lock file while either lives; the node's
-    next task removes what a task and reaper both killed left (SIGKILL, or a
-    step's end under Slurm's proctrack/cgroup, which kills detached
-    processes too).
+    next per-process task (at its start) or podman-exec step (at its end)
+    removes what a task and reaper both killed left (SIGKILL, or a step's
+    end under Slurm's proctrack/cgroup, which kills detached processes too).
     """
     context = step_context(podman.config, environ)
     name = f"{context.container_name(os.getuid())}.{context.local_id}"
