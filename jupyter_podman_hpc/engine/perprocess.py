@@ -44,16 +44,15 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
     named: list[str] = []
     reaper = None
     if ours:
-        tasks = tasks_dir(podman)
-        sweep_killed_tasks(podman, tasks)
-        pidfile = tasks / f"{name}.pid"
+        sweep_killed_tasks(podman)
+        pidfile = _pidfile(podman, name)
         named = ["--name", name, "--pidfile", str(pidfile)]
         # srun's or scancel's signal waits until the reaper exists: ended in between, this task would leave
         # a lock file that no reaper removes (the reaper keeps them blocked: its start is in the step's tree)
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)
         try:
             # held, through the reaper's inherited copy too, until this process and its reaper have both ended
-            held_flock(tasks, f"{name}{LOCK_SUFFIX}", fcntl.LOCK_EX)
+            held_flock(pidfile.parent, _lockfile(pidfile).name, fcntl.LOCK_EX)
             reaper = _start_reaper(podman, name, pidfile)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -128,23 +127,34 @@ def _exists(podman: Podman, name: str) -> bool:
     return podman("container", "exists", name, check=False).returncode == 0
 
 
-def tasks_dir(podman: Podman) -> Path:
+def _tasks_dir(podman: Podman) -> Path:
     """Where the node's per-process tasks keep their containers' pid and lock files."""
     return Path(podman.config.run_root) / "per-process"
 
 
-def sweep_killed_tasks(podman: Podman, tasks: Path) -> list[str]:
+def _pidfile(podman: Podman, name: str) -> Path:
+    """Container ``name``'s pid file (podman run --pidfile)."""
+    return _tasks_dir(podman) / f"{name}.pid"
+
+
+def _lockfile(pidfile: Path) -> Path:
+    """The lock file beside a pid file, which the task and its reaper hold while either lives."""
+    return pidfile.with_suffix(LOCK_SUFFIX)
+
+
+def sweep_killed_tasks(podman: Podman) -> list[str]:
     """Remove the containers (and conmons, pid and lock files) of this node's per-process tasks whose task
     and reaper were both killed: nobody holds their lock file. The run root is the node's own (podman
     keeps its run state there), so every lock file in it is of this node. The containers' names."""
     removed = []
+    tasks = _tasks_dir(podman)
     for lock in tasks.glob(f"*{LOCK_SUFFIX}"):
         held = abandoned_lock(tasks, lock.name)
         if held is None:
             continue
         try:
             name = lock.name[:-len(LOCK_SUFFIX)]
-            _remove(podman, name, tasks / f"{name}.pid")
+            _remove(podman, name, _pidfile(podman, name))
             removed.append(name)
         finally:
             os.close(held)
@@ -170,8 +180,7 @@ def _start_reaper(podman: Podman, name: str, pidfile: Path) -> int:
                     time.sleep(pause)
                     if pidfile.exists() or processes.kill_conmon(name):
                         _remove(podman, name, pidfile)
-            pidfile.unlink(missing_ok=True)
-            pidfile.with_suffix(LOCK_SUFFIX).unlink(missing_ok=True)
+            _drop_files(pidfile)
         finally:
             os._exit(0)
     os.close(read_end)
@@ -183,8 +192,13 @@ def _remove(podman: Podman, name: str, pidfile: Path) -> None:
     (A reaper killed during its later looks leaves no lock to sweep: only a late start would be missed.)"""
     podman.remove_containers(name)
     processes.kill_conmon(name)
+    _drop_files(pidfile)
+
+
+def _drop_files(pidfile: Path) -> None:
+    """A task's pid file, then its lock file: once the lock is gone, no sweep looks for the container."""
     pidfile.unlink(missing_ok=True)
-    pidfile.with_suffix(LOCK_SUFFIX).unlink(missing_ok=True)
+    _lockfile(pidfile).unlink(missing_ok=True)
 
 
 def _running(pidfile: Path) -> bool:

@@ -153,7 +153,7 @@ class StepMonitor:
             if self.lease is not None:
                 self._leave_job_container()
             self._sweep_killed_monitors()
-            for name in perprocess.sweep_killed_tasks(self.podman, perprocess.tasks_dir(self.podman)):
+            for name in perprocess.sweep_killed_tasks(self.podman):
                 self._log(f"removed {name}: its per-process task and reaper were killed")
         return 0 if "ready" in self.state else 1
 

@@ -52,22 +52,26 @@ def test_a_task_sweeps_only_the_containers_whose_task_and_reaper_are_gone(tmp_pa
     import fcntl
     import os
     import time
+    from types import SimpleNamespace
 
     from jupyter_podman_hpc.engine import perprocess
     from jupyter_podman_hpc.engine.locks import NEW_LOCK_GRACE
 
+    removals.config = SimpleNamespace(run_root=str(tmp_path))
+    tasks = tmp_path / "per-process"
+    tasks.mkdir()
     old = time.time() - NEW_LOCK_GRACE - 10
     for name, age in {"killed": old, "alive": old, "starting": time.time()}.items():
         for suffix in (".lock", ".pid"):
-            (tmp_path / f"podman-hpc-1-9.0.n1.{name}{suffix}").touch()
-            os.utime(tmp_path / f"podman-hpc-1-9.0.n1.{name}{suffix}", (age, age))
-    (tmp_path / "notes.txt").touch()
-    held = os.open(tmp_path / "podman-hpc-1-9.0.n1.alive.lock", os.O_RDWR)
+            (tasks / f"podman-hpc-1-9.0.n1.{name}{suffix}").touch()
+            os.utime(tasks / f"podman-hpc-1-9.0.n1.{name}{suffix}", (age, age))
+    (tasks / "notes.txt").touch()
+    held = os.open(tasks / "podman-hpc-1-9.0.n1.alive.lock", os.O_RDWR)
     fcntl.flock(held, fcntl.LOCK_EX)
 
-    perprocess.sweep_killed_tasks(removals, tmp_path)
+    swept = perprocess.sweep_killed_tasks(removals)
     os.close(held)
-    assert removals.removed == removals.killed == ["podman-hpc-1-9.0.n1.killed"]
-    assert sorted(path.name for path in tmp_path.iterdir()) == [
+    assert swept == removals.removed == removals.killed == ["podman-hpc-1-9.0.n1.killed"]
+    assert sorted(path.name for path in tasks.iterdir()) == [
         "notes.txt", "podman-hpc-1-9.0.n1.alive.lock", "podman-hpc-1-9.0.n1.alive.pid",
         "podman-hpc-1-9.0.n1.starting.lock", "podman-hpc-1-9.0.n1.starting.pid"]
