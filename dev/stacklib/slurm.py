@@ -63,12 +63,16 @@ def munge_up() -> None:
 # --- accounting database ---------------------------------------------------
 
 def _db_password() -> str:
+    """slurmdbd's database password, made once. The file is created 0600 (O_EXCL: never through a
+    link, never at the umask's mode for a moment) and renamed into place whole."""
     path = layout.MARIADB_DIR / "slurm.password"
     if not path.exists():
         layout.MARIADB_DIR.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(secrets.token_hex(16))
-        tmp.chmod(0o600)
+        tmp.unlink(missing_ok=True)     # what a killed first start left
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(16))
         os.replace(tmp, path)
     return path.read_text().strip()
 
