@@ -1,5 +1,7 @@
 """The user's own small files: one write-temp-then-rename helper (store, jobs, podman's caches,
-modules) and one trusted read (task and service records)."""
+modules) and one trusted read (task and service records); and the files a container could have
+written (a job's logs and outputs), read as data: never through a link, never waiting on a FIFO,
+bounded."""
 
 import os
 
@@ -68,3 +70,57 @@ def test_only_the_users_own_unshared_json_is_read_back(tmp_path):
     atomic_write(broken, '{"id": ', 0o600)
     assert [files.read_own_json(path, limit=64) for path in (link, writable, big, broken, tmp_path / "none")] \
         == [None] * 5
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """What code in an image leaves where the host reads its output: a link to /dev/zero, a FIFO
+    nobody writes, a link to a file of the user's, a directory in a file's place."""
+    (tmp_path / "zero.out").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo.out")
+    secret = tmp_path / "secret"
+    secret.write_text("the user's")
+    (tmp_path / "secret.out").symlink_to(secret)
+    (tmp_path / "dir.out").mkdir()
+    return tmp_path
+
+
+def test_an_untrusted_file_is_read_only_when_it_is_a_regular_file_within_its_limit(planted):
+    (planted / "rank-0.out").write_bytes(b"x" * 100)
+    assert files.read_untrusted(planted / "rank-0.out", 100) == b"x" * 100
+    with pytest.raises(files.UntrustedFile, match=r"^rank-0.out is 101 B, over the 100 B read$") as over:
+        (planted / "rank-0.out").write_bytes(b"x" * 101)
+        files.read_untrusted(planted / "rank-0.out", 100)
+    assert over.value.size == 101
+    for name, why in (("zero.out", "is a symbolic link"), ("fifo.out", "is not a regular file"),
+                      ("secret.out", "is a symbolic link"), ("dir.out", "is not a regular file")):
+        with pytest.raises(files.UntrustedFile, match=f"^{name} {why}: not read$"):
+            files.read_untrusted(planted / name, 1 << 20)
+    with pytest.raises(FileNotFoundError):
+        files.read_untrusted(planted / "missing.out", 100)
+
+
+def test_below_a_trusted_directory_no_link_is_followed_on_the_way(tmp_path):
+    home = tmp_path / "home"
+    (home / "nbrun").mkdir(parents=True)
+    (home / "nbrun" / "progress.json").write_text("{}")
+    job = tmp_path / "job"
+    (job / "out").mkdir(parents=True)
+    (job / "out" / "nbrun").symlink_to(home / "nbrun")
+    path = job / "out" / "nbrun" / "progress.json"
+    assert files.read_untrusted(path, 100) == b"{}"  # only the last name is not followed...
+    with pytest.raises(files.UntrustedFile, match="^nbrun is a symbolic link or not a directory: not read$"):
+        files.read_untrusted(path, 100, beneath=job)  # ...unless the caller names the host's directory
+    (job / "out" / "nbrun").unlink()
+    (job / "out" / "nbrun").mkdir()
+    (job / "out" / "nbrun" / "progress.json").write_text("[]")
+    assert files.read_untrusted(path, 100, beneath=job) == b"[]"
+
+
+def test_a_log_keeps_its_end_and_a_planted_one_is_one_line(planted):
+    (planted / "rank-0.out").write_text("a" * 50 + "\nthe end\n")
+    assert files.read_untrusted_log(planted / "rank-0.out", 100) == "a" * 50 + "\nthe end\n"
+    assert files.read_untrusted_log(planted / "rank-0.out", 10) == \
+        "[... cut: rank-0.out is 59 B, its last 10 B follow]\na\nthe end\n"
+    assert [files.read_untrusted_log(planted / name, 1 << 20) for name in ("zero.out", "fifo.out", "missing")] == [
+        "zero.out is a symbolic link: not read\n", "fifo.out is not a regular file: not read\n", ""]
