@@ -19,6 +19,9 @@ nobody else could ever write (e.g. left 0755 by podman-hpc 1.2.2) is
 tightened to 0700; one another user could have written into is refused,
 since what it holds may be planted. Refusals are ``UnsafeDirectory``: one
 line naming the path, its owner and mode, and what to do (exit 125).
+``trusted_dir`` and ``trusted_file`` judge what the user or root set up
+(a site's hooks directory, a kernelspec the server starts by itself) the
+same way, without making or changing it.
 
 ``describe`` and ``describe_access`` say whose a path is and why it is closed to this
 user, for those refusals and for the image stores' (``storeaccess``).
@@ -125,6 +128,24 @@ def trusted_dir(path: str | os.PathLike) -> Path:
         raise UnsafeDirectory(f"refusing to use {path}: it is not a directory")
     if st.st_mode & OTHERS_WRITE and not st.st_mode & stat.S_ISVTX:
         raise UnsafeDirectory(f"refusing to use {describe(path, st)}: others may write into it")
+    return path
+
+
+def trusted_file(path: str | os.PathLike) -> Path:
+    """``path``, verified as a regular file that only root or the user can change, both where it
+    is named and where its links lead (a kernelspec the server would start by itself, say)."""
+    path = Path(os.path.abspath(path))
+    for route in dict.fromkeys((path, Path(os.path.realpath(path)))):
+        trusted_dir(route.parent)
+        st = os.lstat(route)
+        if st.st_uid not in (0, os.getuid()):
+            raise UnsafeDirectory(f"refusing to use {describe(route, st)}: it belongs to another user")
+        if stat.S_ISLNK(st.st_mode):
+            continue  # its owner is ours or root's; the file it leads to is judged as the next route
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeDirectory(f"refusing to use {route}: it is not a regular file")
+        if st.st_mode & OTHERS_WRITE:
+            raise UnsafeDirectory(f"refusing to use {describe(route, st)}: others may write to it")
     return path
 
 

@@ -1,4 +1,4 @@
-"""Kernelspecs of container kernels: install, list and remove.
+"""Kernelspecs of container kernels: install, list and remove, and which may start by themselves.
 
 A kernelspec written here is a standard Jupyter kernelspec directory
 (``kernel.json`` and the logo) whose ``metadata.kernel_provisioner``
@@ -8,6 +8,9 @@ where JupyterLab, notebook servers and JupyterHub single-user servers all
 look. Writes are atomic: the directory is assembled beside the kernels
 directory and renamed into place (swapped with the old one when replacing),
 under a lock, so Jupyter never lists a half-written kernelspec.
+Only a kernelspec that nobody but the user and root could have written
+starts ahead of need (``check_trusted``); one that a project member could
+plant in a shared kernels directory starts only when the user picks it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from jupyter_core.paths import SYSTEM_JUPYTER_PATH, jupyter_data_dir, jupyter_pa
 from ..version import __version__
 from ..engine.errors import EngineError, NotFound
 from ..engine.locks import flocked
+from ..engine.private import UnsafeDirectory, trusted_file
 from . import PROVISIONER_NAME
 
 KERNEL_ARGV = ["{python}", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
@@ -356,6 +360,25 @@ def list_kernels(prefix: str | os.PathLike | None = None,
             else:
                 found[name] = kernel
     return sorted(found.values(), key=lambda k: k.name)
+
+
+class UntrustedKernelSpec(KernelSpecError):
+    """A kernelspec that someone other than the user and root could have written: its kernels start
+    only when the user picks it, never ahead of need (a warm pool at server start)."""
+
+
+def check_trusted(directory: str | os.PathLike) -> Path:
+    """The kernel.json of the kernelspec in ``directory``, if only the user or root could have
+    written it: the file, its directory and those above, as ``engine.private`` judges a site's
+    hooks directory. UntrustedKernelSpec otherwise, in one line: which path, and who else may write it."""
+    spec_file = Path(directory) / "kernel.json"
+    try:
+        return trusted_file(spec_file)
+    except UnsafeDirectory as err:
+        raise UntrustedKernelSpec(f"kernelspec {spec_file} starts only when picked: {err}")
+    except OSError as err:
+        raise UntrustedKernelSpec(f"kernelspec {spec_file} starts only when picked: "
+                                  f"{err.filename or spec_file}: {err.strerror or err}")
 
 
 def find(name: str, prefix: str | os.PathLike | None = None) -> ContainerKernel:

@@ -51,7 +51,7 @@ from ..engine import EngineError, hostslurm, reference
 from ..engine.modules import ModuleSet
 from ..engine.runplan import Site
 from ..engine.podman import Podman, error_message
-from . import orphans, pool as pools
+from . import kernelspec, orphans, pool as pools
 from .container import KernelContainer, KernelStartError, home
 from .spawn import STDERR_TAIL, spawn
 
@@ -249,8 +249,11 @@ class PodmanHPCProvisioner(LocalProvisioner):
 
     @classmethod
     def warm(cls, kernel_name: str, spec_manager, config=None, log=None) -> pools.Pool | None:
-        """Start the pool of kernelspec ``kernel_name`` now (a server at start), not at its first kernel."""
+        """Start the pool of kernelspec ``kernel_name`` now (a server at start), not at its first kernel;
+        UntrustedKernelSpec, and no container, when others than the user and root could have written it
+        (the kernelspec Jupyter resolves for that name, as it would start it)."""
         spec = spec_manager.get_kernel_spec(kernel_name)
+        kernelspec.check_trusted(spec.resource_dir)
         settings = dict((spec.metadata.get("kernel_provisioner") or {}).get("config") or {})
         provisioner = cls(**settings, kernel_spec=spec, config=config, **({"log": log} if log else {}))
         provisioner._prepare_engine()

@@ -279,7 +279,8 @@ class Backend:
 
     def start_kernel_pools(self, spec_manager=None) -> None:
         """The server starts: ``kernel_pool`` becomes its process's pool size for kernelspecs that set
-        none, pool containers mount the root directory besides $HOME, and every pool starts."""
+        none, pool containers mount the root directory besides $HOME, and every pool starts, but those of
+        kernelspecs that others than the user and root could have written (``warm_kernel_pools``)."""
         from ..kernels import kernelspec, pool
 
         pool.default_size = self.settings.kernel_pool
@@ -289,7 +290,9 @@ class Backend:
                                spec_manager)
 
     def warm_kernel_pools(self, names: list[str], spec_manager=None) -> None:
-        """Start the pools of kernelspecs ``names`` now, not at their first kernel, in the background."""
+        """Start the pools of kernelspecs ``names`` now, not at their first kernel, in the background;
+        a kernelspec that others than the user and root could have written gets none (its kernels start
+        when picked), and one warning line saying which path and who else may write it."""
         from jupyter_client.kernelspec import KernelSpecManager
 
         from ..kernels.provisioner import PodmanHPCProvisioner

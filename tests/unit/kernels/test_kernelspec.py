@@ -1,7 +1,9 @@
-"""Kernelspecs of container kernels: contents, names, install/list/remove in a temporary prefix."""
+"""Kernelspecs of container kernels: contents, names, install/list/remove in a temporary prefix,
+and which ones may start by themselves."""
 
 import json
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -199,3 +201,41 @@ def test_a_broken_kernelspec_is_one_problem_and_the_others_are_listed(prefix, te
     assert [k.name for k in kernelspec.list_kernels(prefix)] == ["good"]  # without a list: still no error
     assert kernelspec.install(IMAGE, name="broken", prefix=prefix).image == IMAGE  # the retry replaces it
     assert [k.name for k in kernelspec.list_kernels(prefix, problems)] == ["broken", "good"]
+
+
+def _group_writable_file(kernel):
+    os.chmod(Path(kernel.path) / "kernel.json", 0o664)
+    return "kernel.json is .* -rw-rw-r--: others may write to it"
+
+
+def _group_writable_directory(kernel):
+    os.chmod(kernel.path, 0o2775)
+    return f"{kernel.path} is .* drwxrwsr-x: others may write into it"
+
+
+def _link_into_a_shared_directory(kernel):
+    shared = Path(kernel.path).parent.parent / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    spec_file = Path(kernel.path) / "kernel.json"
+    os.replace(spec_file, shared / "kernel.json")
+    spec_file.symlink_to(shared / "kernel.json")
+    return f"{shared} is .* drwxrwxrwx: others may write into it"
+
+
+def _missing(kernel):
+    os.unlink(Path(kernel.path) / "kernel.json")
+    return "kernel.json: No such file or directory"
+
+
+@pytest.mark.parametrize("make_untrusted", [_group_writable_file, _group_writable_directory,
+                                            _link_into_a_shared_directory, _missing])
+def test_only_a_kernelspec_nobody_else_could_write_may_start_by_itself(prefix, make_untrusted):
+    own = kernelspec.install(IMAGE, name="own", prefix=prefix)
+    assert kernelspec.check_trusted(own.path) == Path(own.path) / "kernel.json"
+    why = make_untrusted(own)
+    with pytest.raises(kernelspec.UntrustedKernelSpec) as caught:
+        kernelspec.check_trusted(own.path)
+    message = str(caught.value)
+    assert message.startswith(f"kernelspec {own.path}/kernel.json starts only when picked: ")
+    assert re.search(why, message) and "\n" not in message, message
