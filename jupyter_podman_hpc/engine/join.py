@@ -17,6 +17,14 @@ pidfd shows it alive, every read goes through that directory, and one
 kernels join them one by one through the same directory). A process that
 shares this task's mount namespace is no container: joining it would run the
 command on the host, so it is refused.
+
+Before it enters, the task makes itself undumpable (``out_of_reach``): in the
+container's user namespace with the container's capabilities, it would
+otherwise be open to every process of a ``--pid=host`` container (its
+``/proc``, the job's whole environment included, and ptrace). The task's other
+processes on the host are out of reach already: the kernel lets a process of
+another user namespace into them only with CAP_SYS_PTRACE over them, which no
+container has unless given it (the MPI modules drop it).
 """
 
 import ctypes
@@ -35,6 +43,7 @@ JOIN_FAILED = 125  # podman's code for errors of the tool itself
 # user first, mnt last (when joined one by one); the clone flags setns(pidfd) takes
 NAMESPACES = {"user": 0x10000000, "cgroup": 0x02000000, "ipc": 0x08000000, "uts": 0x04000000,
               "net": 0x40000000, "pid": 0x20000000, "mnt": 0x00020000}
+_PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _CAP_VERSION_3 = 0x20080522
@@ -151,6 +160,13 @@ def _namespaces(proc: int) -> list[str]:
             if os.stat(f"ns/{kind}", dir_fd=proc).st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino]
 
 
+def out_of_reach() -> None:
+    """Make this process undumpable: only a process with CAP_SYS_PTRACE in the host's user
+    namespace may then read its /proc files or ptrace it, whatever namespaces it joins. (execve
+    makes the command dumpable again, with only the container's environment.)"""
+    _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "making the task undumpable")
+
+
 def _drop_bounding_set(bounding: int) -> None:
     for cap in range(64):
         if not bounding >> cap & 1:
@@ -238,6 +254,7 @@ def join_and_run(pidfd: int, command: Sequence[str], env_overrides: Mapping[str,
     env = {**_environ(proc), **(env_overrides or {})}
     cwd = workdir or os.readlink("cwd", dir_fd=proc)
     limits = _limits(proc)
+    out_of_reach()  # before the container's processes can see it as one of theirs
     _join_cgroups(proc)
     _enter(pidfd, proc, kinds)
     try:

@@ -71,3 +71,30 @@ def test_only_a_pidfd_names_the_process_to_join():
     assert join._namespaces(proc) == []
     os.close(proc)
     os.close(pidfd)
+
+
+def _dumpable_when_entering():
+    """Join "a container" (this process, its namespaces taken as another's) up to the point of
+    entering it: whether the task could still be read by the container's processes then."""
+    seen = []
+
+    def enter(pidfd, proc, kinds):
+        seen.append(join._libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0))
+        raise join.JoinFailed("stopped before entering")
+
+    join._namespaces = lambda proc: list(join.NAMESPACES)
+    join._enter = enter
+    was = join._libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
+    try:
+        join.join_and_run(os.pidfd_open(os.getpid()), ["true"])
+    except join.JoinFailed:
+        pass
+    return was, seen
+
+
+_PR_GET_DUMPABLE = 3
+
+
+def test_a_task_is_out_of_the_containers_reach_before_it_enters():
+    """Undumpable, the task's /proc (the job's environment) is closed to a --pid=host container."""
+    assert _in_child(_dumpable_when_entering) == (1, [0])
