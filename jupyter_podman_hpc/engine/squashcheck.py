@@ -12,8 +12,9 @@ for its layer before the file's first mount or unpack on a node.
 
 Reading the whole file costs about 0.25 s per 350 MB from the page cache,
 so a file is checked once per identity (device, inode, size, mtime, ctime),
-remembered in the user's own node-local state (``squash-verified/`` beside
-the unpacked copies), not once per container. Writing to a file changes its
+remembered in the user's own node-local state (``squash-verified/`` in the
+unpack directory, which is the user's whatever its site template), not once
+per container. Writing to a file changes its
 mtime and ctime, and nobody can set a ctime back, so a changed file is read
 again.
 
@@ -78,10 +79,11 @@ def damage(fd: int) -> str:
 
 
 def verified_dir(unpack_dir: str, graph_root: str) -> Path:
-    """Where a user's node remembers the squash files it has checked: beside the unpacked
-    copies (node-local, the user's own), else in the graph root."""
+    """Where a user's node remembers the squash files it has checked: in the unpack directory
+    (node-local, the user's own), else in the graph root. Not beside it: a site template such as
+    ``/dev/shm/unpacked-{{ uid }}`` would make its parent one directory for every user."""
     if unpack_dir:
-        return Path(unpack_dir).parent / VERIFIED_DIR
+        return Path(unpack_dir) / VERIFIED_DIR
     return Path(graph_root) / VERIFIED_DIR
 
 

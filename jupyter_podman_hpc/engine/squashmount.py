@@ -24,6 +24,8 @@ from pathlib import Path
 from . import commands
 from .private import own_dir
 
+MOUNTS_DIR = "squash-mounts"
+
 
 def log(message: str) -> None:
     """The mount program's diagnostics, appended to the file ``LOG`` names (podman-hpc's knob)."""
@@ -144,10 +146,10 @@ def mounts_dir(unpack_dir: str, state_dir: Path) -> Path:
     A squashfuse mount is made in podman's mount namespace, which every storage
     (graph root) of the user on the node shares: counting per graph root would
     let one storage unmount what another's container is about to use. So: one
-    directory per mount namespace, beside the unpacked copies (node-local, the
-    user's own).
+    directory per mount namespace, in the unpack directory (node-local, the
+    user's own whatever its site template; its parent may be everyone's).
     """
     if not unpack_dir:
         return state_dir
     namespace = os.stat("/proc/self/ns/mnt").st_ino
-    return own_dir(own_dir(Path(unpack_dir).parent / "squash-mounts") / str(namespace))
+    return own_dir(own_dir(Path(unpack_dir) / MOUNTS_DIR) / str(namespace))
