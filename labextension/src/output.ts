@@ -5,6 +5,10 @@
  * renderers. While the job runs it is fetched again every refresh interval
  * when rank 0 has rewritten it, as its cells complete; a header says which
  * cell rank 0 is in, or which cell failed on which rank.
+ *
+ * The output notebook is written inside the job's containers, so the image's
+ * code may have written it: every cell is shown untrusted, as JupyterLab shows
+ * a notebook it did not execute (HTML sanitised, no script run).
  */
 
 import { MainAreaWidget } from '@jupyterlab/apputils';
@@ -31,6 +35,25 @@ export function describeProgress(output: IJobOutput | null | undefined): string 
     return `running cell ${progress.cell} of ${progress.cells}`;
   }
   return progress.state ?? '';
+}
+
+/**
+ * ``content`` (a notebook) with no cell's ``metadata.trusted``. JupyterLab
+ * creates a cell model trusted when that flag is set, and a StaticNotebook
+ * renders each cell as soon as its model is created, so the flag must be gone
+ * before the notebook model sees the JSON: an untrusted flag set afterwards
+ * comes too late for scripts already run.
+ */
+function withoutTrust(content: any): any {
+  const cells: any[] = Array.isArray(content?.cells) ? content.cells : [];
+  return {
+    ...content,
+    cells: cells.map(cell => {
+      const metadata = { ...cell?.metadata };
+      delete metadata.trusted;
+      return { ...cell, metadata };
+    })
+  };
 }
 
 export interface IOutputServices {
@@ -103,7 +126,11 @@ export class OutputNotebookView extends Panel {
     const fetched = await api.jobOutput(this._jobId);
     this._modified = fetched.modified;
     const model = this._notebook.model as NotebookModel;
-    model.fromJSON(fetched.content);
+    model.fromJSON(withoutTrust(fetched.content));
+    // and every cell model untrusted too, whatever else a later JupyterLab derives trust from
+    for (const cell of model.cells) {
+      cell.trusted = false;
+    }
     model.dirty = false;
     for (const cell of this._notebook.widgets) {
       cell.readOnly = true;
