@@ -4,6 +4,7 @@
 - ``modules``: site modules (modules.d/*.yaml) turned into podman arguments
 - ``hostslurm``: the host's Slurm inside a container (the ``slurm`` module's uid shim)
 - ``podman``: the one place podman command lines are built and run
+- ``statebinds``: the engine's state kept out of every container: the user's own /dev/shm for ``--ipc=host``, binds of state refused
 - ``reference``: image reference parsing and validation
 - ``store``: the squashed image store's on-disk format (records, squash files, locks)
 - ``graphroot``: a podman graph root's records read as podman reads them; ``GraphRoot.find`` matches a reference or id

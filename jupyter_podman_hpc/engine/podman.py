@@ -21,6 +21,7 @@ from .config import SiteConfig
 from .errors import PodmanError
 from .files import atomic_write
 from .modules import HOOK_ANNOTATION
+from .statebinds import guard
 from .storeaccess import make_store_dir, readable_stores
 
 HOOK_FILE = "02-hook_tool.json"
@@ -98,9 +99,14 @@ class Podman:
 
     def run_command(self, args: Sequence[str], module_args: Sequence[str] = (),
                     subcommand: str = "run") -> list[str]:
-        """``podman run`` with the site defaults and modules before the user's options."""
+        """``podman run`` with the site defaults and modules before the user's options, and what keeps
+        the engine's state out of the container (``statebinds``: the user's own /dev/shm for one that
+        would share the host's; InvalidInput, in one line, for a bind that would reach that state)."""
         self.ensure_hooks()
-        return self.command(subcommand, *self.run_defaults(), *module_args, *args)
+        table = self.options("run")
+        options = split_at_image([*module_args, *args], table)[0]
+        guarded = guard(self.config, option_values(options, table), self.env)
+        return self.command(subcommand, *self.run_defaults(), *module_args, *guarded, *args)
 
     def exec_command(self, container: str, command: Sequence[str], options: Sequence[str] = ()) -> list[str]:
         """``podman exec [options] CONTAINER COMMAND...``."""
@@ -222,7 +228,6 @@ def split_at_image(args: Sequence[str], options: Mapping[str, bool],
     ``options`` is podman's option table; ``flags`` are extra boolean flags
     (our module flags) accepted among the options.
     """
-    takes_value = {flag for flag, value in options.items() if value}
     booleans = set(flags)
     i = 0
     while i < len(args):
@@ -232,16 +237,7 @@ def split_at_image(args: Sequence[str], options: Mapping[str, bool],
             break
         if not arg.startswith("-") or arg == "-":
             break
-        name = arg.split("=", 1)[0]
-        if "=" not in arg and name in takes_value and name not in booleans:
-            i += 2
-            continue
-        if not name.startswith("--") and len(name) > 2 and "=" not in arg:
-            # grouped short flags such as -it, or -eFOO=1: a value flag at the end takes the next word
-            if f"-{name[-1]}" in takes_value and all(f"-{c}" not in takes_value for c in name[1:-1]):
-                i += 2
-                continue
-        i += 1
+        i += 2 if arg not in booleans and takes_next_word(arg, options) else 1
     before = list(args[:i])
     if before and before[-1] == "--":
         before.pop()
@@ -250,14 +246,24 @@ def split_at_image(args: Sequence[str], options: Mapping[str, bool],
     return before, args[i], list(args[i + 1:])
 
 
+def takes_next_word(arg: str, options: Mapping[str, bool]) -> bool:
+    """Whether podman reads the word after the option ``arg`` as its value: a flag that takes one,
+    given without ``=``, or grouped short flags that end in one (``-iv /a:/b``; not ``-eFOO``)."""
+    if "=" in arg:
+        return False
+    if options.get(arg):
+        return True
+    return (not arg.startswith("--") and len(arg) > 2 and bool(options.get(f"-{arg[-1]}"))
+            and not any(options.get(f"-{letter}") for letter in arg[1:-1]))
+
+
 def group_options(args: Sequence[str], options: Mapping[str, bool]) -> list[list[str]]:
-    """Options as groups: a flag with its value (``["-e", "X=1"]``, ``["-eX=1"]``, ``["-it"]``)."""
+    """Options as groups: a flag with its value (``["-e", "X=1"]``, ``["-eX=1"]``, ``["-it"]``, ``["-iv", "A:B"]``)."""
     groups: list[list[str]] = []
     i = 0
     while i < len(args):
         arg = args[i]
-        name = arg.split("=", 1)[0]
-        if "=" not in arg and options.get(name) and i + 1 < len(args):
+        if takes_next_word(arg, options) and i + 1 < len(args):
             groups.append([arg, args[i + 1]])
             i += 2
         else:
@@ -267,20 +273,33 @@ def group_options(args: Sequence[str], options: Mapping[str, bool]) -> list[list
 
 
 def split_short_flags(groups: list[list[str]], table: Mapping[str, bool]) -> list[list[str]]:
-    """Grouped short flags as podman reads them: ``-it`` -> ``-i``, ``-t``; ``-eA=1`` -> ``-e A=1``."""
+    """Grouped short flags as podman reads them: ``-it`` -> ``-i``, ``-t``; ``-eA=1`` and ``-e=A=1`` -> ``-e A=1``;
+    ``-iv A:B`` -> ``-i``, ``-v A:B``."""
     split: list[list[str]] = []
     for group in groups:
         word = group[0]
-        if len(group) > 1 or word.startswith("--") or len(word) <= 2 or not word.startswith("-"):
+        if word.startswith("--") or len(word) <= 2 or not word.startswith("-"):
             split.append(group)
             continue
         letters = word[1:]
         for i, letter in enumerate(letters):
             if table.get(f"-{letter}") and i + 1 < len(letters):
-                split.append([f"-{letter}", letters[i + 1:]])
+                split.append([f"-{letter}", letters[i + 1:].removeprefix("=")])  # -v=A:B is -v A:B
                 break
             split.append([f"-{letter}"])
+        else:
+            split[-1] += group[1:]  # the word after the group is its last flag's value
     return split
+
+
+def option_values(options: Sequence[str], table: Mapping[str, bool]) -> list[tuple[str, str]]:
+    """``(flag, value)`` of each option as podman reads it (``-vA:B``, ``--volume=A:B`` and
+    ``["-v", "A:B"]``: ``("-v"|"--volume", "A:B")``); a flag that takes no value has ''."""
+    pairs = []
+    for group in split_short_flags(group_options(options, table), table):
+        name, given, value = group[0].partition("=")
+        pairs.append((name, value if given else (group[1] if len(group) > 1 else "")))
+    return pairs
 
 
 def flag_name(group: Sequence[str]) -> str:

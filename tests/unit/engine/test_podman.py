@@ -1,7 +1,8 @@
 """The podman command builder and option parsing (no podman needed)."""
 
 from jupyter_podman_hpc.engine.config import load_config
-from jupyter_podman_hpc.engine.podman import Podman, group_options, parse_options, split_at_image, split_short_flags
+from jupyter_podman_hpc.engine.podman import (Podman, group_options, option_values, parse_options, split_at_image,
+                                              split_short_flags)
 
 HELP = """\
 Options:
@@ -42,6 +43,15 @@ def test_grouped_short_flags_are_split_as_podman_reads_them():
     table = {"-i": False, "-t": False, "-e": True, "-w": True}
     assert split_short_flags([["-it"], ["-eA=1"], ["-e", "B=2"], ["--tty"]], table) == [
         ["-i"], ["-t"], ["-e", "A=1"], ["-e", "B=2"], ["--tty"]]
+
+
+def test_option_values_read_every_spelling_podman_accepts():
+    table = parse_options(HELP)
+    words = ["-v", "/a:/b", "-v/c:/d", "-v=/e:/f", "--volume=/g:/h", "-iv", "/i:/j", "-it", "-eX=1", "--rm"]
+    assert option_values(words, table) == [
+        ("-v", "/a:/b"), ("-v", "/c:/d"), ("-v", "/e:/f"), ("--volume", "/g:/h"), ("-i", ""), ("-v", "/i:/j"),
+        ("-i", ""), ("-t", ""), ("-e", "X=1"), ("--rm", "")]
+    assert split_at_image([*words, "img", "-v", "/x:/y"], table)[1:] == ("img", ["-v", "/x:/y"])
 
 
 def test_commands_carry_the_hpc_storage_settings(tmp_path):

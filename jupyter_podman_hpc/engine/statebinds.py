@@ -1,0 +1,104 @@
+"""The engine's own state kept out of every container, whatever the run options say.
+
+The engine keeps per-user state on the node (``SiteConfig.state_dirs``: podman's
+graph root, run root and configuration, the hooks, the unpacked copies of squashed
+images with their checked-file records and squashfuse mounts). Container root is the
+user's uid, so whatever of that state a container reaches, its image can rewrite:
+another image's unpacked tree, podman's configuration, a hook the host runs. Two ways
+in, both closed for every front where ``Podman.run_command`` builds the run:
+
+- ``--ipc=host`` (the usual advice for PyTorch's DataLoader and NCCL) hands the
+  container the host's ``/dev/shm``, where the unpacked copies live. Such a container
+  gets the user's own ``$PODMANHPC_PRIVATE_SHM`` at ``/dev/shm`` instead, as the MPI
+  modules bind it: the IPC namespace stays the host's, and the user's containers on
+  the node still share their segments (a mount of the user's own at ``/dev/shm`` is
+  kept).
+- A ``-v``/``--mount`` whose host source is, contains or lies inside a state
+  directory (``-v /dev/shm:/dev/shm``, ``-v /tmp:/tmp``, ``-v /dev:/dev``) is refused
+  in one line before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, NamedTuple, Sequence
+
+from .config import SiteConfig
+from .errors import InvalidInput
+from .modules import private_shm
+
+HOST_SHM = "/dev/shm"
+VOLUME_FLAGS = ("-v", "--volume")
+# --mount types whose source is a host path (the others name a volume, an image or nothing)
+HOST_PATH_TYPES = ("bind", "glob")
+GLOB_CHARACTERS = "*?["
+
+
+class Bind(NamedTuple):
+    """One mount option of a run: as given (for messages), its host path ('' for none), its target."""
+
+    option: str
+    source: str
+    target: str
+
+
+def binds(options: Sequence[tuple[str, str]]) -> list[Bind]:
+    """The mounts that ``(flag, value)`` options ask for (``-v``, ``--volume``, ``--mount``, ``--tmpfs``)."""
+    found = []
+    for flag, value in options:
+        if flag in VOLUME_FLAGS:
+            source, _, rest = value.partition(":")
+            if rest:  # "DST" alone is an anonymous volume
+                found.append(Bind(f"{flag} {value}", _host_path(source), rest.partition(":")[0]))
+        elif flag == "--mount":
+            found.append(_mount(value))
+        elif flag == "--tmpfs":
+            found.append(Bind(f"{flag} {value}", "", value.partition(":")[0]))
+    return found
+
+
+def _host_path(source: str) -> str:
+    """A ``-v`` source as the host path podman binds ('' for a named volume)."""
+    return os.path.abspath(source) if source.startswith(("/", ".")) else ""
+
+
+def _mount(value: str) -> Bind:
+    fields = dict(item.partition("=")[::2] for item in value.split(","))
+    source = fields.get("source") or fields.get("src") or ""
+    target = fields.get("destination") or fields.get("dst") or fields.get("target") or ""
+    kind = fields.get("type", "")
+    if kind == "glob":  # what the pattern may match lies below the directory before its first wildcard
+        cut = min((i for i in map(source.find, GLOB_CHARACTERS) if i >= 0), default=len(source))
+        source = os.path.dirname(source[:cut]) if cut < len(source) else source
+    host = kind in HOST_PATH_TYPES or (not kind and source.startswith("/"))
+    return Bind(f"--mount {value}", _host_path(source) if host else "", target)
+
+
+def reached_state(source: str, state_dirs: Sequence[str]) -> str:
+    """The outermost state directory that a bind of ``source`` would reach ('' for none): the
+    source is it, contains it or lies inside it (links resolved, as podman resolves them)."""
+    where = Path(os.path.realpath(source))
+    reached = [state for state in map(os.path.realpath, state_dirs)
+               if where == Path(state) or Path(state).is_relative_to(where) or where.is_relative_to(state)]
+    return min(reached, key=len, default="")
+
+
+def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mapping[str, str]) -> list[str]:
+    """The options a container of ``options`` (``(flag, value)``: the modules' and the user's) also
+    gets: the user's own /dev/shm when it would share the host's. InvalidInput, in one line, when one
+    of its binds would reach the engine's state."""
+    wanted = binds(options)
+    extra: list[str] = []
+    host_ipc = any(flag == "--ipc" and value == "host" for flag, value in options)
+    if host_ipc and not any(os.path.normpath(bind.target) == HOST_SHM for bind in wanted if bind.target):
+        extra = ["-v", f"{private_shm(environ)}:{HOST_SHM}"]
+        wanted += binds([("-v", extra[1])])
+    state_dirs = config.state_dirs()
+    for bind in wanted:
+        state = bind.source and reached_state(bind.source, state_dirs)
+        if state:
+            raise InvalidInput(f"{bind.option} would give the container podman-hpc's own state ({state}): "
+                               f"bind a directory of your own (--ipc=host alone shares /dev/shm between your "
+                               f"containers)")
+    return extra
