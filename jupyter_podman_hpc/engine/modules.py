@@ -231,7 +231,9 @@ class ModuleSet:
 
 def private_shm(environ: Mapping[str, str]) -> str:
     """The user's own directory for shared-memory segments on this node, made or verified 0700
-    (``/dev/shm`` is everyone's: another user could have made it first, to read the segments)."""
+    (``/dev/shm`` is everyone's: another user could have made it first, to read the segments).
+    The MPI modules bind it at ``/dev/shm``, and so does every other ``--ipc=host`` container
+    (``statebinds``): the host's ``/dev/shm`` holds the engine's unpacked images."""
     return str(private_dir(environ.get(PRIVATE_SHM) or f"/dev/shm/{os.getuid()}_hpc/ipc"))
 
 
