@@ -5,7 +5,12 @@ UTC time stamp and a random suffix) holds the batch script ``job.sh``, the
 job's inputs (a copied Python script, a notebook and the script converted
 from it), the record ``job.json`` (spec, Slurm job id, submit time, run
 target, and the final status once known), Slurm's own log
-``slurm-<jobid>.out`` and one ``rank-<N>.out``/``.err`` pair per rank.
+``slurm-<jobid>.out`` and one ``rank-<N>.out``/``.err`` pair per rank, and
+``out/``: the one directory the ranks may write (the rest they see
+read-only; the record's ``run["out"]`` names it, absent in the directories of
+older versions, whose ranks wrote everywhere). The logs and everything in
+``out/`` are read as data (``files.read_untrusted``): bounded, never through
+a link, never blocking on a FIFO.
 
 Nothing half-written: the directory is assembled under a hidden temporary
 name and renamed into place complete; then sbatch runs; a failed sbatch
@@ -40,13 +45,13 @@ from typing import Mapping, Optional
 
 from ..engine.config import SiteConfig, load_config
 from ..engine.errors import EngineError, ImageNotFound, NotFound
-from ..engine.files import atomic_write
+from ..engine.files import UntrustedFile, atomic_write, read_untrusted, read_untrusted_log
 from ..engine.images import find_squashed
 from ..engine.modules import ModuleSet
 from ..engine.progress import Progress, ProgressCallback, ignore
 from . import notebook as notebooks
 from .client import JobStatus, SlurmClient, SlurmError
-from .script import PYTHON, RunTarget, render
+from .script import OUT_DIR, PYTHON, RunTarget, render
 from .spec import JobSpec, JobSpecError
 
 RECORD = "job.json"
@@ -56,6 +61,8 @@ JOBS_SUBDIR = Path("podman-hpc") / "jobs"
 RECORD_VERSION = 1
 _STALE_STAGING = 24 * 3600  # seconds after which an abandoned temporary job directory is removed
 DIR_MODE, RECORD_MODE, SCRIPT_MODE = 0o700, 0o600, 0o700  # the user's alone: they hold the job's secrets
+LOG_LIMIT = 1 << 20      # bytes of each log read back (its end): what a person reads, never the server's memory
+RECORD_LIMIT = 4 << 20   # a job.json is a few kB; one of an older job directory, its ranks could have written
 
 
 class JobError(EngineError):
@@ -136,9 +143,11 @@ class JobRecord:
         """The record in ``path``; JobNotFound when there is none, JobError naming the file when it cannot
         be read or is not a record (truncated, edited)."""
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_untrusted(path, RECORD_LIMIT))
         except FileNotFoundError:
             raise JobNotFound(f"{path.parent} is not a job directory (no {RECORD})")
+        except UntrustedFile as err:
+            raise JobError(f"cannot read the job record {path}: {err}: its job is not listed")
         except OSError as err:
             raise JobError(f"cannot read the job record {path}: {err.strerror or err}")
         except ValueError as err:
@@ -150,6 +159,10 @@ class JobRecord:
             raise JobError(f"job record {path} lacks its id, spec or submit time: its job is not listed")
         if not isinstance(data["spec"], dict) or not isinstance(data.get("run") or {}, dict):
             raise JobError(f"job record {path} has a malformed spec or run: its job is not listed")
+        script = data.get("script", SCRIPT)
+        if not isinstance(script, str) or not script or "/" in script or script.startswith("."):
+            raise JobError(f"job record {path} names a script that is not a file of its directory: "
+                           f"its job is not listed")
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
@@ -185,8 +198,9 @@ class Job:
 
     @property
     def script(self) -> str:
-        """The batch script exactly as submitted."""
-        return self.script_path.read_text()
+        """The batch script exactly as submitted (read as data: in a job directory of an older version
+        the ranks could write it)."""
+        return read_untrusted(self.script_path, RECORD_LIMIT).decode(errors="replace")
 
     @property
     def submitted(self) -> str:
@@ -219,7 +233,10 @@ class Job:
         try:
             staging.mkdir(DIR_MODE)
             os.chmod(staging, DIR_MODE)  # whatever the umask: the record holds the job's secrets
+            (staging / OUT_DIR).mkdir(DIR_MODE)
+            os.chmod(staging / OUT_DIR, DIR_MODE)
             target, run = _prepare_inputs(spec, staging, directory)
+            run["out"] = OUT_DIR
             for note in run.get("warnings", []):
                 progress(Progress("job", note))
             script = render(spec, directory, target=target, modules=modules, config=config)
@@ -414,14 +431,15 @@ class Job:
     # --- output ------------------------------------------------------------------------
 
     def logs(self, stream: str = "out") -> dict[int, str]:
-        """Each rank's output (``stream`` "out" or "err"), by rank."""
+        """Each rank's output (``stream`` "out" or "err"), by rank: its last ``LOG_LIMIT`` bytes, or one
+        line saying why it is not read (a link, a FIFO: ``files.read_untrusted_log``)."""
         if stream not in ("out", "err"):
             raise JobError(f"stream must be 'out' or 'err', not {stream!r}")
         found: dict[int, str] = {}
         for path in self.directory.glob(f"rank-*.{stream}"):
             match = re.fullmatch(rf"rank-(\d+)\.{stream}", path.name)
             if match:
-                found[int(match.group(1))] = path.read_text(errors="replace")
+                found[int(match.group(1))] = read_untrusted_log(path, LOG_LIMIT)
         return dict(sorted(found.items()))
 
     def labelled_output(self, stream: str = "out") -> str:
@@ -433,11 +451,7 @@ class Job:
 
     def batch_log(self) -> str:
         """Slurm's log of the batch script (``slurm-<jobid>.out``): srun's own errors land here."""
-        path = self.directory / f"slurm-{self.id}.out"
-        try:
-            return path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return read_untrusted_log(self.directory / f"slurm-{self.id}.out", LOG_LIMIT)
 
     def output_notebook(self) -> Optional[dict]:
         """A notebook job's executed notebook (``notebook.output_info``); None for other jobs."""

@@ -1,11 +1,18 @@
 """Rank 0's executed notebook: each cell's outputs recorded as they come, and written out.
 
 Part of the notebook runner (``nbrunner.py``), copied beside it into the job
-directory: Python's standard library only. The output notebook (nbformat 4)
-is rewritten, temporary file and rename, when a cell starts, when it ends, and
-at most every second while it prints; ``nbrun/progress.json`` says which cell
-rank 0 is in. The cell running when the job is stopped keeps a note saying so.
-The other ranks' errors (``nbrun/rank-<N>.json``) are merged in at each write.
+directory: Python's standard library only. The output notebook (nbformat 4,
+``out/<stem>.out.ipynb``) is rewritten, temporary file and rename, when a cell
+starts, when it ends, and at most every second while it prints;
+``out/nbrun/progress.json`` says which cell rank 0 is in. The cell running
+when the job is stopped keeps a note saying so. The other ranks' errors
+(``out/nbrun/rank-<N>.json``) are merged in at each write.
+
+Every file in ``out/`` may have been written by code in the image, and the
+finish step reads and writes them on the host: so each is reached through a
+descriptor of its directory, read as data (a regular file, never through a
+link, at most a size, JSON) and replaced by a rename, never written through
+a name the image could have made a link.
 """
 
 import base64
@@ -13,11 +20,17 @@ import datetime
 import json
 import os
 import signal
+import stat
 import sys
 import threading
 import time
 
 WRITE_EVERY = 1.0  # seconds between rewrites of the output notebook while a cell prints
+# What the finish reads of the files ranks wrote, at most: a notebook with its images, an error report
+NOTEBOOK_LIMIT = 64 << 20
+RANK_FILE_LIMIT = 1 << 20
+STATE_DIR = "nbrun"  # in the output directory: PROGRESS, and the other ranks' error reports (rank-N.json)
+PROGRESS = "progress.json"
 BINARY_MIME = ("image/png", "image/jpeg", "image/gif", "application/pdf")
 RUNNING_NOTE = "podman-hpc: rank 0 started this cell at {started} and had not finished it when this notebook was last written."
 STOPPED_NOTE = "podman-hpc: the job was stopped ({signal}) while rank 0 ran this cell, {elapsed:.1f} s after it started."
@@ -28,19 +41,43 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def write_json(path, data):
-    """Readers see the old file or the new one, never a part of it."""
-    tmp = "%s.%s.%d.tmp" % (path, os.uname().nodename, os.getpid())
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump(data, out, indent=1, ensure_ascii=False, default=repr)
-        out.write("\n")
-    os.replace(tmp, path)
+def write_json(path, data, dir_fd=None):
+    """Readers see the old file or the new one, never a part of it: a new file under a random name
+    (O_EXCL, never through a link, 0600) renamed over ``path`` (a name in ``dir_fd``, if given),
+    which replaces a link planted there rather than follow it."""
+    text = json.dumps(data, indent=1, ensure_ascii=False, default=repr) + "\n"
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, ".%s.%s.tmp" % (name, os.urandom(8).hex()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
 
 
-def read_json(path):
-    """The JSON value in the file ``path`` (UTF-8)."""
-    with open(path, encoding="utf-8") as source:
-        return json.load(source)
+def read_json(path, limit=None, dir_fd=None):
+    """The JSON value in the file ``path`` (UTF-8; a name in ``dir_fd``, if given), opened without
+    following a link or waiting on a FIFO; ValueError when it is not a regular file, is over
+    ``limit`` bytes or is not JSON."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as source:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("%s is not a regular file" % path)
+        data = source.read() if limit is None else source.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise ValueError("%s is over %d bytes" % (path, limit))
+    return json.loads(data.decode("utf-8"))
+
+
+def open_dir(path, dir_fd=None):
+    """A descriptor of the directory ``path`` (a name in ``dir_fd``, if given), never of a link to one."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
 
 def mime_value(mime, value):
@@ -221,8 +258,8 @@ class Recorder:
             self.meta["cell"] = self.cell
             self.meta["updated"] = now()
             try:
-                write_json(self.plan.output, self.notebook)
-                write_json(self.plan.progress, progress_of(self.notebook, self.plan))
+                write_json(self.plan.output_name, self.notebook, dir_fd=self.plan.out_fd)
+                write_json(PROGRESS, progress_of(self.notebook, self.plan), dir_fd=self.plan.state_fd)
             except OSError as err:  # a full or gone file system must not stop the computation
                 if not self.write_failed:
                     sys.__stderr__.write("nbrunner: cannot write the output notebook: %s\n" % err)
@@ -260,19 +297,20 @@ def progress_of(notebook, plan):
     """What the job panel and the magic show while the job runs: rank 0's cell, the errors so far."""
     meta = notebook["metadata"]["podman_hpc"]
     code = [i for i, c in enumerate(notebook["cells"]) if c.get("cell_type") == "code"]
-    current = meta.get("cell")
+    current = meta.get("cell") if meta.get("cell") in code else None
     return {"state": meta.get("state"), "cell": None if current is None else current + 1,
             "code_cell": None if current is None else code.index(current) + 1, "code_cells": len(code),
             "cells": len(notebook["cells"]), "updated": meta.get("updated"), "errors": meta.get("errors", []),
-            "output": os.path.basename(plan.output)}
+            "output": plan.output_name}
 
 
 def merge_rank_files(plan, notebook, merged):
     """Each other rank's error (``rank-N.json``) not merged yet, noted in its cell's metadata:
-    [(cell index, error output)] for the caller to show there."""
+    [(cell index, error output)] for the caller to show there. A report that is not one (being
+    written, or not ours) is left out."""
     found = []
     try:
-        names = sorted(os.listdir(plan.state_dir))
+        names = sorted(os.listdir(plan.state_fd))
     except OSError:
         return found
     meta = notebook["metadata"]["podman_hpc"]
@@ -280,21 +318,31 @@ def merge_rank_files(plan, notebook, merged):
         if not (name.startswith("rank-") and name.endswith(".json")) or name in merged:
             continue
         try:
-            report = read_json(os.path.join(plan.state_dir, name))
-            index = int(report["cell"])
-            cell = notebook["cells"][index]
+            index, report = rank_report(read_json(name, RANK_FILE_LIMIT, dir_fd=plan.state_fd), notebook)
         except (OSError, ValueError, KeyError, IndexError, TypeError):
-            continue  # being written, or not ours
-        merged.add(name)
-        info = cell.setdefault("metadata", {}).setdefault("podman_hpc", {})
-        errors = info.setdefault("rank_errors", [])
-        if any(e.get("rank") == report.get("rank") for e in errors):
             continue
-        summary = {k: report.get(k) for k in ("rank", "node", "ename", "evalue")}
+        merged.add(name)
+        info = notebook["cells"][index].setdefault("metadata", {}).setdefault("podman_hpc", {})
+        errors = info.setdefault("rank_errors", [])
+        if any(e.get("rank") == report["rank"] for e in errors):
+            continue
+        summary = {k: report[k] for k in ("rank", "node", "ename", "evalue")}
         errors.append(summary)
-        header = "rank %s (on %s) raised this in this cell and stopped:" % (report.get("rank"), report.get("node") or "?")
-        found.append((index, {"output_type": "error", "ename": report.get("ename", "Error"),
-                              "evalue": report.get("evalue", ""),
-                              "traceback": [header] + list(report.get("traceback", []))}))
+        header = "rank %s (on %s) raised this in this cell and stopped:" % (report["rank"], report["node"] or "?")
+        found.append((index, {"output_type": "error", "ename": report["ename"], "evalue": report["evalue"],
+                              "traceback": [header] + report["traceback"]}))
         meta.setdefault("errors", []).append(dict(summary, cell=index + 1))
     return found
+
+
+def rank_report(data, notebook):
+    """A rank's error report as read (JSON a rank wrote), checked: (its cell's index, the report with
+    every field of the expected type); ValueError, KeyError, IndexError or TypeError when it is not one."""
+    index = int(data["cell"])
+    if index < 0 or not isinstance(notebook["cells"][index], dict):
+        raise IndexError(index)
+    traceback = data.get("traceback", [])
+    if not isinstance(traceback, list):
+        raise TypeError("traceback")
+    return index, {"rank": data.get("rank"), "node": data.get("node"), "ename": str(data.get("ename", "Error")),
+                   "evalue": str(data.get("evalue", "")), "traceback": [str(line) for line in traceback]}

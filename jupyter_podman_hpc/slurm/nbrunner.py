@@ -7,16 +7,24 @@ library only, and IPython when the notebook needs it (magics: ``ipython`` is
 ``require``) or may use it for rich output (``prefer``) and the image has it.
 Nothing of jupyter-podman-hpc, no kernel and no nbclient is needed in the image.
 
-    python3 -u nbrunner.py PLAN [ARGS...]          every rank (sys.argv = [NOTEBOOK, *ARGS])
-    python3 nbrunner.py --finish PLAN EXIT_CODE    once, after the step, on the batch host
+    python3 -u JOB_DIR/nbrunner.py PLAN [ARGS...]    every rank, in the container (sys.argv = [NOTEBOOK, *ARGS])
+    PYTHON -I -m jupyter_podman_hpc.slurm.nbrunner --finish PLAN EXIT_CODE
+                                                     once, after the step, on the batch host
 
 ``PLAN`` (``nbrun/plan.json`` in the job directory, written at submit) names
-the notebook, the output notebook and what to run. Every rank runs every
-code cell in order; a cell that raises stops its rank (exit code 1). Rank 0
-writes ``<stem>.out.ipynb`` as its cells run. Another rank that raises writes
-``nbrun/rank-<N>.json``; rank 0 merges those into the output notebook at each
-write, and ``--finish`` merges whatever is left once every rank has ended (a
-scancel'd job keeps what rank 0 merged).
+the notebook, the job's output directory (``out``) and the output notebook.
+The ranks see the job directory read-only and write only ``out/``. Every rank
+runs every code cell in order; a cell that raises stops its rank (exit code
+1). Rank 0 writes ``out/<stem>.out.ipynb`` as its cells run. Another rank
+that raises writes ``out/nbrun/rank-<N>.json``; rank 0 merges those into the
+output notebook at each write, and ``--finish`` merges whatever is left once
+every rank has ended (a scancel'd job keeps what rank 0 merged).
+
+``--finish`` runs on the host, from the installed package and never from the
+job directory's copy: it takes every name from the host's plan, and reads
+what the ranks wrote as data (``nbrecorder``: through directory descriptors,
+bounded, never through a link), so code in the image cannot make the host
+run anything or write outside ``out/``.
 """
 
 import os
@@ -26,35 +34,60 @@ import threading
 
 if __package__:  # imported from jupyter_podman_hpc
     from .nbcells import Tee, make_runner
-    from .nbrecorder import Recorder, merge_rank_files, now, progress_of, read_json, write_json
+    from .nbrecorder import (NOTEBOOK_LIMIT, PROGRESS, STATE_DIR, Recorder, merge_rank_files, now, open_dir,
+                             progress_of, read_json, write_json)
 else:  # the job directory's copy, run by the image's python3: its siblings are beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # there under python3 -P too
     from nbcells import Tee, make_runner
-    from nbrecorder import Recorder, merge_rank_files, now, progress_of, read_json, write_json
+    from nbrecorder import (NOTEBOOK_LIMIT, PROGRESS, STATE_DIR, Recorder, merge_rank_files, now, open_dir,
+                            progress_of, read_json, write_json)
     del sys.path[0]  # the cells see the path python3 gave them
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: the ranks write only the job's output directory (the plan's "out")
+
+
+def plain_name(data, key, path):
+    """The plan's ``key``: a file name in the job directory, never a path (no "/", not hidden)."""
+    value = data.get(key)
+    if not isinstance(value, str) or not value or "/" in value or "\0" in value or value.startswith("."):
+        raise SystemExit("nbrunner: the %s of plan %s is not a plain file name: %r" % (key, path, value))
+    return value
 
 
 class Plan:
-    """plan.json, with its paths made absolute (they are relative to the job directory)."""
+    """plan.json: the notebook and the output notebook's names, made paths in the job directory (the
+    plan's directory's parent); ``open`` gives descriptors of the output directory and its ``nbrun``."""
 
     def __init__(self, path):
         data = read_json(path)
-        if data.get("version") != PLAN_VERSION:
+        if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
             raise SystemExit("nbrunner: %s is not a plan of this runner" % path)
         self.path = os.path.abspath(path)
-        self.state_dir = os.path.dirname(self.path)
-        self.job_dir = os.path.dirname(self.state_dir)
-        self.notebook = os.path.join(self.job_dir, data["notebook"])
-        self.output = os.path.join(self.job_dir, data["output"])
-        self.progress = os.path.join(self.state_dir, "progress.json")
+        self.job_dir = os.path.dirname(os.path.dirname(self.path))
+        self.notebook = os.path.join(self.job_dir, plain_name(data, "notebook", path))
+        self.out_dir = os.path.join(self.job_dir, plain_name(data, "out", path))
+        self.output_name = plain_name(data, "output", path)
+        self.output = os.path.join(self.out_dir, self.output_name)
         self.ipython = data.get("ipython", "never")
         self.code = {int(k): v for k, v in data.get("code", {}).items()}
+        self.out_fd = self.state_fd = None
 
-    def rank_file(self, rank):
-        """The file where rank ``rank`` (not 0) reports its errors, in the plan's state directory."""
-        return os.path.join(self.state_dir, "rank-%d.json" % rank)
+    def open(self, repair=False):
+        """Open the output directory and its ``nbrun`` (never through a link); with ``repair`` (the
+        finish), an ``nbrun`` that is not a directory (a link the image planted) is replaced by one."""
+        self.out_fd = open_dir(self.out_dir)
+        try:
+            self.state_fd = open_dir(STATE_DIR, dir_fd=self.out_fd)
+        except OSError:
+            if not repair:
+                raise
+            try:
+                os.unlink(STATE_DIR, dir_fd=self.out_fd)  # a link or a file: removed, never followed
+            except FileNotFoundError:
+                pass
+            os.mkdir(STATE_DIR, 0o700, dir_fd=self.out_fd)
+            self.state_fd = open_dir(STATE_DIR, dir_fd=self.out_fd)
+        return self
 
 
 def cell_source(cell):
@@ -69,7 +102,7 @@ def run(plan_path, args):
     """Run the notebook of the plan at ``plan_path`` as this rank (``SLURM_PROCID``), ``args`` as its
     ``sys.argv``: its code cells in order, rank 0 recording the output notebook; stops at the first cell
     that raises. The exit code: 0, or 1 when a cell failed."""
-    plan = Plan(plan_path)
+    plan = Plan(plan_path).open()
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) or 0)
     size = int(os.environ.get("SLURM_NTASKS", "1") or 1)
     notebook = read_json(plan.notebook)
@@ -129,23 +162,39 @@ def end(plan, recorder, rank, index, failure, notebook):
                                             "cell": index + 1})
         recorder.write(state="failed")
     else:
-        write_json(plan.rank_file(rank), {
+        write_json("rank-%d.json" % rank, {
             "rank": rank, "node": node, "cell": index,
-            "ename": ename, "evalue": evalue, "traceback": lines, "time": now()})
+            "ename": ename, "evalue": evalue, "traceback": lines, "time": now()}, dir_fd=plan.state_fd)
     return 1
 
 
 def finish(plan_path, exit_code):
-    """After the step: merge the ranks' reports left, and record how the job ended."""
-    plan = Plan(plan_path)
+    """After the step, on the host: merge the ranks' reports left, and record how the job ended. What
+    the ranks wrote is data: an output notebook that is not one is replaced by the submitted notebook."""
+    plan = Plan(plan_path).open(repair=True)
     try:
-        notebook = read_json(plan.output)
-    except (OSError, ValueError):
-        notebook = read_json(plan.notebook)  # rank 0 never wrote it: the notebook as submitted
-        for cell in notebook["cells"]:
-            if cell.get("cell_type") == "code":
-                cell["outputs"], cell["execution_count"] = [], None
-        notebook.setdefault("metadata", {})["podman_hpc"] = {"state": "failed", "cell": None, "errors": []}
+        notebook = ended(plan, read_json(plan.output_name, NOTEBOOK_LIMIT, dir_fd=plan.out_fd), exit_code)
+        progress = progress_of(notebook, plan)
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        notebook = ended(plan, submitted(plan), exit_code)  # rank 0 never wrote it, or not as a notebook
+        progress = progress_of(notebook, plan)
+    write_json(plan.output_name, notebook, dir_fd=plan.out_fd)
+    write_json(PROGRESS, progress, dir_fd=plan.state_fd)
+    return 0
+
+
+def submitted(plan):
+    """The notebook as submitted (the job directory's copy), without outputs, marked failed."""
+    notebook = read_json(plan.notebook)
+    for cell in notebook["cells"]:
+        if cell.get("cell_type") == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    notebook.setdefault("metadata", {})["podman_hpc"] = {"state": "failed", "cell": None, "errors": []}
+    return notebook
+
+
+def ended(plan, notebook, exit_code):
+    """``notebook`` with the reports of the ranks not merged yet, its state and the step's exit code."""
     meta = notebook["metadata"].setdefault("podman_hpc", {})
     merged = {"rank-%s.json" % e.get("rank") for e in meta.get("errors", [])}
     for index, output in merge_rank_files(plan, notebook, merged):
@@ -156,9 +205,7 @@ def finish(plan_path, exit_code):
         meta["state"] = "failed"
     meta["exit_code"] = exit_code
     meta["updated"] = now()
-    write_json(plan.output, notebook)
-    write_json(plan.progress, progress_of(notebook, plan))
-    return 0
+    return notebook
 
 
 def main(argv=None):
@@ -167,7 +214,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--finish"]:
         if len(argv) != 3:
-            raise SystemExit("usage: nbrunner.py --finish PLAN EXIT_CODE")
+            raise SystemExit("usage: python3 -I -m jupyter_podman_hpc.slurm.nbrunner --finish PLAN EXIT_CODE")
         return finish(argv[1], int(argv[2]))
     if not argv:
         raise SystemExit("usage: nbrunner.py PLAN [ARGS...]")

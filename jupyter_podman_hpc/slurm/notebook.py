@@ -4,8 +4,10 @@ At submit, ``prepare`` puts into the job directory the notebook (with the
 job's parameters injected after its cell tagged ``parameters``, papermill's
 convention), the runner (``nbrunner.py`` and its modules ``nbcells.py`` and
 ``nbrecorder.py``, Python's standard library only) and ``nbrun/plan.json``
-(what the runner runs). Every rank runs the notebook; rank 0 writes
-``<stem>.out.ipynb`` as its cells run (see ``nbrunner``).
+(what the runner runs), all read-only to the ranks. Every rank runs the
+notebook; rank 0 writes ``out/<stem>.out.ipynb`` as its cells run, and its
+progress in ``out/nbrun/`` (see ``nbrunner``). After the step the host runs
+the installed package's runner (``--finish``), never the job directory's copy.
 
 IPython magics and shell escapes (``%time``, ``!ls``, ``%%bash``) are found
 with IPython's own input transformer. ``JobSpec.notebook_magics``:
@@ -18,7 +20,11 @@ with IPython's own input transformer. ``JobSpec.notebook_magics``:
 - ``"comment"``: every line holding a magic becomes ``pass  # magic: ...``
   and runs without IPython; the magics are reported as warnings.
 
-``output_info`` reads back what a job's runner has written so far.
+``output_info`` and ``read_output`` read back what a job's runner has written
+so far: files the image could have written, so as data (``files.read_untrusted``:
+bounded, never through a link), the output notebook through nbformat's reader,
+which drops every cell's ``trusted`` mark. Job directories of older versions
+(no ``out`` in their record's ``run``) hold the output notebook at their top.
 """
 
 from __future__ import annotations
@@ -29,9 +35,14 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 from typing import Mapping, Optional
 
-from .script import PYTHON, RunTarget
+from ..engine.errors import EngineError
+from ..engine.files import UntrustedFile, read_untrusted
+from ..engine.text import human_bytes
+from .nbrecorder import PROGRESS, STATE_DIR
+from .script import OUT_DIR, PYTHON, RunTarget, finish_argv
 from .spec import JobSpecError, check_parameters
 
 _MAGIC_CALL = re.compile(r"get_ipython\(\)")
@@ -39,11 +50,15 @@ _MAGIC_CALL = re.compile(r"get_ipython\(\)")
 _DISPLAY_HINT = re.compile(r"\b(display|IPython|matplotlib|_repr_\w+_)\b")
 RUNNER = "nbrunner.py"
 RUNNER_FILES = (RUNNER, "nbcells.py", "nbrecorder.py")  # copied into the job directory, side by side
-STATE_DIR = "nbrun"
-PLAN = "plan.json"
-PROGRESS = "progress.json"
+PLAN = "plan.json"  # in STATE_DIR of the job directory (the host's); the ranks' state is in that of out/
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
+OUTPUT_LIMIT = 64 << 20  # bytes of an output notebook the server reads (images included)
+PROGRESS_LIMIT = 1 << 20
+
+
+class OutputTooLarge(EngineError):
+    """The output notebook is larger than the server reads (``OUTPUT_LIMIT``)."""
 
 
 @dataclass(frozen=True)
@@ -154,8 +169,14 @@ def prepare(source: str | Path, staging: Path, *, magics: str = "ipython",
         shutil.copyfile(Path(__file__).with_name(runner_file), staging / runner_file)
     state = staging / STATE_DIR
     state.mkdir(0o700)
-    plan = {"version": 1, "notebook": name, "output": output, "ipython": ipython, "code": code}
+    # not imported with this module: the package's __init__ imports it, and the finish runs nbrunner with -m
+    from .nbrunner import PLAN_VERSION
+
+    plan = {"version": PLAN_VERSION, "notebook": name, "out": OUT_DIR, "output": output, "ipython": ipython,
+            "code": code}
     (state / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    (staging / OUT_DIR).mkdir(0o700, exist_ok=True)  # made by the job's submit, or here for the runner alone
+    (staging / OUT_DIR / STATE_DIR).mkdir(0o700)
     return PreparedNotebook(name, output, ipython, tuple(found), tuple(warnings))
 
 
@@ -167,37 +188,46 @@ def target(spec, staging: Path, directory: Path) -> tuple[RunTarget, dict]:
     prepared = prepare(source, staging, magics=spec.notebook_magics, parameters=spec.parameters)
     plan = str(directory / STATE_DIR / PLAN)
     argv = (*PYTHON, str(directory / RUNNER), plan, *spec.args)
-    finish = ("python3", str(directory / RUNNER), "--finish", plan)
     how = {"require": "under IPython (it uses magics)", "prefer": "under IPython where the image has it",
            "never": "under python3"}[prepared.ipython]
     note = (f"Notebook {source.name} run cell by cell by {RUNNER} on every rank, {how}; "
-            f"rank 0 writes {prepared.output}.")
-    return RunTarget(argv, "notebook", note, finish), {
+            f"rank 0 writes {OUT_DIR}/{prepared.output}.")
+    return RunTarget(argv, "notebook", note, finish_argv(plan)), {
         "kind": "notebook", "argv": list(argv), "source": str(source.resolve()),
-        "inputs": [prepared.notebook, *RUNNER_FILES], "output": prepared.output, "ipython": prepared.ipython,
+        "inputs": [prepared.notebook, *RUNNER_FILES], "out": OUT_DIR, "output": prepared.output,
+        "ipython": prepared.ipython,
         "magics": list(prepared.magics), "warnings": list(prepared.warnings),
         "parameters": dict(spec.parameters)}
 
 
 # --- reading back ---------------------------------------------------------------------------------
 
+def _plain(name) -> bool:
+    return isinstance(name, str) and bool(name) and "/" not in name and not name.startswith(".")
+
+
 def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
     """A notebook job's output notebook: its path, whether rank 0 has written it yet, and
-    its progress (the cell rank 0 is in, the errors of every rank so far); None for other jobs."""
-    name = run.get("output")
-    if run.get("kind") != "notebook" or not isinstance(name, str) or "/" in name or name.startswith("."):
+    its progress (the cell rank 0 is in, the errors of every rank so far); None for other jobs.
+
+    The output is in the job's ``out/`` (the record's ``run["out"]``), or at the top of the job
+    directory of an older version. Nothing there is followed through a link."""
+    name, out = run.get("output"), run.get("out")
+    if run.get("kind") != "notebook" or not _plain(name) or (out is not None and not _plain(out)):
         return None  # not a notebook job (or a record this version did not write: a name, never a path)
     directory = Path(directory)
-    path = directory / run["output"]
-    info: dict = {"name": run["output"], "path": str(path), "exists": False, "size": None, "modified": None,
+    where = directory / out if out is not None else directory
+    path = where / name
+    info: dict = {"name": name, "path": str(path), "exists": False, "size": None, "modified": None,
                   "progress": None}
     try:
-        stat = path.stat()
-        info.update(exists=True, size=stat.st_size, modified=stat.st_mtime)
+        stat = path.lstat()
+        if S_ISREG(stat.st_mode):
+            info.update(exists=True, size=stat.st_size, modified=stat.st_mtime)
     except OSError:
         pass
     try:
-        progress = json.loads((directory / STATE_DIR / PROGRESS).read_text())
+        progress = json.loads(read_untrusted(where / STATE_DIR / PROGRESS, PROGRESS_LIMIT, beneath=directory))
         if isinstance(progress, dict):
             info["progress"] = progress
     except (OSError, ValueError):
@@ -225,9 +255,25 @@ def describe_progress(info: Optional[dict], short: bool = False) -> str:
 
 
 def read_output(info: dict) -> dict:
-    """The output notebook's JSON (for the REST API); FileNotFoundError until rank 0 wrote it."""
-    return json.loads(Path(info["path"]).read_text())
+    """The output notebook (for the REST API), read as nbformat reads a notebook: no cell of it
+    trusted, whatever the file says (code in the image could have written it). FileNotFoundError
+    until rank 0 wrote it; UntrustedFile (an OSError) for a link or a FIFO; ValueError for what is
+    not a notebook; OutputTooLarge over ``OUTPUT_LIMIT``."""
+    import nbformat
+
+    try:
+        data = read_untrusted(info["path"], OUTPUT_LIMIT)
+    except UntrustedFile as err:
+        if err.size is None:
+            raise
+        raise OutputTooLarge(f"the output notebook {info['name']} is {human_bytes(err.size)}, more than the "
+                             f"{human_bytes(OUTPUT_LIMIT)} shown here: open it from {info['path']}") from None
+    try:
+        return nbformat.reads(data.decode("utf-8", errors="replace"), as_version=4)
+    except Exception as err:  # noqa: BLE001 - nbformat's errors for what is not a notebook are of every kind
+        raise ValueError(f"{info['name']} is not a notebook: {err}".splitlines()[0]) from None
 
 
 __all__ = ["PreparedNotebook", "read_notebook", "check_parameters", "inject_parameters", "prepare", "target",
-           "output_info", "describe_progress", "read_output", "RUNNER", "RUNNER_FILES", "STATE_DIR"]
+           "output_info", "describe_progress", "read_output", "OutputTooLarge", "RUNNER", "RUNNER_FILES",
+           "STATE_DIR"]

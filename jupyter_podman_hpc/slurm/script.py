@@ -6,6 +6,12 @@ in podman-exec mode, ``podman-hpc run --rm`` per process). Every value is
 quoted with ``shlex.quote``; the spec has already refused newlines, NULs and
 unknown directives. The script runs from a terminal with ``sbatch job.sh``
 exactly as written.
+
+The ranks see the job directory read-only and write only its ``out/`` (their
+working directory, unless the spec names one): the image is untrusted, and
+what the host later runs or reads (the script, the record, a notebook's
+runner and plan) must not be writable from inside. Slurm writes the ranks'
+logs beside them, on the host.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from .spec import SRUN_MPI, JobSpec, JobSpecError, _no_breaks
 BATCH_LOG = "slurm-%j.out"
 RANK_OUT = "rank-%t.out"
 RANK_ERR = "rank-%t.err"
+OUT_DIR = "out"  # the one directory of a job its ranks may write
 PYTHON = ["python3", "-u"]
 
 
@@ -36,7 +43,8 @@ class RunTarget:
     argv: tuple[str, ...]
     kind: str = "command"          # command, python_script, notebook
     note: str = ""                 # a comment line for the script, e.g. how a notebook runs
-    finish: tuple[str, ...] = ()   # run on the batch host after the step with its exit code (a notebook's)
+    finish: tuple[str, ...] = ()   # run on the batch host after the step with its exit code (a notebook's):
+    #                                never a file of the job directory, which the ranks could have written
 
 
 def podman_hpc_dir() -> Optional[str]:
@@ -61,7 +69,23 @@ def default_target(spec: JobSpec, job_dir: str) -> RunTarget:
         return RunTarget((*PYTHON, path, *spec.args), "python_script")
     runner = str(PurePosixPath(job_dir) / "nbrunner.py")
     plan = str(PurePosixPath(job_dir) / "nbrun" / "plan.json")
-    return RunTarget((*PYTHON, runner, plan, *spec.args), "notebook", finish=("python3", runner, "--finish", plan))
+    return RunTarget((*PYTHON, runner, plan, *spec.args), "notebook", finish=finish_argv(plan))
+
+
+def out_dir(job_dir: str) -> str:
+    """The job's output directory: the one its ranks may write."""
+    return str(PurePosixPath(job_dir) / OUT_DIR)
+
+
+def finish_argv(plan: str) -> tuple[str, ...]:
+    """The notebook runner's finish after the step, on the batch host, run from this installed package.
+
+    The interpreter is this one (absolute): it has this package at the version that wrote the plan,
+    and lives in the environment whose podman-hpc the script runs (``podman_hpc_dir``), which the
+    nodes must see too; a ``python3`` found on PATH may be another. ``-I``: the job directory (the
+    script's working directory), PYTHONPATH and the user's site-packages stay out of ``sys.path``.
+    """
+    return (sys.executable, "-I", "-m", f"{__package__}.nbrunner", "--finish", plan)
 
 
 def _quote(words: Sequence[str]) -> str:
@@ -100,7 +124,8 @@ def _launcher_parts(spec: JobSpec, job_dir: str, target: RunTarget, modules: Mod
         argv += list(config.shared_run_exec_args)
     for name in spec.environment:
         argv += ["-e", name]
-    argv += ["-v", f"{job_dir}:{job_dir}", "-w", spec.workdir or job_dir]
+    out = out_dir(job_dir)
+    argv += ["-v", f"{job_dir}:{job_dir}:ro", "-v", f"{out}:{out}", "-w", spec.workdir or out]
     return argv, [spec.image, *target.argv]
 
 
@@ -150,6 +175,8 @@ def render(spec: JobSpec, job_dir: str | os.PathLike, *, target: RunTarget | Non
     lines += [f"#SBATCH {option}" for option in directives(spec, job_dir)]
     lines += ["", f"# Written by jupyter-podman-hpc {__version__}: {spec.nodes} node(s) x {spec.tasks_per_node} "
                   f"task(s), {spec.mode} mode. Submit it again with: sbatch {shlex.quote(job_dir + '/job.sh')}"]
+    lines.append(f"# Every rank sees this directory read-only and may write only {out_dir(job_dir)}/, "
+                 f"{'its working directory' if not spec.workdir else 'and works in ' + spec.workdir}.")
     if target.note:
         lines.append(f"# {target.note}")
     if bin_dir is not None:
@@ -171,7 +198,8 @@ def render(spec: JobSpec, job_dir: str | os.PathLike, *, target: RunTarget | Non
               "    " + _quote(image_and_command)]
     if target.finish:
         lines += ["status=$?",
-                  "# Every rank's end into the output notebook (a script of Python's standard library alone).",
+                  "# Every rank's end into the output notebook, by this package's runner (not the job",
+                  "# directory's copy, which the ranks ran): it reads what they wrote as data.",
                   _quote(target.finish) + ' "$status" || true',
                   'exit "$status"']
     lines.append("")

@@ -13,6 +13,7 @@ from jupyter_podman_hpc.engine.config import SiteConfig
 from jupyter_podman_hpc.slurm.client import JobStatus, SlurmClient, SlurmError
 from jupyter_podman_hpc.slurm.jobs import Job
 from jupyter_podman_hpc.slurm.notebook import prepare
+from jupyter_podman_hpc.slurm.script import finish_argv
 from jupyter_podman_hpc.slurm.spec import JobSpec
 
 IMAGE = "registry.example.org:5000/team/image:1.0"
@@ -90,12 +91,13 @@ def run_rank(directory, number, size=2, python=sys.executable, wait=True, extra_
 
 
 def finish_job(directory, code):
-    subprocess.run([BARE_PYTHON, str(directory / "nbrunner.py"), "--finish",
-                    str(directory / "nbrun" / "plan.json"), str(code)], check=True, timeout=60)
+    """The finish as the batch script runs it: this package's runner, not the job directory's copy."""
+    subprocess.run([*finish_argv(str(directory / "nbrun" / "plan.json")), str(code)], check=True, timeout=60,
+                   cwd=directory)
 
 
 def output_notebook(directory, name="nb"):
-    text = (directory / f"{name}.out.ipynb").read_text()
+    text = (directory / "out" / f"{name}.out.ipynb").read_text()
     notebook = nbformat.reads(text, as_version=4)
     nbformat.validate(notebook)  # written by hand, valid nbformat 4
     return notebook

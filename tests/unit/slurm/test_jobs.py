@@ -13,6 +13,7 @@ from jupyter_podman_hpc.engine.config import SiteConfig
 from jupyter_podman_hpc.engine.errors import ImageNotFound
 from jupyter_podman_hpc.engine.progress import Progress
 from jupyter_podman_hpc.slurm.client import JobStatus, SlurmError
+from jupyter_podman_hpc.slurm import jobs
 from jupyter_podman_hpc.slurm.jobs import Job, JobError, JobNotFound, JobTimeout, default_root
 from jupyter_podman_hpc.slurm.spec import JobSpec, JobSpecError
 from tests.unit.slurm.conftest import IMAGE, StandInSlurm, squashed_config, submit
@@ -31,11 +32,11 @@ def test_submit_writes_a_complete_job_directory(tmp_path):
     job = submit(tmp_path, client=client, progress=events.append)
     assert job.id == "101"
     assert client.submitted == [(str(job.directory / "job.sh"), str(job.directory))]
-    assert sorted(p.name for p in job.directory.iterdir()) == ["job.json", "job.sh"]
+    assert sorted(p.name for p in job.directory.iterdir()) == ["job.json", "job.sh", "out"]
     assert job.directory.parent == tmp_path / "jobs" and not job.directory.name.startswith(".")
     record = json.loads((job.directory / "job.json").read_text())
     assert record["job_id"] == "101" and record["spec"]["command"] == ["echo", "hi"]
-    assert record["run"] == {"kind": "command", "argv": ["echo", "hi"]} and record["submitted"]
+    assert record["run"] == {"kind": "command", "argv": ["echo", "hi"], "out": "out"} and record["submitted"]
     assert job.script.startswith("#!/bin/bash\n") and f"--chdir={job.directory}" in job.script
     assert (job.directory / "job.sh").stat().st_mode & 0o111
     assert job.spec == JobSpec(image=IMAGE, command=["echo", "hi"], nodes=2, tasks_per_node=2)
@@ -54,9 +55,9 @@ def open_umask():
 def test_only_the_user_can_read_a_job_whatever_the_umask(tmp_path, open_umask):
     job = submit(tmp_path, spec=JobSpec(image=IMAGE, command=["true"], environment={"TOKEN": "s3cret"}))
     assert "s3cret" in (job.directory / "job.json").read_text()
-    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "jobs", job.directory,
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "jobs", job.directory, job.directory / "out",
                                                               job.directory / "job.json", job.directory / "job.sh")}
-    assert modes == {"jobs": 0o700, job.directory.name: 0o700, "job.json": 0o600, "job.sh": 0o700}
+    assert modes == {"jobs": 0o700, job.directory.name: 0o700, "out": 0o700, "job.json": 0o600, "job.sh": 0o700}
 
 
 def test_a_job_directory_an_older_version_left_readable_still_works(tmp_path):
@@ -102,18 +103,20 @@ def test_a_notebook_goes_into_the_job_directory_with_its_runner(tmp_path):
     spec = JobSpec(image=IMAGE, notebook=str(tmp_path / "Study.ipynb"), parameters={"n": "2"})
     job = submit(tmp_path, spec)
     assert {p.name for p in job.directory.iterdir()} == {"Study.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py",
-                                                         "nbrun", "job.sh", "job.json"}
+                                                         "nbrun", "out", "job.sh", "job.json"}
+    assert {p.name for p in (job.directory / "out").iterdir()} == {"nbrun"}
     assert f"python3 -u {job.directory}/nbrunner.py {job.directory}/nbrun/plan.json" in job.script
     assert ("# Notebook Study.ipynb run cell by cell by nbrunner.py on every rank, under IPython (it uses "
-            "magics); rank 0 writes Study.out.ipynb.") in job.script
+            "magics); rank 0 writes out/Study.out.ipynb.") in job.script
     run = job.record.run
-    assert (run["output"], run["ipython"], run["parameters"]) == ("Study.out.ipynb", "require", {"n": "2"})
+    assert (run["out"], run["output"], run["ipython"], run["parameters"]) == (
+        "out", "Study.out.ipynb", "require", {"n": "2"})
     assert run["magics"] and run["inputs"] == ["Study.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py"]
     assert job.record.spec["parameters"] == {"n": "2"}
     assert nbformat.read(str(job.directory / "Study.ipynb"), as_version=4).cells[1].source.endswith("n = 2")
     output = job.as_dict()["output"]
     assert (output["name"], output["exists"], output["path"]) == (
-        "Study.out.ipynb", False, str(job.directory / "Study.out.ipynb"))
+        "Study.out.ipynb", False, str(job.directory / "out" / "Study.out.ipynb"))
     assert submit(tmp_path, JobSpec(image=IMAGE, command=["true"])).as_dict()["output"] is None
     preview = Job.preview(spec, tmp_path / "jobs", config=SiteConfig())
     assert preview.replace(preview.split("--chdir=")[1].split("\n")[0], "D") == \
@@ -194,6 +197,19 @@ def test_logs_are_per_rank_and_labelled(tmp_path):
     assert "task 0: Exited with exit code 3" in job.batch_log()
     with pytest.raises(JobError, match="stream must be"):
         job.logs("both")
+
+
+def test_logs_an_image_planted_are_one_line_each_and_a_long_one_keeps_its_end(tmp_path, monkeypatch):
+    job = submit(tmp_path)
+    (job.directory / "rank-0.out").symlink_to("/dev/zero")
+    os.mkfifo(job.directory / "rank-1.out")
+    (job.directory / "rank-2.out").write_text("x" * 100 + "\nlast line\n")
+    (job.directory / f"slurm-{job.id}.out").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setattr(jobs, "LOG_LIMIT", 10)
+    assert job.logs() == {0: "rank-0.out is a symbolic link: not read\n",
+                          1: "rank-1.out is not a regular file: not read\n",
+                          2: "[... cut: rank-2.out is 111 B, its last 10 B follow]\nlast line\n"}
+    assert job.batch_log() == f"slurm-{job.id}.out is a symbolic link: not read\n"
 
 
 def test_the_default_root_is_on_scratch():

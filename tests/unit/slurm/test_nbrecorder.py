@@ -42,7 +42,7 @@ def test_rank_0_records_every_kind_of_output_in_its_cell(tmp_path):
     assert all(c.metadata.podman_hpc.status == "ok" for c in cells[1:])
     meta = notebook.metadata.podman_hpc
     assert (meta.state, meta.job_id, meta.ntasks, meta.errors) == ("completed", "4242", 2, [])
-    progress = json.loads((directory / "nbrun" / "progress.json").read_text())
+    progress = json.loads((directory / "out" / "nbrun" / "progress.json").read_text())
     assert (progress["state"], progress["cell"], progress["code_cells"]) == ("completed", None, 7)
 
 
@@ -54,7 +54,7 @@ def test_an_error_on_another_rank_is_noted_at_its_cell_with_its_traceback(tmp_pa
         "print('fourth on', rank)"])
     one = run_rank(directory, 1)
     assert one[0] == 1 and "fourth" not in one[1] and "ValueError: rank 1 is unhappy" in one[2]
-    report = json.loads((directory / "nbrun" / "rank-1.json").read_text())
+    report = json.loads((directory / "out" / "nbrun" / "rank-1.json").read_text())
     assert (report["rank"], report["cell"], report["ename"]) == (1, 3, "ValueError")
     zero = run_rank(directory, 0)
     assert zero[0] == 0 and "fourth on 0" in zero[1]
@@ -84,7 +84,7 @@ def test_sigterm_keeps_the_completed_cells_and_marks_the_running_one(tmp_path):
 
     def printed():  # what the sleeping cell printed, once rank 0 wrote it
         try:
-            outputs = json.loads((directory / "nb.out.ipynb").read_text())["cells"][2]["outputs"]
+            outputs = json.loads((directory / "out" / "nb.out.ipynb").read_text())["cells"][2]["outputs"]
         except (OSError, ValueError):
             return ""
         return "".join(o.get("text", "") for o in outputs)
@@ -106,7 +106,7 @@ def test_sigterm_keeps_the_completed_cells_and_marks_the_running_one(tmp_path):
     assert stopped.outputs[0].text == "sleeping\n"
     assert stopped.outputs[-1].data["text/plain"].startswith("podman-hpc: the job was stopped (SIGTERM) while rank 0")
     assert notebook.cells[3].outputs == [] and notebook.metadata.podman_hpc.state == "stopped"
-    assert not [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in (directory / "out").rglob("*.tmp")]
 
 
 def test_a_process_a_cell_forks_prints_to_the_log_only(tmp_path):

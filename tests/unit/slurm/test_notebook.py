@@ -2,11 +2,14 @@
 what happens to IPython magics; reading back the output notebook's state."""
 
 import json
+import shutil
 
 import nbformat
 import pytest
 
-from jupyter_podman_hpc.slurm.notebook import describe_progress, output_info, prepare
+from jupyter_podman_hpc.engine.files import UntrustedFile
+from jupyter_podman_hpc.slurm import notebook as notebooks
+from jupyter_podman_hpc.slurm.notebook import OutputTooLarge, describe_progress, output_info, prepare, read_output
 from jupyter_podman_hpc.slurm.spec import JobSpecError, check_parameters
 
 
@@ -31,10 +34,12 @@ def test_a_plain_notebook_runs_without_ipython(tmp_path):
     prepared = prepare(path, out)
     assert (prepared.notebook, prepared.output, prepared.ipython) == ("plain.ipynb", "plain.out.ipynb", "never")
     assert prepared.magics == () and prepared.warnings == ()
-    assert {p.name for p in out.iterdir()} == {"plain.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py", "nbrun"}
-    assert plan_of(out) == {"version": 1, "notebook": "plain.ipynb", "output": "plain.out.ipynb",
+    assert {p.name for p in out.iterdir()} == {"plain.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py", "nbrun",
+                                               "out"}
+    assert plan_of(out) == {"version": 2, "notebook": "plain.ipynb", "out": "out", "output": "plain.out.ipynb",
                             "ipython": "never", "code": {}}
-    assert (out / "nbrun").stat().st_mode & 0o777 == 0o700
+    assert [p.name for p in (out / "out").iterdir()] == ["nbrun"]  # where the ranks write
+    assert all((out / d).stat().st_mode & 0o777 == 0o700 for d in ("nbrun", "out", "out/nbrun"))
     nbformat.validate(nbformat.read(str(out / "plain.ipynb"), as_version=4))
 
 
@@ -117,8 +122,8 @@ def test_good_parameters_are_kept_as_written():
         "a": "1e3", "b": "'s'", "c": "{'k': (1, None)}", "d": "True", "e": "-2"}
 
 
-def test_output_info_reads_the_progress_rank_0_wrote(tmp_path):
-    run = {"kind": "notebook", "output": "a.out.ipynb"}
+def test_output_info_of_an_older_job_directory_reads_the_progress_rank_0_wrote_at_its_top(tmp_path):
+    run = {"kind": "notebook", "output": "a.out.ipynb"}  # no "out": the ranks wrote the job directory
     assert output_info(tmp_path, {"kind": "command"}) is None
     assert output_info(tmp_path, {"kind": "notebook", "output": "../../etc/passwd"}) is None
     assert output_info(tmp_path, {"kind": "notebook"}) is None  # a notebook job of an older version
@@ -137,3 +142,49 @@ def test_output_info_reads_the_progress_rank_0_wrote(tmp_path):
     assert describe_progress(output_info(tmp_path, run)) == "cell 3 failed on rank 1: ValueError: bad"
     (tmp_path / "nbrun" / "progress.json").write_text("{truncated")
     assert output_info(tmp_path, run)["progress"] is None
+
+
+def test_output_info_reads_the_output_directory_and_follows_no_link_there(tmp_path):
+    run = {"kind": "notebook", "out": "out", "output": "a.out.ipynb"}
+    assert output_info(tmp_path, {**run, "out": "/home/u"}) is None
+    (tmp_path / "out" / "nbrun").mkdir(parents=True)
+    (tmp_path / "a.out.ipynb").write_text("{}")  # the top is not where this layout's output is
+    info = output_info(tmp_path, run)
+    assert (info["path"], info["exists"]) == (str(tmp_path / "out" / "a.out.ipynb"), False)
+    (tmp_path / "out" / "nbrun" / "progress.json").write_text(json.dumps({"state": "running", "cell": 2,
+                                                                         "cells": 4}))
+    (tmp_path / "out" / "a.out.ipynb").write_text("{}")
+    info = output_info(tmp_path, run)
+    assert info["exists"] and describe_progress(info) == "rank 0 is in cell 2 of 4"
+    # the image replaced them with links to the user's files: neither is read
+    elsewhere = tmp_path / "home"
+    (elsewhere / "nbrun").mkdir(parents=True)
+    (elsewhere / "nbrun" / "progress.json").write_text(json.dumps({"state": "planted"}))
+    (tmp_path / "out" / "a.out.ipynb").unlink()
+    (tmp_path / "out" / "a.out.ipynb").symlink_to(elsewhere / "nbrun" / "progress.json")
+    shutil.rmtree(tmp_path / "out" / "nbrun")
+    (tmp_path / "out" / "nbrun").symlink_to(elsewhere / "nbrun")
+    info = output_info(tmp_path, run)
+    assert (info["exists"], info["progress"]) == (False, None)
+    with pytest.raises(UntrustedFile, match="^a.out.ipynb is a symbolic link: not read$"):
+        read_output(info)
+
+
+def test_the_output_notebook_is_read_untrusted_and_bounded(tmp_path, monkeypatch):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("1", metadata={"trusted": True}, outputs=[
+        nbformat.v4.new_output("display_data", {"text/html": "<img src=x onerror='alert(1)'>"})])]
+    notebook.metadata["signature"] = "sha256:planted"
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "a.out.ipynb").write_text(json.dumps(notebook))
+    info = output_info(tmp_path, {"kind": "notebook", "out": "out", "output": "a.out.ipynb"})
+    content = read_output(info)
+    assert "trusted" not in content["cells"][0]["metadata"] and "signature" not in content["metadata"]
+    assert content["cells"][0]["outputs"][0]["data"]["text/html"].startswith("<img")  # shown, sanitised by the Lab
+    monkeypatch.setattr(notebooks, "OUTPUT_LIMIT", 100)
+    with pytest.raises(OutputTooLarge, match=r"^the output notebook a.out.ipynb is \d+ B, more than the 100 B "):
+        read_output(info)
+    for planted in ("[1]", '{"nbformat": 4, "cells": 3}', "{not json"):
+        (tmp_path / "out" / "a.out.ipynb").write_text(planted)
+        with pytest.raises(ValueError, match="^a.out.ipynb is not a notebook: "):
+            read_output(info)

@@ -2,7 +2,9 @@
 
 import json
 import os
+import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -50,6 +52,7 @@ def test_the_script_of_a_typical_mpi_job_line_by_line():
         "",
         "# Written by jupyter-podman-hpc 0.1.0: 4 node(s) x 2 task(s), podman-exec mode. "
         f"Submit it again with: sbatch {D}/job.sh",
+        f"# Every rank sees this directory read-only and may write only {D}/out/, its working directory.",
         "",
         "# podman-hpc of the Python environment that wrote this script, first on PATH: sbatch",
         "# passes the submitter's environment to the job, but a shell (or a Jupyter server)",
@@ -62,7 +65,8 @@ def test_the_script_of_a_typical_mpi_job_line_by_line():
         "export GREETING='hello world'",
         "",
         f"srun --mpi=pmix --cpus-per-task=4 --output={D}/rank-%t.out --error={D}/rank-%t.err \\",
-        f"    podman-hpc shared-run --openmpi-pmix -e OMPI_MCA_btl -e GREETING -v {D}:{D} -w {D} \\",
+        f"    podman-hpc shared-run --openmpi-pmix -e OMPI_MCA_btl -e GREETING -v {D}:{D}:ro -v {D}/out:{D}/out "
+        f"-w {D}/out \\",
         f"    {IMAGE} python3 allreduce.py",
     ]
 
@@ -73,7 +77,9 @@ def test_per_process_mode_runs_a_container_per_rank_with_the_rank_environment():
     lines = rendered(spec).splitlines()
     assert lines[-3] == f"srun --mpi=pmi2 --output={JOB_DIR}/rank-%t.out --error={JOB_DIR}/rank-%t.err \\"
     assert lines[-2] == ("    podman-hpc run --rm --openmpi-pmi2 -e 'SLURM_*' -e 'SLURMD_*' -e 'PALS_*' "
-                         f"-e 'PMI_*' -e 'PMIX_*' -e 'OMPI_*' -v {JOB_DIR}:{JOB_DIR} -w /work \\")
+                         f"-e 'PMI_*' -e 'PMIX_*' -e 'OMPI_*' -v {JOB_DIR}:{JOB_DIR}:ro "
+                         f"-v {JOB_DIR}/out:{JOB_DIR}/out -w /work \\")
+    assert f"# Every rank sees this directory read-only and may write only {JOB_DIR}/out/, and works in /work." in lines
     assert lines[-1] == f"    {IMAGE} hostname"
 
 
@@ -89,11 +95,12 @@ def test_script_and_notebook_targets_run_from_the_job_directory():
     assert script.splitlines()[-1] == f"    {IMAGE} python3 -u {JOB_DIR}/train.py --epochs 3"
     notebook = rendered(JobSpec(image=IMAGE, notebook="/home/u/Analysis.ipynb", args=["a b"]))
     plan = f"{JOB_DIR}/nbrun/plan.json"
-    assert notebook.splitlines()[-5:] == [
+    assert notebook.splitlines()[-6:] == [
         f"    {IMAGE} python3 -u {JOB_DIR}/nbrunner.py {plan} 'a b'",
         "status=$?",
-        "# Every rank's end into the output notebook (a script of Python's standard library alone).",
-        f'python3 {JOB_DIR}/nbrunner.py --finish {plan} "$status" || true',
+        "# Every rank's end into the output notebook, by this package's runner (not the job",
+        "# directory's copy, which the ranks ran): it reads what they wrote as data.",
+        f'{shlex.quote(sys.executable)} -I -m jupyter_podman_hpc.slurm.nbrunner --finish {plan} "$status" || true',
         'exit "$status"']
     target = RunTarget(("python3", "run.py"), "notebook", "run by a runner")
     text = rendered(JobSpec(image=IMAGE, notebook="/home/u/a.ipynb"), target=target)
@@ -121,7 +128,8 @@ def test_the_script_is_valid_bash_and_hostile_values_arrive_intact(tmp_path):
     seen = json.loads(record.read_text())
     assert seen["argv"] == [
         f"--output={job_dir}/rank-%t.out", f"--error={job_dir}/rank-%t.err",
-        "podman-hpc", "shared-run", "-e", "HOSTILE", "-v", f"{job_dir}:{job_dir}", "-w", f"/w/{HOSTILE}",
+        "podman-hpc", "shared-run", "-e", "HOSTILE", "-v", f"{job_dir}:{job_dir}:ro", "-v",
+        f"{job_dir}/out:{job_dir}/out", "-w", f"/w/{HOSTILE}",
         IMAGE, "sh", "-c", HOSTILE, HOSTILE]
     assert seen["env"]["HOSTILE"] == HOSTILE
     assert seen["env"]["PATH"].startswith(f"{bin_dir}:")
