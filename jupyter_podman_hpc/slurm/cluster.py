@@ -24,10 +24,12 @@ themselves once the controller misses ``HEARTBEAT_MISSES`` heartbeats (the
 job then ends), and ``sweep()`` (run by every ``start`` and by the server's
 cluster listing) cancels what a dead owner left.
 
-A cluster's record is ``cluster.json`` in its job directory
-(``clusterrecord.py``), so any process of the user (the Jupyter server's
-Containers panel) lists and stops it. The job directory is the user's alone
-(0700, ``jobs.py``).
+A cluster's record is kept by the host in the jobs root, beside its job directory, with a copy,
+``cluster.json``, in the job directory (``clusterrecord.py``), so any process of the user (the Jupyter
+server's Containers panel) lists and stops it. The job directory is the user's alone (0700,
+``jobs.py``), but the engines, an untrusted image, write in it: the host acts on its own record only,
+and signals a controller or watchdog only once it is sure the process is this cluster's
+(``watchdog.runs_part``). The controller's log is read as data (bounded, never through a link).
 """
 
 from __future__ import annotations
@@ -46,14 +48,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..engine.errors import NotFound
+from ..engine.files import read_untrusted_log
 from ..engine.progress import Progress, ProgressCallback, ignore
 from ..engine.processes import owner_alive, owner_token
 from . import watchdog
 from .client import SlurmClient, SlurmError
-from .clusterrecord import CONTROLLER_LOG, PROFILE, RECORD, ClusterError, ClusterRecord, connection_files
-from .jobs import Job, JobError, default_root, job_directories
+from .clusterrecord import (CONTROLLER_LOG, PROFILE, RECORD, ClusterError, ClusterRecord, cluster_directories,
+                            connection_files, profile_dir, publish_engine_file)
+from .jobs import Job, JobError, default_root
 from .spec import SRUN_MPI, JobSpec
-from .watchdog import STOP_GRACE, stop_parts, wait_gone
+from .watchdog import STOP_GRACE, runs_part, stop_parts, wait_gone
 
 if TYPE_CHECKING:
     import ipyparallel
@@ -63,6 +67,7 @@ DEFAULT_TIME = "60"                 # minutes, when the caller gives no time lim
 CONTROLLER_START = 30.0             # seconds for the controller to write its connection files
 CONTROLLER_PORTS = 32               # ipyparallel 9 listens on 18 (2 broadcast leaves); the rest is headroom
 PORTS_FLOOR = 10000                 # the controller's ports are chosen above this, below the ephemeral range
+LOG_READ = 1 << 16                  # bytes of the controller's log read for its last words
 
 
 class ClusterNotFound(ClusterError, NotFound):
@@ -70,7 +75,8 @@ class ClusterNotFound(ClusterError, NotFound):
 
 
 def engine_argv(cluster_id: str, mpi: bool = False) -> tuple[str, ...]:
-    """What every rank runs: an engine reading the connection file from the job directory (its cwd)."""
+    """What every rank runs: an engine reading the connection file from its working directory (the job's
+    ``out/``, or the job directory of an earlier version's layout: ``engines_dir``)."""
     argv = ["python3", "-m", "ipyparallel.engine",
             f"--file={PROFILE}/security/ipcontroller-{cluster_id}-engine.json",
             "--IPEngine.wait_for_url_file=120",          # the controller starts once the job is submitted
@@ -101,7 +107,7 @@ def cluster_spec(cluster_id: str, image: str, **fields) -> JobSpec:
 def controller_argv(directory: Path, cluster_id: str, ip: str, ports: range) -> list[str]:
     """The command line of a cluster's ipyparallel controller: its profile in the job directory, the cluster
     id, the address the engines reach it at, the ports it listens on."""
-    return [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={directory / PROFILE}",
+    return [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={profile_dir(directory.absolute())}",
             f"--cluster-id={cluster_id}", f"--ip={ip}", f"--IPController.ports={ports[0]}-{ports[-1]}",
             "--log-level=WARN"]
 
@@ -155,8 +161,9 @@ class Cluster:
 
     @property
     def job_id(self) -> str:
-        """The Slurm job id of the cluster's engines."""
-        return self.job.id
+        """The Slurm job id of the cluster's engines (the host's record's; else the job record's, for an
+        earlier version's cluster)."""
+        return self.record.job_id or self.job.id
 
     @property
     def directory(self) -> Path:
@@ -206,12 +213,23 @@ class Cluster:
                                         client.env or os.environ)
         self.record.watchdog = owner_token(self._watchdog.pid)
         deadline = time.monotonic() + CONTROLLER_START
-        files = self.connection_files
-        while not all(path.exists() for path in files.values()):
+        while not self._connection_files_ready():
             if self._watchdog.poll() is not None or time.monotonic() > deadline:
                 log = _raised(self.directory / CONTROLLER_LOG) or _tail(self.directory / CONTROLLER_LOG)
                 raise ClusterError(f"the IPython Parallel controller did not start{': ' + log if log else ''}")
             time.sleep(0.05)
+
+    def _connection_files_ready(self) -> bool:
+        """The controller has written both connection files whole, and the engines' is where they read it."""
+        if not all(path.exists() for path in self.connection_files.values()):
+            return False
+        try:
+            publish_engine_file(self.directory, self.id)
+        except ValueError:      # still being written
+            return False
+        except OSError as err:
+            raise ClusterError(f"the engines' connection file could not be put in their working directory: {err}")
+        return True
 
     def _wait_for_engines(self, timeout: float, progress: ProgressCallback) -> None:
         ipp_client = self.client()
@@ -311,7 +329,7 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 self._watchdog.kill()
                 self._watchdog.wait()
-        elif owner_alive(self.record.watchdog):
+        elif runs_part(self.record.watchdog, self.directory, "watchdog"):
             _signal(self.record.watchdog, signal.SIGTERM)
             wait_gone(self.record.watchdog, STOP_GRACE * 3)
         # What the watchdog does, done again: it may have died before it could.
@@ -319,9 +337,9 @@ class Cluster:
             self.record.controller = ClusterRecord.read(self.directory).controller or self.record.controller
         stop_parts(self.directory, self.record, self.job.client)
         deadline = time.monotonic() + timeout   # until the nodes are clean (the job no longer completing)
-        while time.monotonic() < deadline:
+        while self.record.job_id and time.monotonic() < deadline:
             try:
-                if not self.job.client.in_queue(self.job_id):
+                if not self.job.client.in_queue(self.record.job_id):
                     break
             except SlurmError:
                 break
@@ -355,11 +373,8 @@ def _signal(token: str, sig: int) -> None:
 
 def _raised(log: Path) -> str:
     """The exception of the first traceback in a log ("ZMQError: Address already in use ..."), or ""."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
     in_traceback = False
+    lines = _read_log(log).splitlines()
     for line in lines:
         if line.startswith("Traceback (most recent call last)"):
             in_traceback = True
@@ -369,11 +384,16 @@ def _raised(log: Path) -> str:
 
 
 def _tail(path: Path, lines: int = 1) -> str:
+    text = [line.strip() for line in _read_log(path).splitlines() if line.strip()]
+    return " / ".join(text[-lines:])
+
+
+def _read_log(path: Path) -> str:
+    """The controller's log (its last ``LOG_READ`` bytes), in a directory the engines write: as data."""
     try:
-        text = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        return read_untrusted_log(path, LOG_READ, beneath=path.parent)
     except OSError:
         return ""
-    return " / ".join(text[-lines:])
 
 
 # --- finding clusters again ---------------------------------------------------------
@@ -404,7 +424,7 @@ def list_clusters(root: str | Path | None = None, *, client: SlurmClient | None 
     client = client or SlurmClient()
     root = Path(root) if root is not None else default_root(client.env)
     found = []
-    for directory in job_directories(root, RECORD):
+    for directory in cluster_directories(root):
         try:
             record = ClusterRecord.read(directory)
             job = Job(directory, client=client)
@@ -436,7 +456,8 @@ def sweep(root: str | Path | None = None, *, client: SlurmClient | None = None) 
         return []
     for cluster in clusters:
         record = cluster.record
-        if record.host != host or owner_alive(record.owner) or owner_alive(record.watchdog):
+        if record.host != host or owner_alive(record.owner) \
+                or runs_part(record.watchdog, cluster.directory, "watchdog"):
             continue
         stop_parts(cluster.directory, record, cluster.job.client)
         with contextlib.suppress(OSError):

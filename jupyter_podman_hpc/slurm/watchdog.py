@@ -1,12 +1,14 @@
 """An interactive cluster's watchdog: runs its controller; stops the cluster when the owner, the controller or
-the job ends."""
+the job ends. What it and every other stop signal is first checked to be the cluster's own (``runs_part``)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -15,12 +17,13 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..engine import commands
-from ..engine.processes import owner_alive, owner_token, wait_any
+from ..engine.processes import cmdline, owner_alive, owner_token, wait_any
 from .client import SlurmClient, SlurmError
-from .clusterrecord import CONTROLLER_LOG, ClusterRecord, connection_files
+from .clusterrecord import CONTROLLER_LOG, PROFILE, ClusterError, ClusterRecord, remove_connection_files
 
 STOP_GRACE = 5.0                    # seconds between SIGTERM and SIGKILL of the controller
 JOB_POLL = 10.0                     # seconds between looks at the job: Slurm tells nobody it ended one
+MODULE = f"{__package__}.watchdog"  # what ``python -m`` runs (``__name__`` is "__main__" in the watchdog)
 
 
 def start(owner: str, directory: Path, controller: Sequence[str], env: Mapping[str, str]) -> commands.Process:
@@ -29,18 +32,49 @@ def start(owner: str, directory: Path, controller: Sequence[str], env: Mapping[s
     In a session of its own, so a kernel interrupt (SIGINT to the kernel's process group) spares it.
     """
     return commands.popen(
-        [sys.executable, "-m", __name__, "--owner", owner, "--dir", str(directory), "--", *controller],
+        [sys.executable, "-m", MODULE, "--owner", owner, "--dir", str(directory.absolute()), "--", *controller],
         env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True)
+
+
+def runs_part(token: str, directory: Path, part: str) -> bool:
+    """Whether the process of owner token ``token`` is the ``part`` ("controller" or "watchdog") of the
+    cluster in ``directory``: alive since that start, the leader of its own process group (each is started
+    in one), running the command line this cluster started it with. A token read from a record the
+    engines could have written may name any process of the user's; only these are ever signalled."""
+    if not token or not owner_alive(token):
+        return False
+    pid = int(token.partition(":")[0])
+    try:
+        if os.getpgid(pid) != pid:
+            return False
+    except OSError:
+        return False
+    argv = cmdline(pid)
+    if part == "controller":
+        profiles = [Path(arg.partition("=")[2]) for arg in argv if arg.startswith("--profile-dir=")]
+        return _follows(argv, "-m", "ipyparallel.controller") and any(
+            profile.name == PROFILE and _same_dir(str(profile.parent), directory) for profile in profiles)
+    named = [value for flag, value in zip(argv, argv[1:]) if flag == "--dir"]
+    return _follows(argv, "-m", MODULE) and any(_same_dir(value, directory) for value in named)
+
+
+def _follows(argv: list[str], first: str, second: str) -> bool:
+    return any(argv[i:i + 2] == [first, second] for i in range(len(argv) - 1))
+
+
+def _same_dir(path: str, directory: Path) -> bool:
+    return os.path.isabs(path) and os.path.realpath(path) == os.path.realpath(directory)
 
 
 def stop_parts(directory: Path, record: ClusterRecord, client: SlurmClient) -> None:
     """Stop the controller's process group, cancel the job, remove the connection files.
 
     What the watchdog does at its end; ``Cluster.stop`` and ``cluster.sweep`` do it again for a
-    watchdog that died first.
+    watchdog that died first. The controller is stopped only if it is this cluster's (``runs_part``),
+    and the job cancelled only if the record is the host's (``ClusterRecord.read``).
     """
-    if record.controller and owner_alive(record.controller):
+    if runs_part(record.controller, directory, "controller"):
         pid = int(record.controller.partition(":")[0])
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
@@ -48,10 +82,26 @@ def stop_parts(directory: Path, record: ClusterRecord, client: SlurmClient) -> N
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             wait_gone(record.controller, STOP_GRACE)
-    with contextlib.suppress(SlurmError):
-        client.cancel(record.job_id)
-    for path in connection_files(directory, record.cluster_id).values():
-        path.unlink(missing_ok=True)
+    if record.job_id:
+        with contextlib.suppress(SlurmError):
+            client.cancel(record.job_id)
+    remove_connection_files(directory, record.cluster_id)
+
+
+def _controller_log(directory: Path):
+    """The controller's log, open for appending: a regular file, never reached through a link, nor a FIFO
+    (O_NONBLOCK: an open for writing fails at once when nothing reads it) that the engines planted."""
+    refused = ClusterError(f"{directory / CONTROLLER_LOG} is not a regular file: the controller was not started")
+    try:
+        fd = os.open(directory / CONTROLLER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise refused if err.errno in (errno.ELOOP, errno.ENXIO) else err
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise refused
+    os.set_blocking(fd, True)
+    return open(fd, "ab")
 
 
 def wait_gone(token: str, timeout: float) -> bool:
@@ -88,8 +138,7 @@ def watchdog(owner: str, directory: Path, controller: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     record = ClusterRecord.read(directory)
-    with open(os.open(directory / CONTROLLER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                      | os.O_CLOEXEC, 0o600), "ab") as log:
+    with _controller_log(directory) as log:
         process = commands.popen(controller, cwd=directory, stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, process_group=0, close_fds=True)
     controller_token = owner_token(process.pid)

@@ -48,14 +48,17 @@ def test_an_unknown_field_is_one_line():
 def test_a_record_update_keeps_what_the_watchdog_wrote(tmp_path):
     from jupyter_podman_hpc.slurm.cluster import ClusterRecord
 
+    directory = tmp_path / "job"
+    directory.mkdir()
     mine = ClusterRecord("ab12cd34", "42", 8, owner="10:20", host="vm")
-    mine.write(tmp_path)
-    theirs = ClusterRecord.read(tmp_path)
-    theirs.update(tmp_path, watchdog="11:21", controller="12:22")
-    mine.update(tmp_path, state="running")
-    again = ClusterRecord.read(tmp_path)
+    mine.write(directory)
+    theirs = ClusterRecord.read(directory)
+    theirs.update(directory, watchdog="11:21", controller="12:22")
+    mine.update(directory, state="running")
+    again = ClusterRecord.read(directory)
     assert (again.state, again.watchdog, again.controller, again.engines) == ("running", "11:21", "12:22", 8)
-    assert [p.name for p in tmp_path.iterdir()] == ["cluster.json"]
+    assert [p.name for p in directory.iterdir()] == ["cluster.json"]
+    assert [p.name for p in (tmp_path / ".clusters").iterdir()] == ["job.json"]
 
 
 def test_the_controllers_ports_are_a_free_block_below_the_ephemeral_range(monkeypatch):
