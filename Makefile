@@ -8,11 +8,12 @@ STACK := ./dev/stack
 AS_USER := ./dev/as-user
 PYTEST_ARGS ?=
 
-.PHONY: help stack-up stack-down stack-status test test-unit demo bench bench-smoke
+.PHONY: help stack-up stack-down stack-status test test-unit docs demo bench bench-smoke
 
 help:
 	@echo "make demo    bring the stack up and start JupyterLab on 127.0.0.1 (port: DEMO_PORT=8888)"
-	@echo "make test    bring the stack up and run the whole test suite"
+	@echo "make test    bring the stack up, build the docs and run the whole test suite"
+	@echo "make docs    the docs site into docs/build/html (warnings are errors; the stack must be up)"
 	@echo "make bench   the benchmarks (bench/README.md); make bench-smoke: one quick run"
 	@echo "make stack-up | stack-down | stack-status"
 
@@ -28,8 +29,18 @@ stack-status:
 # STACK_REQUIRED: a test that needs the stack fails instead of skipping.
 # pytest's exit code 5 (nothing collected) fails like any other non-zero code.
 test: stack-up
+	$(MAKE) --no-print-directory docs
 	STACK_REQUIRED=1 $(AS_USER) python -m pytest $(PYTEST_ARGS); \
 	status=$$?; [ $$status -ne 5 ] || echo "pytest collected no tests" >&2; exit $$status
+
+# The docs site (docs/), built as the stack's user with the stack's venv, which has the `docs`
+# extra: warnings are errors (-W), every reference must resolve (-n), all of them are reported, and
+# every page is read again (-E: a warning of an unchanged page is never skipped).
+DOCS_BUILD := docs/build
+docs:
+	@$(AS_USER) python -c 'import sphinx, myst_parser' 2>/dev/null || { echo "the stack's venv has no sphinx: run 'make stack-up' as root" >&2; exit 1; }
+	$(AS_USER) python -m sphinx -E -W --keep-going -n -q -b html -d $(DOCS_BUILD)/doctrees docs $(DOCS_BUILD)/html
+	@echo "docs: $(DOCS_BUILD)/html/index.html"
 
 test-unit:
 	$(AS_USER) python -m pytest tests/unit $(PYTEST_ARGS)
