@@ -23,6 +23,8 @@ extensions = [
 # `page.md#a-heading` links, as GitHub renders them
 myst_heading_anchors = 3
 exclude_patterns = ["build"]
+# Command lines keep their "--" and quotes as typed
+smartquotes = False
 
 # The API pages show what the docstrings say, with the type hints in the signatures.
 autodoc_typehints = "signature"
