@@ -1,4 +1,4 @@
-"""JupyterHub for jupyter-podman-hpc, as an HPC centre runs it (docs/site.md).
+"""JupyterHub for jupyter-podman-hpc, as an HPC centre runs it (docs/operators/site.md).
 
 The hub runs on a login node. Users pick a profile on the spawn page:
 
@@ -9,7 +9,7 @@ The hub runs on a login node. Users pick a profile on the spawn page:
 
 Hub and single-user servers run from one environment, the site environment,
 installed from the project's wheel with jupyterhub, batchspawner and
-wrapspawner (docs/site.md, "Install from the wheel"). Start the hub with that
+wrapspawner (docs/operators/site.md, "Install from the wheel"). Start the hub with that
 environment's jupyterhub: `$SITE_VENV/bin/jupyterhub -f jupyterhub_config.py`.
 
 What changes from site to site is read from the environment here:

@@ -1,4 +1,4 @@
-"""A user of the site's JupyterHub in a real browser (docs/site.md): log in, pick the
+"""A user of the site's JupyterHub in a real browser (docs/operators/site.md): log in, pick the
 compute-node profile, and on the server the Slurm job runs on a node (from the site
 environment, the installed wheel):
 

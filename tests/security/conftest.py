@@ -40,7 +40,7 @@ def member(stack) -> Hpc:
 
 @pytest.fixture
 def project_store(member):
-    """A project store as the README says to make one now: in the project directory, 3770."""
+    """A project store as docs/users/images.md ("Project stores") says to make one now: in the project directory, 3770."""
     path = Path(os.environ["STACK_PROJECT_DIR"]) / f"sec-store-{uuid.uuid4().hex[:8]}"
     path.mkdir()
     path.chmod(0o3770)

@@ -2,7 +2,7 @@
 
 Every import counts, also one inside a function (the circle this test was written against,
 ``cli -> engine.launcher -> engine.join -> rank -> cli``, closed through one). The parts,
-from the bottom up (design.md: one engine, thin fronts):
+from the bottom up (docs/developers/design.md: one engine, thin fronts):
 
 - ``version`` and ``stepsocket``: leaves. ``stepsocket`` (the step socket protocol, on the
   path of every task of a podman-exec step) imports only modules written in C (built into

@@ -1,4 +1,4 @@
-"""A JupyterHub run as docs/site.md says: from the site environment, with
+"""A JupyterHub run as docs/operators/site.md says: from the site environment, with
 examples/hub/jupyterhub_config.py, plus what a test needs on top (ports, a state
 directory, the dummy authenticator, an API token, private Jupyter and podman-hpc
 directories for the user's server).
@@ -41,7 +41,7 @@ def server_jobs(user: str) -> list[tuple[str, str, str]]:
 
 def install_kernel(hub: Hub, site_venv: Path, image: str, name: str, display_name: str, *extra: str) -> None:
     """The user installs a container kernel with the site environment's CLI, into the Jupyter
-    path the user's server reads (docs/site.md)."""
+    path the user's server reads (docs/operators/site.md)."""
     run([site_venv / "bin" / "jupyter", "podman-hpc", "kernel", "install", image, "--name", name,
          "--display-name", display_name, "--prefix", hub.root / "prefix", *extra], env=hub.env)
 

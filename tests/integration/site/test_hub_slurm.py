@@ -136,7 +136,7 @@ def test_login_profile_runs_the_server_on_the_hub_host(hub, squashed_base, stack
 
 
 def test_a_node_checks_out_with_infohpc(squashed_base, site_venv, stack):
-    """docs/site.md, "Checking a node": infohpc of the site environment, run on a node."""
+    """docs/operators/site.md, "Checking a node": infohpc of the site environment, run on a node."""
     info = squashed_base.srun("-N1", f"{site_venv}/bin/podman-hpc", "infohpc").stdout
     assert info.startswith("podman-hpc version: "), info
     assert "in Slurm job " in info, info  # the read path's policy for a job on a node

@@ -1,4 +1,4 @@
-"""The project's wheel, installed as a site installs it (docs/site.md): into a clean
+"""The project's wheel, installed as a site installs it (docs/operators/site.md): into a clean
 virtual environment of Debian's python3, from the wheelhouse dev/stack fills, with no
 index and no npm. Its Jupyter extensions are enabled and OK, every piece of package
 data is there, and its console scripts work from that environment."""
@@ -47,7 +47,7 @@ def installed(stack, wheelhouse, tmp_path_factory):
                HOME=str(root / "home"), XDG_CONFIG_HOME=str(root / "home" / ".config"))
     env["PYTHONSAFEPATH"] = "1"  # `python -c` would import the checkout from the current directory
     run(["/usr/bin/python3", "-m", "venv", venv], env=env, cwd=root)
-    # the commands of docs/site.md, "Install from the wheel"
+    # the commands of docs/operators/site.md, "Install from the wheel"
     trapped = {**env, "PATH": f"{trap}:{env['PATH']}"}
     run([venv / "bin" / "pip", "install", "--no-index", "--find-links", wheelhouse, "jupyter-podman-hpc"],
         env=trapped, cwd=root, timeout=600)
