@@ -8,8 +8,9 @@ Code in the image rewrote it to name another process of the user's (under ``--pi
 every pid and start time) and another job of the user's: the stop then SIGTERMed that process and
 cancelled that job, and left the cluster's own controller running.
 
-Here the engine's code forges the record: the stop signals nothing of the user's, cancels only the
-cluster's own job, and still stops the cluster's controller and watchdog.
+Here the engine's code forges the record (where the job directory is read-only to the ranks, its write
+is refused and the user stands in for an image that reached it another way): the stop signals nothing of
+the user's, cancels only the cluster's own job, and still stops the cluster's controller and watchdog.
 """
 
 import json
