@@ -34,6 +34,7 @@ squashfuse's pages are page cache the kernel can reclaim.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +201,21 @@ def cgroup_limits(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/c
                 break
             here = here.parent
     return limits
+
+
+def node_state_dir(unpack_dir: str | os.PathLike) -> Path:
+    """Where the user's node-local state beside the unpacked copies lives (the checked squash files,
+    the squashfuse mounts): beside the unpack directory when its parent is the user's own and nobody
+    else may write it (the default ``/dev/shm/<uid>_hpc``), else in the unpack directory itself, the
+    user's own whatever its template (``/dev/shm/unpacked-{{ uid }}`` has everyone's ``/dev/shm`` as
+    its parent). In podman's user namespace the user is root, and so are the user's files."""
+    unpack = Path(unpack_dir)
+    try:
+        st = os.lstat(unpack.parent)
+    except OSError:
+        return unpack
+    own = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return unpack.parent if own else unpack
 
 
 def note_fallback(state_dir: Path, message: str) -> None:

@@ -12,9 +12,9 @@ for its layer before the file's first mount or unpack on a node.
 
 Reading the whole file costs about 0.25 s per 350 MB from the page cache,
 so a file is checked once per identity (device, inode, size, mtime, ctime),
-remembered in the user's own node-local state (``squash-verified/`` in the
-unpack directory, which is the user's whatever its site template), not once
-per container. Writing to a file changes its
+remembered in the user's own node-local state (``squash-verified/`` beside
+the unpacked copies, or in their directory: ``readpath.node_state_dir``), not
+once per container. Writing to a file changes its
 mtime and ctime, and nobody can set a ctime back, so a changed file is read
 again.
 
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from .errors import EngineError
 from .files import atomic_write
+from .readpath import node_state_dir
 from .records import image_ok, is_id, squash_digest
 from .storefs import Tree
 
@@ -79,11 +80,10 @@ def damage(fd: int) -> str:
 
 
 def verified_dir(unpack_dir: str, graph_root: str) -> Path:
-    """Where a user's node remembers the squash files it has checked: in the unpack directory
-    (node-local, the user's own), else in the graph root. Not beside it: a site template such as
-    ``/dev/shm/unpacked-{{ uid }}`` would make its parent one directory for every user."""
+    """Where a user's node remembers the squash files it has checked: with the unpacked copies
+    (node-local, the user's own: ``readpath.node_state_dir``), else in the graph root."""
     if unpack_dir:
-        return Path(unpack_dir) / VERIFIED_DIR
+        return node_state_dir(unpack_dir) / VERIFIED_DIR
     return Path(graph_root) / VERIFIED_DIR
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from . import commands
 from .private import own_dir
+from .readpath import node_state_dir
 
 MOUNTS_DIR = "squash-mounts"
 
@@ -146,10 +147,10 @@ def mounts_dir(unpack_dir: str, state_dir: Path) -> Path:
     A squashfuse mount is made in podman's mount namespace, which every storage
     (graph root) of the user on the node shares: counting per graph root would
     let one storage unmount what another's container is about to use. So: one
-    directory per mount namespace, in the unpack directory (node-local, the
-    user's own whatever its site template; its parent may be everyone's).
+    directory per mount namespace, with the unpacked copies (node-local, the
+    user's own whatever the site's template: ``readpath.node_state_dir``).
     """
     if not unpack_dir:
         return state_dir
     namespace = os.stat("/proc/self/ns/mnt").st_ino
-    return own_dir(own_dir(Path(unpack_dir) / MOUNTS_DIR) / str(namespace))
+    return own_dir(own_dir(own_dir(node_state_dir(unpack_dir)) / MOUNTS_DIR) / str(namespace))

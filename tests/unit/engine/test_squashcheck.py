@@ -97,12 +97,16 @@ def test_what_the_store_records_for_a_layer(tmp_path):
     assert recorded(tmp_path / "missing", LAYER) == (False, set())
 
 
-def test_the_node_remembers_in_the_users_own_unpack_directory():
-    assert verified_dir("/dev/shm/1001_hpc/unpacked", "/tmp/1001_hpc/storage") == \
-        Path("/dev/shm/1001_hpc/unpacked/squash-verified")
-    # a site template whose parent is everyone's (/dev/shm) still gives each user their own
-    assert verified_dir("/dev/shm/unpacked-1001", "/tmp/1001_hpc/storage") == \
-        Path("/dev/shm/unpacked-1001/squash-verified")
+def test_the_node_remembers_beside_its_unpacked_copies_in_a_directory_of_the_users(tmp_path):
+    own = tmp_path / "1001_hpc"
+    own.mkdir(mode=0o700)
+    assert verified_dir(f"{own}/unpacked", "/tmp/1001_hpc/storage") == own / "squash-verified"
+    # a site template whose parent is everyone's (/dev/shm): in the user's own unpack directory
+    shared = tmp_path / "shm"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    assert verified_dir(f"{shared}/unpacked-1001", "/tmp/1001_hpc/storage") == shared / "unpacked-1001/squash-verified"
+    assert verified_dir("/dev/shm/unpacked-1001", "/g") == Path("/dev/shm/unpacked-1001/squash-verified")
     assert verified_dir("", "/tmp/1001_hpc/storage") == Path("/tmp/1001_hpc/storage/squash-verified")
 
 
