@@ -127,7 +127,7 @@ class SiteConfig:
             dirs += [self.run_root, self.graph_root]
             if self.sources.get("hooks_dir", "").startswith("default"):
                 dirs.append(self.hooks_dir)
-        # the unpacked copies, and in that directory the squashfuse mounts' references and the checked squash files
+        # the unpacked copies, with the squashfuse mounts' references and the checked squash files (node_state_dir)
         return [*dirs, self.squash_unpack_dir]
 
     def prepare_state(self) -> None:

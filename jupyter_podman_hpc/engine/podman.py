@@ -32,6 +32,8 @@ WITHOUT_SQUASHED = {"build", "buildx", "pull", "push", "save", "load", "import",
                     "tag", "untag", "rmi", "manifest", "login", "logout", "unshare", "mount",
                     "umount", "unmount", "system reset", "image rm", "image prune", "image tag"}
 CONTAINER_STARTERS = {"run", "create"}
+# subcommands whose containers may be given binds and --ipc=host: the engine's state is kept out of them
+STATE_GUARDED = CONTAINER_STARTERS | {"build"}
 
 
 class Podman:
@@ -92,21 +94,29 @@ class Podman:
         return args
 
     def command(self, subcommand: str | Sequence[str], *args: str, squashed: bool | None = None) -> list[str]:
-        """``podman <globals> <subcommand...> <args>``."""
+        """``podman <globals> <subcommand...> <args>``; one that starts containers keeps the engine's
+        state out of them (``keep_state_out``)."""
         words = [subcommand] if isinstance(subcommand, str) else list(subcommand)
-        words_and_args = [*words, *args]
+        words_and_args = self.keep_state_out([*words, *args])
         return [self.config.podman_bin, *self.global_args(words[0], squashed, words_and_args), *words_and_args]
+
+    def keep_state_out(self, words: list[str]) -> list[str]:
+        """The words of a podman command that starts containers (``run``, ``create``, ``build``, also as
+        ``container run``...: every front's runs, and the CLI's passthrough) with what keeps the engine's
+        state out of them (``statebinds``: the user's own /dev/shm for one that would share the host's;
+        InvalidInput, in one line, for a bind that would reach that state); any other command as it is."""
+        at = 2 if words[:1] in (["container"], ["image"]) else 1
+        if len(words) < at or words[at - 1] not in STATE_GUARDED:
+            return words
+        table = self.options(words[at - 1])
+        options = split_at_image(words[at:], table)[0]
+        return [*words[:at], *guard(self.config, option_values(options, table), self.env), *words[at:]]
 
     def run_command(self, args: Sequence[str], module_args: Sequence[str] = (),
                     subcommand: str = "run") -> list[str]:
-        """``podman run`` with the site defaults and modules before the user's options, and what keeps
-        the engine's state out of the container (``statebinds``: the user's own /dev/shm for one that
-        would share the host's; InvalidInput, in one line, for a bind that would reach that state)."""
+        """``podman run`` with the site defaults and modules before the user's options."""
         self.ensure_hooks()
-        table = self.options("run")
-        options = split_at_image([*module_args, *args], table)[0]
-        guarded = guard(self.config, option_values(options, table), self.env)
-        return self.command(subcommand, *self.run_defaults(), *module_args, *guarded, *args)
+        return self.command(subcommand, *self.run_defaults(), *module_args, *args)
 
     def exec_command(self, container: str, command: Sequence[str], options: Sequence[str] = ()) -> list[str]:
         """``podman exec [options] CONTAINER COMMAND...``."""

@@ -77,6 +77,17 @@ def test_host_ipc_gives_the_image_the_users_own_shm_not_the_unpack_cache(victim_
     assert reader.stdout == "segment\n"
     assert open(os.path.join(victim.env[PRIVATE_SHM], "jph-seg")).read() == "segment\n"
 
+    # a Containerfile's RUN steps, built with --ipc=host (podman-hpc build), are kept out the same way
+    context = victim.work / "build"
+    context.mkdir()
+    (context / "plant.sh").write_text(PLANT)
+    (context / "Containerfile").write_text(f"FROM {stack.tiny_image}\nCOPY plant.sh /\n"
+                                           f"RUN UNPACK={unpack} sh /plant.sh\n")
+    built = victim("build", "--ipc=host", "-t", f"localhost/jph-shm-{uuid.uuid4().hex[:8]}", context)
+    assert "planted: " not in built.stdout + built.stderr and "visible: " not in built.stdout + built.stderr
+    assert "shm: jph-seg" in built.stdout + built.stderr  # the user's own /dev/shm
+    assert planted(unpack) == []
+
 
 # binds whose host source is, contains or lies inside the engine's state ({shm}: the unpack cache's parent)
 STATE_BINDS = [["-v", "/dev/shm:/dev/shm"], ["-v", "/dev:/dev"], ["--volume", "{shm}:/x"],

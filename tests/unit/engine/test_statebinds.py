@@ -112,3 +112,12 @@ def test_every_run_the_podman_builder_makes_is_guarded(site, tmp_path):
     assert f"{tmp_path}/shm/hpc/ipc:/dev/shm" in argv
     with pytest.raises(InvalidInput):
         podman.run_command(["img"], ["-v", f"{tmp_path}/shm:/dev/shm"])  # a module's bind too
+    # the CLI's passthrough: podman-hpc create, container run, build (a Containerfile's RUN steps)
+    with pytest.raises(InvalidInput):
+        podman.command("create", "-v", f"{tmp_path}/shm:/dev/shm", "img")
+    own = ["-v", f"{tmp_path}/shm/hpc/ipc:/dev/shm"]
+    run = podman.command("container", "run", "--ipc", "host", "img")
+    assert run[run.index("container"):] == ["container", "run", *own, "--ipc", "host", "img"]
+    build = podman.command("build", "--ipc=host", str(tmp_path))
+    assert build[build.index("build"):] == ["build", *own, "--ipc=host", str(tmp_path)]
+    assert "-v" not in podman.command(["image", "inspect"], "img")
