@@ -5,7 +5,8 @@ graph root, run root and configuration, the hooks, the unpacked copies of squash
 images with their checked-file records and squashfuse mounts). Container root is the
 user's uid, so whatever of that state a container reaches, its image can rewrite:
 another image's unpacked tree, podman's configuration, a hook the host runs. Two ways
-in, both closed for every front where ``Podman.run_command`` builds the run:
+in, both closed wherever podman starts a container (``Podman.command``: every front's
+runs, and the CLI's create and build):
 
 - ``--ipc=host`` (the usual advice for PyTorch's DataLoader and NCCL) hands the
   container the host's ``/dev/shm``, where the unpacked copies live. Such a container
@@ -27,6 +28,9 @@ from typing import Mapping, NamedTuple, Sequence
 from .config import SiteConfig
 from .errors import InvalidInput
 from .modules import private_shm
+from .readpath import node_state_dir
+from .squashcheck import VERIFIED_DIR
+from .squashmount import MOUNTS_DIR
 
 HOST_SHM = "/dev/shm"
 VOLUME_FLAGS = ("-v", "--volume")
@@ -84,6 +88,13 @@ def reached_state(source: str, state_dirs: Sequence[str]) -> str:
     return min(reached, key=len, default="")
 
 
+def protected(config: SiteConfig) -> list[str]:
+    """The directories no bind may reach: the configuration's state directories, and the checked
+    squash files and squashfuse mounts kept with the unpacked copies (beside them by default)."""
+    with_copies = node_state_dir(config.squash_unpack_dir)
+    return [*config.state_dirs(), str(with_copies / VERIFIED_DIR), str(with_copies / MOUNTS_DIR)]
+
+
 def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mapping[str, str]) -> list[str]:
     """The options a container of ``options`` (``(flag, value)``: the modules' and the user's) also
     gets: the user's own /dev/shm when it would share the host's. InvalidInput, in one line, when one
@@ -94,7 +105,7 @@ def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mappi
     if host_ipc and not any(os.path.normpath(bind.target) == HOST_SHM for bind in wanted if bind.target):
         extra = ["-v", f"{private_shm(environ)}:{HOST_SHM}"]
         wanted += binds([("-v", extra[1])])
-    state_dirs = config.state_dirs()
+    state_dirs = protected(config)
     for bind in wanted:
         state = bind.source and reached_state(bind.source, state_dirs)
         if state:

@@ -42,6 +42,8 @@ def given(*words):
     ["-iv", "{shm}/hpc:/x"], ["--mount", "type=bind,src={shm},dst=/dev/shm"],
     ["--mount=type=bind,source={shm}/hpc/unpacked/abc/etc,target=/etc2"],
     ["--mount", "type=glob,src={shm}/*,dst=/x"], ["-v", "/:/host"],
+    # beside the unpacked copies (their parent is the user's own): the checked squash files, the mounts
+    ["-v", "{shm}/hpc/squash-verified:/x"], ["-v", "{shm}/hpc/squash-mounts/123:/x"],
 ])
 def test_a_bind_that_reaches_engine_state_is_refused_in_one_line(site, tmp_path, words):
     config, environ = site
