@@ -126,8 +126,9 @@ def test_a_notebook_at_scale_gives_each_rank_s_output(squashed_base, stack, root
                    environment=store_env(squashed_base))
     job, status, _ = submit_and_wait(spec, root / "jobs")
     assert status.state == "COMPLETED", (status, job.logs("err"), job.batch_log())
-    assert {"Analysis.ipynb", "nbrunner.py", "Analysis.out.ipynb", "job.sh", "job.json"} <= {
+    assert {"Analysis.ipynb", "nbrunner.py", "out", "job.sh", "job.json"} <= {
         p.name for p in job.directory.iterdir()}
+    assert (job.directory / "out" / "Analysis.out.ipynb").is_file()
     logs = job.logs()
     assert sorted(logs) == list(range(8))
     for rank, text in logs.items():

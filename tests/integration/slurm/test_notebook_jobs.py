@@ -7,37 +7,11 @@ import base64
 import json
 import time
 
-import nbformat
-
-from jupyter_podman_hpc.slurm import Job, JobSpec
+from jupyter_podman_hpc.slurm import Job
 from jupyter_podman_hpc.slurm.notebook import describe_progress
-from tests.integration.slurm.conftest import store_env
+from tests.integration.slurm.notebooks import TIMEOUT, executed, notebook_file, notebook_spec
 
-TIMEOUT = 300
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
-
-
-def notebook_file(path, cells, tags=None):
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    for index, tag in (tags or {}).items():
-        notebook.cells[index].metadata["tags"] = [tag]
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(notebook, str(path))
-    return str(path)
-
-
-def spec(stack, hpc, notebook, **fields):
-    return JobSpec(image=stack.base_image, notebook=notebook, nodes=2, tasks_per_node=1, time="5:00",
-                   environment=store_env(hpc), **fields)
-
-
-def executed(job):
-    info = job.output_notebook()
-    assert info["exists"], (job.logs("err"), job.batch_log())
-    notebook = nbformat.read(info["path"], as_version=4)
-    nbformat.validate(notebook)
-    return notebook
 
 
 def test_a_2_node_notebook_comes_back_executed_with_its_parameters(squashed_base, stack, root):
@@ -48,7 +22,7 @@ def test_a_2_node_notebook_comes_back_executed_with_its_parameters(squashed_base
         "%%time\ntotal = sum(range(10_000))",
         "print(greeting * repeat)",
     ], tags={0: "parameters"})
-    job = Job.submit(spec(stack, squashed_base, path, parameters={"greeting": "'hello '", "repeat": "2"}),
+    job = Job.submit(notebook_spec(stack, squashed_base, path, parameters={"greeting": "'hello '", "repeat": "2"}),
                      root / "jobs")
     status = job.wait(timeout=TIMEOUT, poll_interval=0.5)
     assert (status.state, status.exit_code) == ("COMPLETED", 0), (status, job.logs("err"), job.batch_log())
@@ -73,7 +47,7 @@ def test_a_cell_raising_on_rank_1_only_fails_the_job_and_is_marked_with_its_trac
         "if rank == 1:\n    raise RuntimeError('only rank 1 fails here')\nprint('third on', rank)",
         "print('fourth on', rank)",
     ])
-    job = Job.submit(spec(stack, squashed_base, path), root / "jobs")
+    job = Job.submit(notebook_spec(stack, squashed_base, path), root / "jobs")
     status = job.wait(timeout=TIMEOUT, poll_interval=0.5)
     assert (status.state, status.exit_code) == ("FAILED", 1), (status, job.batch_log())
     notebook = executed(job)
@@ -95,7 +69,7 @@ def test_a_cancelled_notebook_keeps_its_completed_cells_and_marks_the_running_on
         "import time\nprint('second started', flush=True)\ntime.sleep(300)",
         "print('never')",
     ])
-    job = Job.submit(spec(stack, squashed_base, path), root / "jobs")
+    job = Job.submit(notebook_spec(stack, squashed_base, path), root / "jobs")
     try:
         deadline = time.monotonic() + TIMEOUT
         while (job.output_notebook()["progress"] or {}).get("cell") != 2:
