@@ -145,9 +145,9 @@ def read_untrusted(path: str | os.PathLike, limit: int, *, beneath: str | os.Pat
 
 
 def read_untrusted_log(path: str | os.PathLike, limit: int, *, beneath: str | os.PathLike | None = None) -> str:
-    """A log a container could have written (a rank's output), as text for a person: a file over
-    ``limit`` bytes gives its last ``limit`` bytes after one line saying so; a file that is not read
-    (``read_untrusted``) gives one line saying why; a missing one gives ""."""
+    """A log a container could have written (a rank's output), as text for a person (universal
+    newlines): a file over ``limit`` bytes gives its last ``limit`` bytes after one line saying so;
+    a file that is not read (``read_untrusted``) gives one line saying why; a missing one gives ""."""
     path = Path(path)
     try:
         with _open_untrusted(path, Path(beneath) if beneath is not None else None) as (fd, st):
@@ -159,7 +159,8 @@ def read_untrusted_log(path: str | os.PathLike, limit: int, *, beneath: str | os
         return ""
     except UntrustedFile as err:
         return f"{err}\n"
-    text = data.decode(errors="replace")
+    # universal newlines, as a file read as text: a pty's "\r\n" (a notebook's !command) reads "\n"
+    text = data.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
     if cut:
         text = f"[... cut: {path.name} is {human_bytes(st.st_size)}, its last {human_bytes(limit)} follow]\n" + text
     return text

@@ -120,6 +120,8 @@ def test_below_a_trusted_directory_no_link_is_followed_on_the_way(tmp_path):
 def test_a_log_keeps_its_end_and_a_planted_one_is_one_line(planted):
     (planted / "rank-0.out").write_text("a" * 50 + "\nthe end\n")
     assert files.read_untrusted_log(planted / "rank-0.out", 100) == "a" * 50 + "\nthe end\n"
+    (planted / "rank-1.out").write_bytes(b"a pty's line\r\nan old Mac's\r")
+    assert files.read_untrusted_log(planted / "rank-1.out", 100) == "a pty's line\nan old Mac's\n"  # as read_text
     assert files.read_untrusted_log(planted / "rank-0.out", 10) == \
         "[... cut: rank-0.out is 59 B, its last 10 B follow]\na\nthe end\n"
     assert [files.read_untrusted_log(planted / name, 1 << 20) for name in ("zero.out", "fifo.out", "missing")] == [
