@@ -26,7 +26,7 @@ INPUTS = ("Attack.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py", "nbrun/p
 
 # Each rank tries to make the host run its code or write the user's files, and prints what came of it.
 ATTACK = '''
-import json, os, sys
+import json, os, sys, time
 job_dir = os.path.dirname(os.path.abspath(sys.argv[0]))  # the runner sets argv[0] to the notebook
 rank = int(os.environ["SLURM_PROCID"])
 payload = "\\ntry:\\n    open({marker!r}, 'a').write('ran on the host\\\\n')\\nexcept OSError:\\n    pass\\n"
@@ -49,9 +49,18 @@ def redirect_output():
 
 def relink_state():
     out = os.path.join(job_dir, "out")
+    # once every rank's runner holds out/nbrun open (it got here): a rank starting later would find the link
+    deadline = time.monotonic() + 120
+    while len([n for n in os.listdir(out) if n.startswith("here-")]) < int(os.environ["SLURM_NTASKS"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     os.rename(os.path.join(out, "nbrun"), os.path.join(out, "nbrun.moved"))
     os.symlink({home_dir!r}, os.path.join(out, "nbrun"))
 
+try:
+    open(os.path.join(job_dir, "out", "here-%d" % rank), "w").close()
+except OSError:
+    pass  # an older layout: no out/
 attacks = [("nbrunner.py", lambda: append("nbrunner.py")), ("nbcells.py", lambda: append("nbcells.py")),
            ("json.py", plant_json), ("plan.json", redirect_output)]
 if rank == 0:  # rank 0's runner holds out/nbrun open already: the run itself goes on
