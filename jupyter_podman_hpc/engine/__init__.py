@@ -45,7 +45,8 @@
 - ``text``: what every front prints alike: sizes, aligned tables, the images table; yes/no words read
 - ``commands``: the runner of every external command, which logs each at debug level
 - ``errors``: the kinds of error (invalid input, not found, conflict, ...) fronts map
-- ``files``: the one atomic write-temp-then-rename
+- ``files``: the one atomic write-temp-then-rename; files a container could have written, read as data
+  (bounded, no link followed, never blocking on a FIFO)
 - ``locks``: an exclusive file lock across processes and threads (flock; containers/storage's lockf)
 - ``private``: per-user state directories, made 0700 and verified before each use; why a path is closed to the user
 - ``processes``: what the engine asks about a process (psutil)

@@ -6,7 +6,8 @@
 - ``jobs``: ``Job``, a job directory on the shared scratch, found again after a restart
 - ``notebook``: a notebook every rank runs cell by cell; rank 0 writes the executed notebook
 - ``nbrunner``: the runner, copied into the job directory (standard library only): reads the plan, runs the
-  cells in order, ``--finish`` after the step; with ``nbcells`` (running a cell: plain Python or IPython)
+  cells in order; its ``--finish`` after the step runs from this installed package, never the job
+  directory's copy (the ranks write only the job's ``out/``); with ``nbcells`` (running a cell: plain Python or IPython)
   and ``nbrecorder`` (rank 0's output notebook, the other ranks' errors merged in)
 - ``cluster``: interactive clusters, IPython Parallel engines as a job's ranks (its record in
   ``clusterrecord``, its controller run by ``watchdog``)
