@@ -17,6 +17,12 @@ runs, and the CLI's create and build):
 - A ``-v``/``--mount`` whose host source is, contains or lies inside a state
   directory (``-v /dev/shm:/dev/shm``, ``-v /tmp:/tmp``, ``-v /dev:/dev``) is refused
   in one line before anything starts.
+
+The same guard keeps the host's processes out of reach: ``--pid=host`` together with
+``SYS_PTRACE`` (``--privileged``, ``--cap-add=all`` or ``--cap-add=SYS_PTRACE`` without
+dropping it) would let the image read the environment of the user's podman, mount program
+and pause process on the node (the server's or the batch job's secrets) and trace them, so
+it is refused in one line too. The MPI modules give every capability but that one.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ VOLUME_FLAGS = ("-v", "--volume")
 # --mount types whose source is a host path (the others name a volume, an image or nothing)
 HOST_PATH_TYPES = ("bind", "glob")
 GLOB_CHARACTERS = "*?["
+PTRACE = "SYS_PTRACE"
 
 
 class Bind(NamedTuple):
@@ -95,6 +102,24 @@ def protected(config: SiteConfig) -> list[str]:
     return [*config.state_dirs(), str(with_copies / VERIFIED_DIR), str(with_copies / MOUNTS_DIR)]
 
 
+def _capabilities(options: Sequence[tuple[str, str]], flag: str) -> set[str]:
+    """The capabilities named by every ``flag`` option (``--cap-add``/``--cap-drop``), as podman reads
+    them: comma-separated, any case, with or without ``CAP_``."""
+    return {name.strip().upper().removeprefix("CAP_") for given, value in options if given == flag
+            for name in value.split(",") if name.strip()}
+
+
+def host_pid_with_ptrace(options: Sequence[tuple[str, str]]) -> bool:
+    """Whether ``options`` share the host's pid namespace and give the container SYS_PTRACE (podman
+    merges --cap-add and --cap-drop, a named capability over ALL; --privileged gives every one)."""
+    if not any(flag == "--pid" and value == "host" for flag, value in options):
+        return False
+    added, dropped = _capabilities(options, "--cap-add"), _capabilities(options, "--cap-drop")
+    privileged = any(flag == "--privileged" and value in ("", "true") for flag, value in options)
+    given = privileged or PTRACE in added or ("ALL" in added and PTRACE not in dropped)
+    return given and PTRACE not in dropped and not ("ALL" in dropped and PTRACE not in added)
+
+
 def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mapping[str, str]) -> list[str]:
     """The options a container of ``options`` (``(flag, value)``: the modules' and the user's) also
     gets: the user's own /dev/shm when it would share the host's. InvalidInput, in one line, when one
@@ -105,6 +130,10 @@ def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mappi
     if host_ipc and not any(os.path.normpath(bind.target) == HOST_SHM for bind in wanted if bind.target):
         extra = ["-v", f"{private_shm(environ)}:{HOST_SHM}"]
         wanted += binds([("-v", extra[1])])
+    if host_pid_with_ptrace(options):
+        raise InvalidInput("--pid=host with SYS_PTRACE (--privileged or --cap-add) would let the container read "
+                           "and trace your processes on the host, their environment included: drop one of them "
+                           "(add --cap-drop=SYS_PTRACE to keep the other capabilities, as the MPI modules do)")
     state_dirs = protected(config)
     for bind in wanted:
         state = bind.source and reached_state(bind.source, state_dirs)

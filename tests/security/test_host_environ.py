@@ -8,6 +8,7 @@ the mount program) nor srun. The normal flow: a variable passed with ``-e NAME``
 container, in every mode.
 """
 
+import dataclasses
 import textwrap
 import uuid
 
@@ -53,4 +54,21 @@ def test_no_host_process_of_ours_shows_the_jobs_environment_to_the_image(squashe
     sees = [int(line.split()[1]) for line in lines if line.startswith("sees ")]
     assert len(sees) == 4 and min(sees) >= 2, result.stdout
     assert [line for line in lines if line.startswith("holds ")] == []
+    assert hpc.leftovers() == {}
+
+
+def test_host_pid_with_ptrace_is_refused_and_host_pid_alone_still_runs(squashed_tiny, stack):
+    """--pid=host with SYS_PTRACE would open every host process of the user's on the node to the image
+    (podman's, the mount program's and the pause process's environment, and ptrace): refused in one line,
+    nothing started. --pid=host alone (the MPI modules' shape) runs, and sees the host's processes."""
+    hpc = squashed_tiny
+    hpc_kept = dataclasses.replace(hpc, env={**hpc.env, KEPT_OUT: f"kept-out-{uuid.uuid4().hex}"})
+    for ptrace in (["--cap-add=SYS_PTRACE"], ["--privileged"], ["--cap-add", "all"]):
+        refused = hpc_kept("run", "--rm", "--pid=host", *ptrace, stack.tiny_image, "sh", "-c", PROBE, check=False)
+        assert refused.returncode == 125, (ptrace, refused.stdout, refused.stderr)
+        assert refused.stderr.strip().startswith("Error: --pid=host with SYS_PTRACE"), refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and refused.stdout == ""
+    assert hpc("ps", "-a", "--format", "{{.Names}}").stdout.strip() == ""  # nothing was started
+    alone = hpc_kept("run", "--rm", "--pid=host", stack.tiny_image, "sh", "-c", PROBE)
+    assert [line for line in alone.stdout.splitlines() if line.startswith("holds ")] == []
     assert hpc.leftovers() == {}

@@ -7,12 +7,16 @@ from jupyter_podman_hpc.engine.config import load_config
 from jupyter_podman_hpc.engine.errors import InvalidInput
 from jupyter_podman_hpc.engine.modules import PRIVATE_SHM
 from jupyter_podman_hpc.engine.podman import Podman, option_values, parse_options
-from jupyter_podman_hpc.engine.statebinds import binds, guard, reached_state
+from jupyter_podman_hpc.engine.statebinds import binds, guard, host_pid_with_ptrace, reached_state
 
 HELP = """\
 Options:
+      --cap-add stringArray   Add capabilities to the container
+      --cap-drop stringArray  Drop capabilities from the container
       --ipc string            IPC namespace to use
       --mount stringArray     Attach a filesystem mount to the container
+      --pid string            PID namespace to use
+      --privileged            Give extended privileges to container
       --rm                    Remove container after exit
       --tmpfs tmpfs           Mount a temporary filesystem
   -i, --interactive           Keep STDIN open even if not attached
@@ -123,3 +127,26 @@ def test_every_run_the_podman_builder_makes_is_guarded(site, tmp_path):
     build = podman.command("build", "--ipc=host", str(tmp_path))
     assert build[build.index("build"):] == ["build", *own, "--ipc=host", str(tmp_path)]
     assert "-v" not in podman.command(["image", "inspect"], "img")
+
+
+@pytest.mark.parametrize("words", [
+    ["--pid=host", "--privileged"], ["--pid", "host", "--cap-add", "SYS_PTRACE"],
+    ["--pid=host", "--cap-add=all"], ["--pid=host", "--cap-add=net_admin,cap_sys_ptrace"],
+    ["--pid=host", "--cap-drop=all", "--cap-add=SYS_PTRACE"],
+])
+def test_host_pid_with_ptrace_is_refused_in_one_line(site, words):
+    config, environ = site
+    with pytest.raises(InvalidInput, match=r"^--pid=host with SYS_PTRACE .* drop one of them") as refused:
+        guard(config, given(*words), environ)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("words", [
+    ["--pid=host"], ["--pid=host", "--cap-add=all", "--cap-drop=SYS_PTRACE"],  # the MPI modules
+    ["--pid=host", "--privileged", "--cap-drop=sys_ptrace"], ["--privileged"], ["--cap-add=SYS_PTRACE"],
+    ["--pid=host", "--cap-add=all", "--cap-drop=all"], ["--pid=private", "--privileged"],
+])
+def test_host_pid_without_ptrace_or_ptrace_in_its_own_pid_namespace_passes(site, words):
+    config, environ = site
+    assert not host_pid_with_ptrace(given(*words))
+    assert guard(config, given(*words), environ) == []
