@@ -51,6 +51,7 @@ from ..engine.modules import ModuleSet
 from ..engine.progress import Progress, ProgressCallback, ignore
 from . import notebook as notebooks
 from .client import JobStatus, SlurmClient, SlurmError
+from .nbrecorder import is_plain_name
 from .script import OUT_DIR, PYTHON, RunTarget, render
 from .spec import JobSpec, JobSpecError
 
@@ -159,8 +160,7 @@ class JobRecord:
             raise JobError(f"job record {path} lacks its id, spec or submit time: its job is not listed")
         if not isinstance(data["spec"], dict) or not isinstance(data.get("run") or {}, dict):
             raise JobError(f"job record {path} has a malformed spec or run: its job is not listed")
-        script = data.get("script", SCRIPT)
-        if not isinstance(script, str) or not script or "/" in script or script.startswith("."):
+        if not is_plain_name(data.get("script", SCRIPT)):
             raise JobError(f"job record {path} names a script that is not a file of its directory: "
                            f"its job is not listed")
         return cls(**{k: v for k, v in data.items() if k in known})

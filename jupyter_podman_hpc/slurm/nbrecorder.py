@@ -36,6 +36,13 @@ RUNNING_NOTE = "podman-hpc: rank 0 started this cell at {started} and had not fi
 STOPPED_NOTE = "podman-hpc: the job was stopped ({signal}) while rank 0 ran this cell, {elapsed:.1f} s after it started."
 
 
+def is_plain_name(value):
+    """Whether ``value`` is a file name of a job's directory, never a path: a non-empty string with no
+    "/" or NUL, not hidden. What the host takes from a plan or record before joining it to a directory."""
+    return isinstance(value, str) and bool(value) and "/" not in value and "\0" not in value \
+        and not value.startswith(".")
+
+
 def now():
     """The current UTC time, ISO 8601 to the millisecond with a ``Z``, as the notebook's metadata holds it."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -34,13 +34,13 @@ import threading
 
 if __package__:  # imported from jupyter_podman_hpc
     from .nbcells import Tee, make_runner
-    from .nbrecorder import (NOTEBOOK_LIMIT, PROGRESS, STATE_DIR, Recorder, merge_rank_files, now, open_dir,
-                             progress_of, read_json, write_json)
+    from .nbrecorder import (NOTEBOOK_LIMIT, PROGRESS, STATE_DIR, Recorder, is_plain_name, merge_rank_files, now,
+                             open_dir, progress_of, read_json, write_json)
 else:  # the job directory's copy, run by the image's python3: its siblings are beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # there under python3 -P too
     from nbcells import Tee, make_runner
-    from nbrecorder import (NOTEBOOK_LIMIT, PROGRESS, STATE_DIR, Recorder, merge_rank_files, now, open_dir,
-                            progress_of, read_json, write_json)
+    from nbrecorder import (NOTEBOOK_LIMIT, PROGRESS, STATE_DIR, Recorder, is_plain_name, merge_rank_files, now,
+                            open_dir, progress_of, read_json, write_json)
     del sys.path[0]  # the cells see the path python3 gave them
 
 PLAN_VERSION = 2  # 2: the ranks write only the job's output directory (the plan's "out")
@@ -49,7 +49,7 @@ PLAN_VERSION = 2  # 2: the ranks write only the job's output directory (the plan
 def plain_name(data, key, path):
     """The plan's ``key``: a file name in the job directory, never a path (no "/", not hidden)."""
     value = data.get(key)
-    if not isinstance(value, str) or not value or "/" in value or "\0" in value or value.startswith("."):
+    if not is_plain_name(value):
         raise SystemExit("nbrunner: the %s of plan %s is not a plain file name: %r" % (key, path, value))
     return value
 

@@ -41,7 +41,7 @@ from typing import Mapping, Optional
 from ..engine.errors import EngineError
 from ..engine.files import UntrustedFile, read_untrusted
 from ..engine.text import human_bytes
-from .nbrecorder import PROGRESS, STATE_DIR
+from .nbrecorder import PROGRESS, STATE_DIR, is_plain_name
 from .script import OUT_DIR, PYTHON, RunTarget, finish_argv
 from .spec import JobSpecError, check_parameters
 
@@ -202,10 +202,6 @@ def target(spec, staging: Path, directory: Path) -> tuple[RunTarget, dict]:
 
 # --- reading back ---------------------------------------------------------------------------------
 
-def _plain(name) -> bool:
-    return isinstance(name, str) and bool(name) and "/" not in name and not name.startswith(".")
-
-
 def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
     """A notebook job's output notebook: its path, whether rank 0 has written it yet, and
     its progress (the cell rank 0 is in, the errors of every rank so far); None for other jobs.
@@ -213,7 +209,7 @@ def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
     The output is in the job's ``out/`` (the record's ``run["out"]``), or at the top of the job
     directory of an older version. Nothing there is followed through a link."""
     name, out = run.get("output"), run.get("out")
-    if run.get("kind") != "notebook" or not _plain(name) or (out is not None and not _plain(out)):
+    if run.get("kind") != "notebook" or not is_plain_name(name) or (out is not None and not is_plain_name(out)):
         return None  # not a notebook job (or a record this version did not write: a name, never a path)
     directory = Path(directory)
     where = directory / out if out is not None else directory
