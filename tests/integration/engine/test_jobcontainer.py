@@ -74,11 +74,14 @@ srun -N4 -n8 podman-hpc shared-run --reuse {stack.tiny_image} sh -c 'echo starte
     env = {**hpc.env, "PODMANHPC_SHARED_RUN_REUSE_LINGER": LINGER}
     job = run(["sbatch", "--parsable", "-N4", "-t", "10", "-o", hpc.work / "cancelled.out", script],
               env=env).stdout.strip()
-    deadline = time.monotonic() + 120
-    while "started" not in _text(hpc.work / "cancelled.out") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _text(hpc.work / "cancelled.out").count("started") == 8, _text(hpc.work / "cancelled.out")
-    run(["scancel", job], env=env)
+    try:
+        # every rank's line: the first one's appearing says nothing of the other seven's
+        deadline = time.monotonic() + 120
+        while _text(hpc.work / "cancelled.out").count("started") < 8 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _text(hpc.work / "cancelled.out").count("started") == 8, _text(hpc.work / "cancelled.out")
+    finally:
+        run(["scancel", job], env=env)     # a failed wait must not hold the 4 nodes for the next tests
     deadline = time.monotonic() + 60
     while job in run(["squeue", "-h", "-j", job, "-o", "%i"], env=env, check=False).stdout.split() \
             and time.monotonic() < deadline:
