@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from jupyter_podman_hpc.engine.locks import flocked
+from jupyter_podman_hpc.engine.base.locks import flocked
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def content_key(*parts: str | bytes) -> str:
 def ensure_pulled(ref: str, log: Callable[[str], None] = print) -> str:
     """``ref`` (from a registry) in ``pulled_store()``: pulled and squashed once (again when the
     registry's digest changed)."""
-    from jupyter_podman_hpc.engine.store import SquashStore
+    from jupyter_podman_hpc.engine.store.squashed import SquashStore
 
     store = pulled_store()
     with locked(bench_root() / ".pull.lock"):
@@ -206,7 +206,7 @@ def ensure_pulled(ref: str, log: Callable[[str], None] = print) -> str:
 
 def squash_file(store: Path, ref: str) -> Path:
     """The squash file of ``ref`` in ``store``."""
-    from jupyter_podman_hpc.engine.store import SquashStore
+    from jupyter_podman_hpc.engine.store.squashed import SquashStore
 
     found = SquashStore(store).find(ref)
     if found is None or not found.squash_file:
@@ -225,7 +225,7 @@ def ensure_image(name: str, containerfile: Path, context: Path, base: str, key_p
     ``podman-hpc migrate`` into the store; the storage is removed afterwards
     (the squashed copy is the cache).
     """
-    from jupyter_podman_hpc.engine.store import SquashStore
+    from jupyter_podman_hpc.engine.store.squashed import SquashStore
 
     key = content_key(containerfile.read_bytes(), image_digest(base), *key_parts)
     ref = f"localhost/jph-bench/{name}:{key}"

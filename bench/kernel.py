@@ -26,7 +26,7 @@ Configurations, each a kernelspec in a throwaway ``JUPYTER_PATH``:
   after a pull). On the login node (no Slurm job) ``auto`` does not unpack,
   and the mount program keeps the local layers (fuse-overlayfs), which read
   as fast as squashfuse; in a job it reads the unpacked squashed copy
-  (``engine/mount.py``). Its server runs after the first one, in the same
+  (``engine/mount/program.py``). Its server runs after the first one, in the same
   benchmark run.
 
 The cold configurations' kernelspecs have ``pool: 0``: the server's default
@@ -299,7 +299,7 @@ async def _info_on_websocket(url: str, token: str) -> None:
 
 
 def _kernel_containers() -> int:
-    from jupyter_podman_hpc.engine.config import load_config
+    from jupyter_podman_hpc.engine.site.config import load_config
     from jupyter_podman_hpc.engine.podman import Podman
     from jupyter_podman_hpc.kernels.orphans import kernel_containers
 
@@ -308,7 +308,7 @@ def _kernel_containers() -> int:
 
 def _pool_started(timeout: float) -> None:
     """Until the server's pool has a container, then the settle time (readiness is not visible)."""
-    from jupyter_podman_hpc.engine.config import load_config
+    from jupyter_podman_hpc.engine.site.config import load_config
     from jupyter_podman_hpc.engine.podman import Podman
     from jupyter_podman_hpc.kernels.orphans import POOL_LABEL, kernel_containers
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
 from .version import __version__
-from .engine import commands
+from .engine.base import commands
 from .engine.errors import EngineError, InvalidInput
-from .engine.runplan import SHARED_RUN_FLAGS, Site, wants_join, wants_reuse
+from .engine.run.plan import SHARED_RUN_FLAGS, Site, wants_join, wants_reuse
 from .engine.progress import Progress
 from .engine.text import image_rows, text_table
 
@@ -142,7 +142,7 @@ class Cli:
     def images(self, args: list[str]) -> int:
         """``podman-hpc images``: print the table of the user's images, local and squashed; with podman's
         own options, podman's answer instead."""
-        from .engine.images import list_images
+        from .engine.images.catalog import list_images
         if args:  # podman's own options (--format, -q, filters): podman answers
             return self.exec(self.podman.command("images", *args))
         print(text_table(image_rows(list_images(self.podman))))
@@ -153,7 +153,7 @@ class Cli:
         a progress bar on a terminal, and print where it went."""
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError("usage: podman-hpc migrate IMAGE")
-        from .engine.migrate import migrate
+        from .engine.images.migrate import migrate
         bar = TerminalProgress()
         try:
             result = migrate(self.podman, args[0], bar)
@@ -168,7 +168,7 @@ class Cli:
         store, and print which."""
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError("usage: podman-hpc rmsqi IMAGE")
-        from .engine.migrate import remove_squashed
+        from .engine.images.migrate import remove_squashed
         image, deleted = remove_squashed(self.podman, args[0])
         what = f"removed {image.short_id}" if deleted else f"untagged {args[0]} ({image.short_id})"
         print(f"{what} from {self.config.squash_dir}")
@@ -179,7 +179,7 @@ class Cli:
         the user's store (a progress bar on a terminal) and print where it went."""
         if not args or args[-1].startswith("-"):
             raise UsageError("usage: podman-hpc pull [podman pull options] IMAGE")
-        from .engine.pull import podman_pull
+        from .engine.images.pull import podman_pull
         quiet = not sys.stderr.isatty()
         bar = TerminalProgress()
         try:
@@ -204,9 +204,9 @@ class Cli:
         plan = self.site.plan(args, front_flags=SHARED_RUN_FLAGS)
         if plan.image is None:
             raise UsageError(f"usage: podman-hpc {'shared-run' if shared else 'run'} [options] IMAGE [COMMAND...]")
-        from .engine.launcher import shared_run
-        from .engine.perprocess import per_process_run
-        from .engine.stepcontext import in_slurm_step, pmi_fd_passthrough
+        from .engine.run.launcher import shared_run
+        from .engine.run.perprocess import per_process_run
+        from .engine.run.stepcontext import in_slurm_step, pmi_fd_passthrough
         if shared or plan.shared:
             return shared_run(self.podman, plan.options, plan.module_args, plan.image, plan.command, self.environ,
                               join=wants_join(plan.flags, self.config.shared_run_exec_mode),

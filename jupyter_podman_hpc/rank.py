@@ -8,12 +8,12 @@ monitor (which has everything loaded) answers with a plan (join the
 container's first process, whose pidfd comes with it, or the ``podman exec``
 command line), and the task carries it out (``stepsocket.run_plan``, the path
 the first task takes too). So this module imports only the leaf ``stepsocket``
-(and ``engine.join`` for a plan that joins): that keeps such a task at a few ms of CPU.
+(and ``engine.run.join`` for a plan that joins): that keeps such a task at a few ms of CPU.
 
 A plan must have the expected shape before anything runs (``checked_plan``):
 ``podman`` (the configured ``podman_bin``, as this task finds it) exec in this
 step's container, with only podman's own variables changed; a join only into
-a process that is in a container (``engine.join``).
+a process that is in a container (``engine.run.join``).
 """
 
 import os
@@ -22,7 +22,7 @@ import sys
 from .stepsocket import Refused, address_of, container_name, environ_step_key, keep_listener, receive, \
     rendezvous, reused_by_step, run_plan, send
 
-CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"  # engine.config's DEFAULT_CONFIG_FILE
+CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"  # engine.site.config's DEFAULT_CONFIG_FILE
 # what the monitor may change in the environment podman exec runs with (SiteConfig.podman_env)
 PODMAN_ENV_SET = frozenset(("XDG_CONFIG_HOME", "PODMANHPC_SQUASH_READ_PATH", "PODMANHPC_SQUASH_UNPACK_DIR",
                             "PODMANHPC_SQUASH_UNPACK_MAX_MB", "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES",
@@ -37,7 +37,7 @@ REFUSED = 125  # podman's code for errors of the tool itself
 
 
 def checked_plan(plan, key: str, environ) -> dict:
-    """The monitor's plan if it has the shape the monitor gives (see ``engine.taskplan.task_plan``),
+    """The monitor's plan if it has the shape the monitor gives (see ``engine.run.taskplan.task_plan``),
     else Refused: the command runs in this step's container (or the one its job's steps share on the
     node), podman is podman, and podman's environment is this task's with only podman's own variables
     changed."""
@@ -145,7 +145,7 @@ def shared_run_task(argv: list[str]) -> int | None:
 
 
 def _join(pidfd: int, command, env, workdir) -> int | None:
-    from .engine.join import run_joined  # ctypes, resource: loaded only by a task that joins
+    from .engine.run.join import run_joined  # ctypes, resource: loaded only by a task that joins
     return run_joined(pidfd, command, env, workdir)
 
 

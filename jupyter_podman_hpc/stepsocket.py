@@ -78,7 +78,7 @@ def step_key(job: str, step: str, node: str) -> str:
 
 
 def reuse_key(job: str, node: str, digest: str) -> str:
-    """A job's node container that its steps share (``shared-run --reuse``, ``engine.jobcontainer``):
+    """A job's node container that its steps share (``shared-run --reuse``, ``engine.run.jobcontainer``):
     ``digest`` stands for the container's image and options."""
     return step_key(job, f"reuse-{digest}", node)
 
@@ -481,7 +481,7 @@ def run_plan(plan, pidfd: int | None, environ=None, join=None, log=None) -> int:
     its plan itself, the others get it from the step monitor); the command's exit code.
 
     A plan says to join the node container's first process (``pidfd``) or to run ``podman
-    exec``. ``join(pidfd, command, env, workdir)`` (``engine.join.run_joined``, which a caller
+    exec``. ``join(pidfd, command, env, workdir)`` (``engine.run.join.run_joined``, which a caller
     loads only for a plan that joins) runs the command in the container, or returns None where
     podman exec must. Either way the command runs as this task's child, and the task passes on
     the signals it gets: 128 + N for a death by signal N, as a shell reports it.

@@ -15,8 +15,8 @@ from ..version import __version__
 
 
 def report(site) -> Iterator[str]:
-    """The whole report of a ``runplan.Site``, line by line (sweeping the unpack cache on the way)."""
-    from .storeaccess import configured_stores, store_access
+    """The whole report of a ``run.plan.Site``, line by line (sweeping the unpack cache on the way)."""
+    from .store.access import configured_stores, store_access
 
     c = site.config
     yield f"podman-hpc version: {__version__} (jupyter-podman-hpc)"
@@ -45,7 +45,7 @@ def report(site) -> Iterator[str]:
 def read_path(site) -> Iterator[str]:
     """The read path this node gives squashed images, its unpack policy and the user's
     unpacked copies here (swept first), and why it fell back where it did."""
-    from .readpath import fallbacks
+    from .site.readpath import fallbacks
 
     c, podman = site.config, site.podman
     settings = c.read_path
@@ -64,7 +64,7 @@ def read_path(site) -> Iterator[str]:
     yield from unpacked_copies(site)
     if settings.kernel_overlay:
         probe = podman.run(podman.command("unshare", sys.executable, "-m",
-                                          "jupyter_podman_hpc.engine.kerneloverlay", c.run_root),
+                                          "jupyter_podman_hpc.engine.mount.kerneloverlay", c.run_root),
                            check=False)
         verdict = "yes" if probe.returncode == 0 else f"no ({probe.stdout.strip() or probe.stderr.strip()})"
         yield f" kernel overlayfs in podman's user namespace: {verdict}"
@@ -81,7 +81,7 @@ def unpacked_copies(site, release_job: bool = False) -> Iterator[str]:
     if not cache.is_dir() or not any(cache.glob("*.ref")):
         yield f" unpacked copies: none in {cache}"
         return
-    result = podman.run(podman.command("unshare", sys.executable, "-m", "jupyter_podman_hpc.engine.unpackcache",
+    result = podman.run(podman.command("unshare", sys.executable, "-m", "jupyter_podman_hpc.engine.mount.cache",
                                        "sweep", *(["--release-job"] if release_job else [])),
                         check=False)
     try:

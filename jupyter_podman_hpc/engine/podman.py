@@ -16,13 +16,13 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from . import commands
-from .config import SiteConfig
+from .base import commands
+from .site.config import SiteConfig
 from .errors import PodmanError
-from .files import atomic_write
-from .modules import HOOK_ANNOTATION
+from .base.files import atomic_write
+from .site.modules import HOOK_ANNOTATION
 from .statebinds import guard
-from .storeaccess import make_store_dir, readable_stores
+from .store.access import make_store_dir, readable_stores
 
 HOOK_FILE = "02-hook_tool.json"
 

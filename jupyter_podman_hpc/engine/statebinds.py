@@ -31,12 +31,12 @@ import os
 from pathlib import Path
 from typing import Mapping, NamedTuple, Sequence
 
-from .config import SiteConfig
+from .site.config import SiteConfig
 from .errors import InvalidInput
-from .modules import private_shm
-from .readpath import node_state_dir
-from .squashcheck import VERIFIED_DIR
-from .squashmount import MOUNTS_DIR
+from .site.modules import private_shm
+from .site.readpath import node_state_dir
+from .store.squashcheck import VERIFIED_DIR
+from .mount.squashfuse import MOUNTS_DIR
 
 HOST_SHM = "/dev/shm"
 VOLUME_FLAGS = ("-v", "--volume")

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Sequence
 
 from ..engine import EngineError
-from ..engine.graphroot import GraphRoot
+from ..engine.store.graphroot import GraphRoot
 from ..engine.podman import Podman
 from ..engine.text import truth
-from ..engine.store import SquashStore
+from ..engine.store.squashed import SquashStore
 
 BOOT = Path(__file__).resolve().with_name("boot.py")  # mounted into the container, read-only
 BOOT_IN_CONTAINER = "/opt/podman-hpc/kernel_boot.py"
@@ -78,7 +78,7 @@ class KernelContainer:
     def runs_from_local_layers(self) -> bool:
         """Whether the container's root will be the image's node-local layers: the graph root holds
         the image (podman then uses that copy) and the user's own store has no squashed copy of it
-        (which the mount program reads instead, ``engine/mount.py``). From a squash file keep-id
+        (which the mount program reads instead, ``engine/mount/program.py``). From a squash file keep-id
         cannot work on hosts like ours: fuse-overlayfs with uid mapping over a squashfuse lower
         fails every copy-up ("creating /etc/mtab symlink", podman-hpc's issue #83)."""
         local = self.local_image_id()

@@ -31,8 +31,8 @@ from jupyter_core.paths import SYSTEM_JUPYTER_PATH, jupyter_data_dir, jupyter_pa
 
 from ..version import __version__
 from ..engine.errors import EngineError, NotFound
-from ..engine.locks import flocked
-from ..engine.private import UnsafeDirectory, trusted_file
+from ..engine.base.locks import flocked
+from ..engine.base.private import UnsafeDirectory, trusted_file
 from . import PROVISIONER_NAME
 
 KERNEL_ARGV = ["{python}", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
@@ -277,8 +277,8 @@ def _check_modules(modules: Sequence[str]) -> None:
     """The modules exist in the site configuration and go together."""
     if not modules:
         return
-    from ..engine.config import load_config
-    from ..engine.modules import ModuleSet
+    from ..engine.site.config import load_config
+    from ..engine.site.modules import ModuleSet
     config = load_config(os.environ)
     ModuleSet.load(config.modules_dir).select(modules)
 
@@ -369,7 +369,7 @@ class UntrustedKernelSpec(KernelSpecError):
 
 def check_trusted(directory: str | os.PathLike) -> Path:
     """The kernel.json of the kernelspec in ``directory``, if only the user or root could have
-    written it: the file, its directory and those above, as ``engine.private`` judges a site's
+    written it: the file, its directory and those above, as ``engine.base.private`` judges a site's
     hooks directory. UntrustedKernelSpec otherwise, in one line: which path, and who else may write it."""
     spec_file = Path(directory) / "kernel.json"
     try:

@@ -37,7 +37,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from ..engine.processes import detach, owner_alive, owner_token, wait_any
+from ..engine.base.processes import detach, owner_alive, owner_token, wait_any
 
 if TYPE_CHECKING:  # the engine's podman is imported lazily: the watchdog must start fast
     from ..engine.podman import Podman
@@ -97,7 +97,7 @@ def sweep(podman: "Podman") -> list[str]:
 def sweep_environment(environ=None) -> list[str]:
     """:func:`sweep` with the engine configured from ``environ`` (default: this process's),
     for fronts that start no kernel themselves (a server extension at load, a CLI)."""
-    from ..engine.config import load_config
+    from ..engine.site.config import load_config
     from ..engine.podman import Podman
     env = dict(os.environ if environ is None else environ)
     return sweep(Podman(load_config(env), env))
@@ -108,7 +108,7 @@ def sweep_environment(environ=None) -> list[str]:
 
 def start_watchdog(owner: str, client_pid: int, name: str) -> subprocess.Popen:
     """Start the watchdog of one kernel container (detached from the server's session)."""
-    from ..engine import commands
+    from ..engine.base import commands
 
     return commands.popen(
         [sys.executable, "-m", __name__, "--owner", owner, "--client", str(client_pid), "--name", name],
@@ -150,7 +150,7 @@ def watchdog(owner: str, client_pid: int, name: str) -> int:
     if first == "client" and owner_alive(owner):
         return 0  # the kernel ended while its server lives: the provisioner cleans up
     _leave_the_job()
-    from ..engine.config import load_config
+    from ..engine.site.config import load_config
     from ..engine.podman import Podman
     remove_until_gone(Podman(load_config(os.environ)), name)
     return 0

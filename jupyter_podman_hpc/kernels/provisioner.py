@@ -10,7 +10,7 @@ Launching runs the kernelspec's ``argv`` (the image's ipykernel) with
 ``podman-hpc run`` semantics, through the engine's ``Podman`` command
 builder: the site's storage settings and squashed store, the site modules
 named in ``modules`` (and ``slurm`` where the host has Slurm: ``slurm``
-false opts out; ``engine/hostslurm.py``). The container's command line
+false opts out; ``engine/site/hostslurm.py``). The container's command line
 (network, mounts, user namespace, environment, the boot program) is
 ``container.py``'s, and ``spawn.py`` starts it. With a pool size (``pool``),
 a start adopts a container of the kernelspec's pool (``pool.py``) when one
@@ -47,9 +47,10 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, Union
 
-from ..engine import EngineError, hostslurm, reference
-from ..engine.modules import ModuleSet
-from ..engine.runplan import Site
+from ..engine import EngineError, reference
+from ..engine.site import hostslurm
+from ..engine.site.modules import ModuleSet
+from ..engine.run.plan import Site
 from ..engine.podman import Podman, error_message
 from . import kernelspec, orphans, pool as pools
 from .container import KernelContainer, KernelStartError, home

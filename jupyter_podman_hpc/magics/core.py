@@ -22,7 +22,7 @@ from typing import Iterator
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from ..engine import commands
+from ..engine.base import commands
 from ..engine.errors import EngineError
 from .parser import HelpRequested, MagicError, parse, subparser
 from .render import Renderer, make_renderer
@@ -89,7 +89,7 @@ class PodmanHPCMagics(Magics):
 
     @staticmethod
     def _config():
-        from ..engine.config import load_config
+        from ..engine.site.config import load_config
         return load_config(os.environ)
 
     def _renderer(self, title: str, **kwargs) -> Renderer:
@@ -104,7 +104,7 @@ class PodmanHPCMagics(Magics):
     # --- images -----------------------------------------------------------------------
 
     def _cmd_build(self, args: Namespace, cell: str | None):
-        from ..engine.build import build, build_and_squash
+        from ..engine.images.build import build, build_and_squash
 
         if args.file:
             if cell is not None and cell.strip():
@@ -133,14 +133,14 @@ class PodmanHPCMagics(Magics):
         return None
 
     def _squash(self, config, ref: str, renderer: Renderer) -> None:
-        from ..engine.migrate import migrate
+        from ..engine.images.migrate import migrate
         from ..engine.podman import Podman
 
         renderer.note(f"Squashing {ref}")
         _squashed(renderer, config, ref, migrate(Podman(config, os.environ), ref, renderer))
 
     def _cmd_pull(self, args: Namespace, cell: str | None):
-        from ..engine.pull import pull, pull_and_squash
+        from ..engine.images.pull import pull, pull_and_squash
 
         self._no_cell(args, cell)
         config = self._config()
@@ -164,7 +164,7 @@ class PodmanHPCMagics(Magics):
     _cmd_migrate = _cmd_squash
 
     def _cmd_rmsqi(self, args: Namespace, cell: str | None):
-        from ..engine.migrate import remove_squashed
+        from ..engine.images.migrate import remove_squashed
         from ..engine.podman import Podman
 
         self._no_cell(args, cell)
@@ -177,7 +177,7 @@ class PodmanHPCMagics(Magics):
         return None
 
     def _cmd_images(self, args: Namespace, cell: str | None):
-        from ..engine.images import list_images
+        from ..engine.images.catalog import list_images
         from ..engine.podman import Podman
         from .display import ImageList
 
@@ -191,7 +191,7 @@ class PodmanHPCMagics(Magics):
     # --- run ----------------------------------------------------------------------------
 
     def _cmd_run(self, args: Namespace, cell: str | None):
-        from ..engine.runplan import Site
+        from ..engine.run.plan import Site
 
         self._no_cell(args, cell)
         site = Site.load(os.environ)
@@ -370,7 +370,7 @@ class PodmanHPCMagics(Magics):
 
     def _cmd_info(self, args: Namespace, cell: str | None):
         from ..engine.info import report
-        from ..engine.runplan import Site
+        from ..engine.run.plan import Site
 
         self._no_cell(args, cell)
         for line in report(Site.load(dict(os.environ))):

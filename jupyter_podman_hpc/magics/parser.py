@@ -8,7 +8,7 @@ touches the engine, so it is tested on its own.
 
 ``run`` is not parsed here beyond its position: its options are podman's
 and the site's module flags, which the CLI's parser
-(``jupyter_podman_hpc.engine.runplan``) tells apart.
+(``jupyter_podman_hpc.engine.run.plan``) tells apart.
 """
 
 from __future__ import annotations

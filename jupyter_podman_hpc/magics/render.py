@@ -118,7 +118,7 @@ def _capital(text: str) -> str:
 
 def build_kind(event: Progress) -> str:
     """What a build event is: "step" (a STEP line), "output" (a line of output) or "status"."""
-    from ..engine.build import parse_step
+    from ..engine.images.build import parse_step
 
     if event.log and parse_step(event.log) is not None:
         return "step"

@@ -37,7 +37,7 @@ def _log_through(server_log) -> None:
     at the server's level: ``jupyter lab --log-level=DEBUG`` shows it."""
     import logging
 
-    from ..engine.commands import LOGGER
+    from ..engine.base.commands import LOGGER
 
     logging.getLogger(LOGGER).parent = server_log
 
@@ -62,10 +62,10 @@ def _kernel_start_errors_as_messages(kernel_manager) -> None:
 
 def _sweep_orphan_services(backend, log) -> None:
     """The Podman services of a pull or build whose server died (SIGKILL) are stopped, and their
-    build containers removed, at the next start (see engine/servicesweep.py)."""
+    build containers removed, at the next start (see engine/service/sweep.py)."""
     import threading
 
-    from ..engine.servicesweep import sweep
+    from ..engine.service.sweep import sweep
 
     def run():
         try:

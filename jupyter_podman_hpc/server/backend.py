@@ -14,11 +14,11 @@ from pathlib import Path
 from traitlets import Int, Unicode
 from traitlets.config import Configurable
 
-from ..engine.config import SiteConfig, load_config
+from ..engine.site.config import SiteConfig, load_config
 from ..engine.errors import EngineError
-from ..engine.modules import ModuleSet
+from ..engine.site.modules import ModuleSet
 from ..engine.podman import Podman
-from ..engine.taskrecords import TaskRecords
+from ..engine.service.taskrecords import TaskRecords
 from .tasks import Task, TaskManager
 
 
@@ -56,7 +56,7 @@ class Backend:
         self._pools_closing = threading.Event()
 
     def _task_records(self, log) -> TaskRecords | None:
-        """The user's task records (``engine.taskrecords``), or None when the run root cannot hold
+        """The user's task records (``engine.service.taskrecords``), or None when the run root cannot hold
         them (the server then keeps its tasks in memory only, and says why in its log)."""
         try:
             return TaskRecords.for_run_root(self.site().run_root)
@@ -88,7 +88,7 @@ class Backend:
     def writable_store(config: SiteConfig) -> SiteConfig:
         """``config`` if its squashed store takes writes from this user; else PermissionDenied
         (a 403) before any task starts."""
-        from ..engine.storeaccess import check_writable
+        from ..engine.store.access import check_writable
         check_writable(config.squash_dir)
         return config
 
@@ -101,13 +101,13 @@ class Backend:
 
     def images(self) -> list[dict]:
         """The user's images (local and squashed) as JSON-ready data, one per image."""
-        from ..engine.images import list_images
+        from ..engine.images.catalog import list_images
         return [image.as_dict() for image in list_images(self.podman())]
 
     def pull(self, image: str, squash: bool) -> Task:
         """Start pulling ``image`` as a task (and squash it into the user's store with ``squash``, checked
         writable first); the task, whose result names the image id."""
-        from ..engine.pull import pull, pull_and_squash
+        from ..engine.images.pull import pull, pull_and_squash
 
         config = self.writable_store(self.site()) if squash else self.site()
 
@@ -123,7 +123,7 @@ class Backend:
               squash: bool) -> Task:
         """Start building ``containerfile`` (its text) as ``tag`` in ``context`` as a task, squashed after
         with ``squash`` (the store checked writable first); the task, whose result names the image id."""
-        from ..engine.build import build, build_and_squash
+        from ..engine.images.build import build, build_and_squash
 
         config = self.writable_store(self.site()) if squash else self.site()
 
@@ -140,7 +140,7 @@ class Backend:
     def squash(self, image: str) -> Task:
         """Start squashing the local ``image`` into the user's store as a task (the store checked writable
         first); its result says whether it was squashed already."""
-        from ..engine.migrate import migrate
+        from ..engine.images.migrate import migrate
 
         podman = Podman(self.writable_store(self.site()), self.environ())
 
@@ -153,7 +153,7 @@ class Backend:
     def remove_squashed(self, image: str) -> dict:
         """Remove ``image`` from the squashed store now (a name; the last name or an id: the image): its id,
         and whether its data was deleted."""
-        from ..engine.migrate import remove_squashed
+        from ..engine.images.migrate import remove_squashed
         removed, deleted = remove_squashed(self.podman(), image)
         return {"image": image, "id": removed.id, "deleted": deleted}
 

@@ -4,7 +4,7 @@ A task runs an engine call in a worker thread. Everything it reports goes
 into its record (state, last progress, last log lines, result, error) and
 into a numbered event list that clients stream and resume from (after a
 browser reload, with Last-Event-ID). Tasks live as long as the server, and
-their state also in the user's task records (``engine.taskrecords``): a server
+their state also in the user's task records (``engine.service.taskrecords``): a server
 that starts lists the tasks of servers that died, those that were still
 running as ``interrupted``. A server stopped by a signal (SIGTERM) cancels its
 tasks first and records them as interrupted (``shutdown``).
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..engine.errors import EngineError
-from ..engine.processes import owner_token
+from ..engine.base.processes import owner_token
 from ..engine.progress import Progress
-from ..engine.service import stop_private_services
-from ..engine.taskrecords import INTERRUPTED, TaskRecord, TaskRecords, interrupted_message
+from ..engine.service.rest import stop_private_services
+from ..engine.service.taskrecords import INTERRUPTED, TaskRecord, TaskRecords, interrupted_message
 
 LOG_LINES = 200
 MAX_EVENTS = 5000

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
-from ..engine import commands
+from ..engine.base import commands
 from ..engine.errors import EngineError
 from .spec import elapsed_seconds
 

@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..engine.errors import NotFound
-from ..engine.files import read_untrusted_log
+from ..engine.base.files import read_untrusted_log
 from ..engine.progress import Progress, ProgressCallback, ignore
-from ..engine.processes import owner_alive, owner_token
+from ..engine.base.processes import owner_alive, owner_token
 from . import watchdog
 from .client import SlurmClient, SlurmError
 from .clusterrecord import (CONTROLLER_LOG, PROFILE, RECORD, ClusterError, ClusterRecord, cluster_directories,

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..engine.errors import EngineError
-from ..engine.files import atomic_write, read_own_json
+from ..engine.base.files import atomic_write, read_own_json
 from .script import OUT_DIR
 
 RECORD = "cluster.json"

@@ -43,11 +43,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional
 
-from ..engine.config import SiteConfig, load_config
+from ..engine.site.config import SiteConfig, load_config
 from ..engine.errors import EngineError, ImageNotFound, NotFound
-from ..engine.files import UntrustedFile, atomic_write, read_untrusted, read_untrusted_log
-from ..engine.images import find_squashed
-from ..engine.modules import ModuleSet
+from ..engine.base.files import UntrustedFile, atomic_write, read_untrusted, read_untrusted_log
+from ..engine.images.catalog import find_squashed
+from ..engine.site.modules import ModuleSet
 from ..engine.progress import Progress, ProgressCallback, ignore
 from . import notebook as notebooks
 from .client import JobStatus, SlurmClient, SlurmError

@@ -39,7 +39,7 @@ from stat import S_ISREG
 from typing import Mapping, Optional
 
 from ..engine.errors import EngineError
-from ..engine.files import UntrustedFile, read_untrusted
+from ..engine.base.files import UntrustedFile, read_untrusted
 from ..engine.text import human_bytes
 from .nbrecorder import PROGRESS, STATE_DIR, is_plain_name
 from .script import OUT_DIR, PYTHON, RunTarget, finish_argv

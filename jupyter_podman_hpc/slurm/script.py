@@ -25,8 +25,8 @@ from pathlib import Path, PurePosixPath
 from typing import Optional, Sequence
 
 from ..version import __version__
-from ..engine.config import SiteConfig, load_config
-from ..engine.modules import ModuleSet
+from ..engine.site.config import SiteConfig, load_config
+from ..engine.site.modules import ModuleSet
 from .spec import SRUN_MPI, JobSpec, JobSpecError, _no_breaks
 
 BATCH_LOG = "slurm-%j.out"

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from ..engine import reference
 from ..engine.errors import EngineError, InvalidInput, ModuleError
-from ..engine.modules import Module, ModuleSet
+from ..engine.site.modules import Module, ModuleSet
 
 MODES = ("podman-exec", "per-process")
 NOTEBOOK_MAGICS = ("ipython", "comment")

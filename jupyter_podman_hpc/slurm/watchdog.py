@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..engine import commands
-from ..engine.processes import cmdline, owner_alive, owner_token, wait_any
+from ..engine.base import commands
+from ..engine.base.processes import cmdline, owner_alive, owner_token, wait_any
 from .client import SlurmClient, SlurmError
 from .clusterrecord import CONTROLLER_LOG, PROFILE, ClusterError, ClusterRecord, remove_connection_files
 

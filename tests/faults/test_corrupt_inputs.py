@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine.config import SITE_DATA
+from jupyter_podman_hpc.engine.site.config import SITE_DATA
 from tests.conftest import run
 from tests.faults.conftest import one_line, own_mounts
 

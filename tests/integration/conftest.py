@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine.unpackcache import CachedCopy
+from jupyter_podman_hpc.engine.mount.cache import CachedCopy
 
 from tests.conftest import Stack, run
 
 # On a node: the copies in the unpack cache (argv[1]), as JSON (each node's /dev/shm is its own).
 _NODE_COPIES = ("import dataclasses, json, sys; from pathlib import Path; "
-                "from jupyter_podman_hpc.engine.unpackcache import copies; "
+                "from jupyter_podman_hpc.engine.mount.cache import copies; "
                 "print(json.dumps([dataclasses.asdict(c) for c in copies(Path(sys.argv[1]))]))")
 
 

@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 
-from jupyter_podman_hpc.engine.processes import owner_alive, owner_token
+from jupyter_podman_hpc.engine.base.processes import owner_alive, owner_token
 from jupyter_podman_hpc.slurm import SlurmClient
 from jupyter_podman_hpc.slurm.cluster import Cluster, find_cluster
 from jupyter_podman_hpc.slurm.clusterrecord import RECORD, ClusterRecord

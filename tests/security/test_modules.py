@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from jupyter_podman_hpc.engine.modules import PRIVATE_SHM
+from jupyter_podman_hpc.engine.site.modules import PRIVATE_SHM
 
 # Run inside the container: every way in we know of, each printing what it reached.
 PROBE = textwrap.dedent("""\
@@ -132,7 +132,7 @@ CROSS_MEMORY = textwrap.dedent("""\
 def test_slurm_module_mounts_the_uid_shim_read_only(prepared, stack):
     victim = prepared
     victim.env["XDG_CACHE_HOME"] = str(victim.work / "cache")  # not the user's own shim: the test may fail
-    shim = victim.sh("python", "-c", "import os; from jupyter_podman_hpc.engine.hostslurm import uid_shim; "
+    shim = victim.sh("python", "-c", "import os; from jupyter_podman_hpc.engine.site.hostslurm import uid_shim; "
                      "print(uid_shim(os.environ))").stdout.strip()
     assert os.path.isfile(shim), shim
     before = hashlib.sha256(open(shim, "rb").read()).hexdigest()

@@ -1,7 +1,7 @@
 """Records a Jupyter server reads when it starts, planted by another user in a run root they made
 first: a private Podman service's owner record, which would have the orphan sweep
-(engine/servicesweep.py) SIGKILL a process of the victim's, and a task record
-(engine/taskrecords.py), which would list a task the victim never ran. Neither is trusted. The
+(engine/service/sweep.py) SIGKILL a process of the victim's, and a task record
+(engine/service/taskrecords.py), which would list a task the victim never ran. Neither is trusted. The
 same owner record written by the victim itself is acted on: the owner check is what refuses."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine import processes
-from jupyter_podman_hpc.engine.config import load_config
+from jupyter_podman_hpc.engine.base import processes
+from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.errors import PermissionDenied
-from jupyter_podman_hpc.engine.servicesweep import sweep
-from jupyter_podman_hpc.engine.taskrecords import DIRECTORY, TaskRecords
+from jupyter_podman_hpc.engine.service.sweep import sweep
+from jupyter_podman_hpc.engine.service.taskrecords import DIRECTORY, TaskRecords
 from tests.integration.conftest import cleanup_hpc, make_hpc
 
 GONE = "999999999:1"  # the owner token of a caller that died

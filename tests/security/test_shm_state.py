@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from jupyter_podman_hpc.engine.modules import PRIVATE_SHM
+from jupyter_podman_hpc.engine.site.modules import PRIVATE_SHM
 
 # Run inside the container: plant a file in every unpacked tree it can find, say what /dev/shm holds.
 PLANT = textwrap.dedent("""\

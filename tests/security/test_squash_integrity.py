@@ -1,5 +1,5 @@
 """A squash file changed after it was squashed is refused before it is mounted or unpacked
-(engine/squashcheck.py, the mount program), and in a sticky project store a member cannot
+(engine/store/squashcheck.py, the mount program), and in a sticky project store a member cannot
 change another's squash file at all.
 
 In a project store made before this check (directories 2770, squash files 0660, as podman-hpc

@@ -1,4 +1,4 @@
-"""Per-user state planted by another user before its owner made it (engine/private.py).
+"""Per-user state planted by another user before its owner made it (engine/base/private.py).
 
 /tmp and /dev/shm are world-writable: after a reboot or a tmp clean, anyone can create
 ``/tmp/<your uid>_hpc`` first. Each test has hpcoutsider plant what podman or the engine would

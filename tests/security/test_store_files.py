@@ -1,5 +1,5 @@
 """Files in a shared store are opened without following links, and only files the engine has
-just created are chmod-ed (engine/storefs.py, engine/files.py, engine/locks.py).
+just created are chmod-ed (engine/store/fs.py, engine/base/files.py, engine/base/locks.py).
 
 hpcuser2 (the ``member``) swaps a lock file of the project store for a symbolic link to
 hpcuser's (the ``victim``'s) ssh key. The victim's next migrate used to make that key 0660 and

@@ -1,4 +1,4 @@
-"""Store records are data, never paths (engine/records.py, engine/storefs.py).
+"""Store records are data, never paths (engine/store/records.py, engine/store/fs.py).
 
 In a project store every member of the group writes the records. hpcuser2 (the ``member``)
 appends layer records whose ids lead out of the store, to a directory in hpcuser's home (the

@@ -1,21 +1,24 @@
 """The package's layers, read from its imports (ast): no import circle, and no upward import.
 
 Every import counts, also one inside a function (the circle this test was written against,
-``cli -> engine.launcher -> engine.join -> rank -> cli``, closed through one). The parts,
+``cli -> engine.run.launcher -> engine.run.join -> rank -> cli``, closed through one). The parts,
 from the bottom up (docs/developers/design.md: one engine, thin fronts):
 
 - ``version`` and ``stepsocket``: leaves. ``stepsocket`` (the step socket protocol, on the
   path of every task of a podman-exec step) imports only modules written in C (built into
   the interpreter or its extension modules: they import no Python module), and ``os``/``sys``,
   which the interpreter has loaded before any of ours.
-- ``engine``: everything a user can do; imports only the leaves.
+- ``engine``: everything a user can do; imports only the leaves. Inside it, rooms by role
+  (``ENGINE_ORDER``, from the bottom up): its leaves (``errors``; ``progress`` and ``text``;
+  ``reference``), ``base``, ``site``, ``store``, ``mount``, ``statebinds``, ``podman``,
+  ``service`` and ``info``, ``images``, ``run``; a room imports only rooms below it.
 - ``slurm`` (talking to Slurm) and ``kernels`` (container kernels): each on the engine, never
   on each other or on a front.
 - the fronts, on the parts below them, never on each other: ``cli`` (the console script's
   commands), ``server`` (the Jupyter server extension), ``magics`` (IPython). What two fronts
   show alike lives in the engine (``engine.text``'s tables, ``engine.info``'s report).
 - ``rank``: the console script's first stop; a task that is not its node's first runs from
-  the leaf ``stepsocket`` (and ``engine.join``), every other command falls through to ``cli``.
+  the leaf ``stepsocket`` (and ``engine.run.join``), every other command falls through to ``cli``.
 - the package itself (``__init__``): the entry points Jupyter and IPython look up, which
   name ``magics`` only inside a function.
 """
@@ -45,6 +48,15 @@ ALLOWED = {
     "rank": {"engine", "cli", *LEAVES},
 }
 ALWAYS_LOADED = {"os", "sys", "__future__"}  # loaded before any module of ours runs
+
+# The engine's rooms (a subpackage, or a module at its top), from the bottom up; rooms on
+# one rank do not import each other. ``hook`` is the old path of ``site.hook``'s console script.
+ENGINE_ORDER = [
+    {"errors"}, {"progress", "text"}, {"reference"},
+    {"base"}, {"site"}, {"store"}, {"mount"}, {"statebinds"}, {"podman"},
+    {"service", "info"}, {"images"}, {"run"}, {"hook", "__init__"},
+]
+ENGINE = f"{NAME}.engine"
 
 
 def module_name(path: Path) -> str:
@@ -138,6 +150,50 @@ def test_no_part_imports_a_part_above_it():
                 upward.append(f"{module} -> {target}")
     assert upward == []
     assert set(ALLOWED) == {part(module) for module in modules()}  # a new part states its place here
+
+
+def engine_room(module: str) -> str:
+    """The room of the engine a module of it sits in (``store`` for ``engine.store.fs``)."""
+    rest = module[len(ENGINE) + 1:]
+    return rest.split(".")[0] if rest else "__init__"
+
+
+def engine_rank(room: str) -> int:
+    return next(rank for rank, rooms in enumerate(ENGINE_ORDER) if room in rooms)
+
+
+def engine_imports_against_order(edges: dict[str, set[str]]) -> list[str]:
+    """The engine's imports of a room not below the importer's (its own room excepted)."""
+    against = []
+    for module, targets in edges.items():
+        if not (module == ENGINE or module.startswith(ENGINE + ".")):
+            continue
+        for target in targets:
+            if not (target == ENGINE or target.startswith(ENGINE + ".")):
+                continue
+            source_room, target_room = engine_room(module), engine_room(target)
+            if source_room != target_room and engine_rank(target_room) >= engine_rank(source_room):
+                against.append(f"{module} -> {target}")
+    return sorted(against)
+
+
+def test_the_engine_imports_only_rooms_below_each_room():
+    assert engine_imports_against_order(graph()) == []
+    rooms = {engine_room(module) for module in modules() if module.startswith(ENGINE)}
+    assert rooms == set().union(*ENGINE_ORDER)  # a new room states its place here
+
+
+def test_the_checker_sees_an_import_against_the_engine_order(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from ..errors import EngineError\n\ndef f():\n    from ..run import join\n    from ..podman import Podman\n")
+    known = {f"{ENGINE}.run.join", f"{ENGINE}.errors", f"{ENGINE}.podman"}
+    found = imports(f"{ENGINE}.store.m", module, known)
+    assert found == {f"{ENGINE}.run.join", f"{ENGINE}.errors", f"{ENGINE}.podman"}
+    assert engine_imports_against_order({f"{ENGINE}.store.m": found}) == [
+        f"{ENGINE}.store.m -> {ENGINE}.podman", f"{ENGINE}.store.m -> {ENGINE}.run.join"]
+    assert engine_imports_against_order({f"{ENGINE}.text": {f"{ENGINE}.progress"}}) == [
+        f"{ENGINE}.text -> {ENGINE}.progress"]  # one rank: neither imports the other
+    assert engine_imports_against_order({f"{ENGINE}.run.m": found}) == []
 
 
 def written_in_c(name: str) -> bool:

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from jupyter_podman_hpc import rank, stepsocket
-from jupyter_podman_hpc.engine.config import load_config
+from jupyter_podman_hpc.engine.site.config import load_config
 
 
 def _plan(key="7.1.n2", **changes):
@@ -162,7 +162,7 @@ def test_a_task_runs_the_configured_podman_of_a_good_plan(tmp_path):
 
 
 NEVER_LOADED = ("re", "enum", "json", "socket", "subprocess", "logging", "signal", "hashlib",
-                "jupyter_podman_hpc.cli", "jupyter_podman_hpc.engine.config", "jupyter_podman_hpc.engine.launcher")
+                "jupyter_podman_hpc.cli", "jupyter_podman_hpc.engine.site.config", "jupyter_podman_hpc.engine.run.launcher")
 
 
 @pytest.mark.parametrize("how", ["podman exec", "join"])
@@ -200,7 +200,7 @@ def test_a_task_that_is_not_the_first_imports_almost_nothing(tmp_path, how):
     assert result.returncode == (125 if how == "join" else 0), result.stderr
     loaded = set(result.stdout.split())
     assert "jupyter_podman_hpc.stepsocket" in loaded
-    assert ("jupyter_podman_hpc.engine.join" in loaded) == ("jupyter_podman_hpc.engine" in loaded) == (how == "join")
+    assert ("jupyter_podman_hpc.engine.run.join" in loaded) == ("jupyter_podman_hpc.engine" in loaded) == (how == "join")
     assert [module for module in NEVER_LOADED if module in loaded] == []
     if how == "podman exec":  # rank and stepsocket alone: not even __future__
         assert "__future__" not in loaded

@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from jupyter_podman_hpc import stepsocket
-from jupyter_podman_hpc.engine.config import load_config
-from jupyter_podman_hpc.engine.stepcontext import step_context
+from jupyter_podman_hpc.engine.site.config import load_config
+from jupyter_podman_hpc.engine.run.stepcontext import step_context
 
 NAMED = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1", "SLURMD_NODENAME": "n2"}
 
@@ -238,7 +238,7 @@ def test_a_subprocess_code_reads_as_a_shells():
 
 
 def test_a_plan_that_joins_runs_through_join_and_falls_back_to_podman_exec(tmp_path):
-    """The caller's join (engine.join.run_joined) runs the command, or says podman exec must (None)."""
+    """The caller's join (engine.run.join.run_joined) runs the command, or says podman exec must (None)."""
     podman = _stand_in(tmp_path, "exit 4")
     plan = {**_exec_plan(podman), "join": True, "env": {"A": "1"}, "workdir": "/w"}
     calls = []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine.processes import owner_alive
+from jupyter_podman_hpc.engine.base.processes import owner_alive
 from jupyter_podman_hpc.slurm import Job, JobSpec
 from jupyter_podman_hpc.slurm.clusterrecord import ClusterRecord
 from jupyter_podman_hpc.slurm.watchdog import JOB_POLL

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine import processes
-from jupyter_podman_hpc.engine.build import CANCEL_GRACE, TAIL_LINES, BuildError, build
-from jupyter_podman_hpc.engine.pull import PullError, pull, pull_and_squash
-from jupyter_podman_hpc.engine.servicestream import Cancelled
-from jupyter_podman_hpc.engine.config import load_config
-from jupyter_podman_hpc.engine.store import SquashStore
+from jupyter_podman_hpc.engine.base import processes
+from jupyter_podman_hpc.engine.images.build import CANCEL_GRACE, TAIL_LINES, BuildError, build
+from jupyter_podman_hpc.engine.images.pull import PullError, pull, pull_and_squash
+from jupyter_podman_hpc.engine.service.stream import Cancelled
+from jupyter_podman_hpc.engine.site.config import load_config
+from jupyter_podman_hpc.engine.store.squashed import SquashStore
 from tests.conftest import run
 from tests.integration.conftest import cleanup_hpc, make_hpc
 from tests.integration.engine.slow_registry import SlowRegistry

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine import processes, service
-from jupyter_podman_hpc.engine.config import load_config
+from jupyter_podman_hpc.engine.base import processes
+from jupyter_podman_hpc.engine.service import rest as service
+from jupyter_podman_hpc.engine.site.config import load_config
 
 CALLER = """
 import json, os, sys
-from jupyter_podman_hpc.engine import service
-from jupyter_podman_hpc.engine.config import load_config
+from jupyter_podman_hpc.engine.service import rest as service
+from jupyter_podman_hpc.engine.site.config import load_config
 config = load_config()
 svc = service.ApiService(config, idle=int(sys.argv[1]))
 url = svc.ensure()

@@ -9,8 +9,8 @@ from signal import SIGKILL
 import psutil
 import pytest
 
-from jupyter_podman_hpc.engine.locks import NEW_LOCK_GRACE
-from jupyter_podman_hpc.engine.stepmonitor import MONITOR_LOG
+from jupyter_podman_hpc.engine.base.locks import NEW_LOCK_GRACE
+from jupyter_podman_hpc.engine.run.stepmonitor import MONITOR_LOG
 from tests.conftest import run
 from tests.integration.engine.conftest import monitors_of, recording_podman
 

@@ -26,7 +26,7 @@ default log driver (conmon copies the output to the attached podman), none of 12
 tasks now run with passthrough (``perprocess.log_driver_args``).
 
 Also found with it, in per-process steps cancelled at their start (each fixed in
-``engine/perprocess.py``): a pid file left by a container that conmon started after podman was
+``engine/run/perprocess.py``): a pid file left by a container that conmon started after podman was
 killed; podman exiting 0 after scancel's SIGTERM, so that srun reported the cancelled step as a
 success (step 159, twice, once in a fresh-clone run); and pid files (step 9, step 159) left by a
 container started after the reaper's removal, by a podman killed just after it forked its conmon.
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine.stepmonitor import MONITOR_LOG
+from jupyter_podman_hpc.engine.run.stepmonitor import MONITOR_LOG
 from tests.integration.engine.conftest import allocation, cancel_when_up, monitors_of
 
 STEPS = 300

@@ -6,7 +6,7 @@ import signal
 import time
 import uuid
 
-from jupyter_podman_hpc.engine import processes
+from jupyter_podman_hpc.engine.base import processes
 
 
 def conmon_of(name: str) -> int:

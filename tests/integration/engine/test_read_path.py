@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine.unpackcache import cache_entries, in_use
+from jupyter_podman_hpc.engine.mount.cache import cache_entries, in_use
 
 # What the container's root is, by read path: (file system type, what its lower is).
 ROOTS = {"unpacked": ("overlay", "unpacked"), "kernel": ("overlay", "/squash-mounts/"),

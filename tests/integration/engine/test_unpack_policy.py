@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine.unpackcache import cache_entries, in_use
+from jupyter_podman_hpc.engine.mount.cache import cache_entries, in_use
 
 from tests.integration.conftest import cleanup_hpc, make_hpc
 

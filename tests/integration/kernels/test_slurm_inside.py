@@ -22,7 +22,7 @@ import textwrap
 
 import pytest
 
-from jupyter_podman_hpc.engine import hostslurm as slurm
+from jupyter_podman_hpc.engine.site import hostslurm as slurm
 from tests.conftest import run as run_command
 from tests.integration.conftest import cleanup_hpc, make_hpc
 

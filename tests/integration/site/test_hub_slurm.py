@@ -141,5 +141,5 @@ def test_a_node_checks_out_with_infohpc(squashed_base, site_venv, stack):
     assert info.startswith("podman-hpc version: "), info
     assert "in Slurm job " in info, info  # the read path's policy for a job on a node
     site_packages = next((site_venv / "lib").glob("python3*/site-packages"))
-    assert f"modules ({site_packages}/jupyter_podman_hpc/engine/site/modules.d):" in info, info
+    assert f"modules ({site_packages}/jupyter_podman_hpc/engine/site/data/modules.d):" in info, info
     assert f"mount_program (default): {site_venv}/bin/podman-hpc-mount" in info, info

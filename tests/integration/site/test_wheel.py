@@ -92,11 +92,11 @@ def test_every_piece_of_package_data_is_installed(installed):
     package = _site_packages(venv) / PACKAGE
     data = [name for name in _tracked(PACKAGE) if not name.endswith(".py")]
     # what the brief names, so that a moved file fails here rather than pass by absence
-    for expected in ("engine/site/modules.d/", "engine/site/slurm/uid.c", "engine/site/slurm/client"):
+    for expected in ("engine/site/data/modules.d/", "engine/site/data/slurm/uid.c", "engine/site/data/slurm/client"):
         assert any(name.startswith(f"{PACKAGE}/{expected}") for name in data), expected
     missing = [name for name in data if not (package.parent / name).is_file()]
     assert not missing, missing
-    assert os.access(package / "engine" / "site" / "slurm" / "client", os.X_OK)
+    assert os.access(package / "engine" / "site" / "data" / "slurm" / "client", os.X_OK)
     logos = _tracked("kernels")
     assert logos
     missing = [name for name in logos if not (package / "kernels" / "resources" / Path(name).name).is_file()]

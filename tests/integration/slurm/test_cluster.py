@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from jupyter_podman_hpc.engine.processes import owner_alive
+from jupyter_podman_hpc.engine.base.processes import owner_alive
 from jupyter_podman_hpc.slurm import SlurmClient, cluster
 from jupyter_podman_hpc.slurm.cluster import Cluster, ClusterError
 from tests.conftest import run

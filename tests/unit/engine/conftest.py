@@ -1,7 +1,7 @@
 """Helpers of the engine's unit tests: squash files made with the real mksquashfs, and
-copies of them unpacked into a cache (engine/unpack.py, engine/unpackcache.py); images
-squashed into a store as migrate leaves them (engine/store.py, engine/storeremove.py); what a
-sweep of killed monitors or tasks removes (engine/stepmonitor.py, engine/perprocess.py)."""
+copies of them unpacked into a cache (engine/mount/unpack.py, engine/mount/cache.py); images
+squashed into a store as migrate leaves them (engine/store/squashed.py, engine/store/remove.py); what a
+sweep of killed monitors or tasks removes (engine/run/stepmonitor.py, engine/run/perprocess.py)."""
 
 import json
 import os
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine.readpath import ReadPathSettings
-from jupyter_podman_hpc.engine.unpack import UnpackedCopy
+from jupyter_podman_hpc.engine.site.readpath import ReadPathSettings
+from jupyter_podman_hpc.engine.mount.unpack import UnpackedCopy
 
 needs_squashfs = pytest.mark.skipif(not (shutil.which("mksquashfs") and shutil.which("unsquashfs")),
                                     reason="squashfs-tools are not installed")
@@ -71,7 +71,7 @@ class RemovalsPodman:
 
 @pytest.fixture
 def removals(monkeypatch) -> RemovalsPodman:
-    from jupyter_podman_hpc.engine import processes
+    from jupyter_podman_hpc.engine.base import processes
 
     podman = RemovalsPodman()
     monkeypatch.setattr(processes, "kill_conmon", podman.killed.append)

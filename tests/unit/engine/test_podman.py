@@ -1,6 +1,6 @@
 """The podman command builder and option parsing (no podman needed)."""
 
-from jupyter_podman_hpc.engine.config import load_config
+from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.podman import (Podman, group_options, option_values, parse_options, split_at_image,
                                               split_short_flags)
 

@@ -1,6 +1,6 @@
 """Sizes and tables as every front prints them."""
 
-from jupyter_podman_hpc.engine.images import ImageInfo
+from jupyter_podman_hpc.engine.images.catalog import ImageInfo
 from jupyter_podman_hpc.engine.text import human_bytes, image_rows, text_table, truth
 
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from jupyter_podman_hpc.engine.podman import Podman
-from jupyter_podman_hpc.engine.config import load_config
+from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.kernels import pool as pools
 from jupyter_podman_hpc.kernels.container import KernelContainer
 

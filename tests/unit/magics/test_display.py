@@ -3,7 +3,7 @@
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from jupyter_podman_hpc.engine.images import ImageInfo
+from jupyter_podman_hpc.engine.images.catalog import ImageInfo
 from jupyter_podman_hpc.engine.text import text_table
 from jupyter_podman_hpc.magics.core import MagicError
 from jupyter_podman_hpc.magics.display import ImageList, KernelList

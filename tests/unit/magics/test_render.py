@@ -4,8 +4,8 @@ import io
 
 import pytest
 
-from jupyter_podman_hpc.engine.build import BuildLog
-from jupyter_podman_hpc.engine.pull import _pull_event
+from jupyter_podman_hpc.engine.images.build import BuildLog
+from jupyter_podman_hpc.engine.images.pull import _pull_event
 from jupyter_podman_hpc.engine.progress import Progress
 from jupyter_podman_hpc.magics import render
 from jupyter_podman_hpc.magics.render import TextRenderer, WidgetRenderer, widgets_enabled

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from jupyter_podman_hpc.engine import processes
+from jupyter_podman_hpc.engine.base import processes
 from jupyter_podman_hpc.engine.errors import EngineError
-from jupyter_podman_hpc.engine.taskrecords import TaskRecord, TaskRecords
+from jupyter_podman_hpc.engine.service.taskrecords import TaskRecord, TaskRecords
 from jupyter_podman_hpc.server.tasks import TaskManager
 
 

@@ -9,7 +9,7 @@ import sys
 
 import nbformat
 
-from jupyter_podman_hpc.engine.config import SiteConfig
+from jupyter_podman_hpc.engine.site.config import SiteConfig
 from jupyter_podman_hpc.slurm.client import JobStatus, SlurmClient, SlurmError
 from jupyter_podman_hpc.slurm.jobs import Job
 from jupyter_podman_hpc.slurm.notebook import prepare

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from jupyter_podman_hpc.engine.processes import owner_token
+from jupyter_podman_hpc.engine.base.processes import owner_token
 from jupyter_podman_hpc.slurm import cluster
 from jupyter_podman_hpc.slurm.clusterrecord import (ClusterError, ClusterRecord, cluster_directories,
                                                     connection_files, host_record, publish_engine_file,

@@ -9,7 +9,7 @@ import stat
 import nbformat
 import pytest
 
-from jupyter_podman_hpc.engine.config import SiteConfig
+from jupyter_podman_hpc.engine.site.config import SiteConfig
 from jupyter_podman_hpc.engine.errors import ImageNotFound
 from jupyter_podman_hpc.engine.progress import Progress
 from jupyter_podman_hpc.slurm.client import JobStatus, SlurmError

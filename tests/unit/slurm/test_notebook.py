@@ -7,7 +7,7 @@ import shutil
 import nbformat
 import pytest
 
-from jupyter_podman_hpc.engine.files import UntrustedFile
+from jupyter_podman_hpc.engine.base.files import UntrustedFile
 from jupyter_podman_hpc.slurm import notebook as notebooks
 from jupyter_podman_hpc.slurm.notebook import OutputTooLarge, describe_progress, output_info, prepare, read_output
 from jupyter_podman_hpc.slurm.spec import JobSpecError, check_parameters

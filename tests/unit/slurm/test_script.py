@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from jupyter_podman_hpc.engine.config import SITE_DATA, SiteConfig
-from jupyter_podman_hpc.engine.modules import ModuleSet
+from jupyter_podman_hpc.engine.site.config import SITE_DATA, SiteConfig
+from jupyter_podman_hpc.engine.site.modules import ModuleSet
 from jupyter_podman_hpc.slurm.script import RunTarget, render
 from jupyter_podman_hpc.slurm.spec import JobSpec, JobSpecError
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from jupyter_podman_hpc.engine.config import SITE_DATA
-from jupyter_podman_hpc.engine.modules import ModuleSet
+from jupyter_podman_hpc.engine.site.config import SITE_DATA
+from jupyter_podman_hpc.engine.site.modules import ModuleSet
 from jupyter_podman_hpc.slurm.spec import JobSpec, JobSpecError, duration_seconds, parse_directive
 
 IMAGE = "registry.example.org:5000/team/image:1.0"

@@ -1,0 +1,317 @@
+"""Site modules: podman-hpc's ``modules.d/*.yaml``, turned into podman arguments.
+
+A module selected on the command line (``--<cli_arg>``) contributes its
+``additional_args``, ``-e <env>=1`` (which the OCI hook uses to find the
+module's ``copy`` entries) and its ``bind`` entries as ``-v`` mounts
+(sources globbed and expanded from the caller's environment; a source that
+does not exist on this node is skipped). A bind rule may end in podman's
+``:ro`` (or ``:rw``), our addition to podman-hpc's ``src:dst`` form: a
+module that mounts the user's own files (the ``slurm`` module's uid shim)
+mounts them read-only, so that no image can replace what later containers
+use. ``$PODMANHPC_PRIVATE_SHM`` in a bind rule is the user's own
+directory for shared memory (``/dev/shm/<uid>_hpc/ipc``, made or verified
+0700 when a module uses it): the MPI modules bind it at ``/dev/shm``
+instead of the host's ``/dev/shm``, where the engine keeps its unpacked
+images. Unlike podman-hpc, which only warns, a conflicting pair or a
+missing dependency is an error.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, NamedTuple
+
+from . import hostslurm
+from ..errors import ModuleError
+from ..base.files import atomic_write
+from ..base.private import private_dir
+
+FIELDS = {"name", "cli_arg", "help", "env", "additional_args", "bind", "copy",
+          "conflicts", "depends_on", "shared_run", "hidden", "cdi_devices"}
+HOOK_ANNOTATION = "podman_hpc.hook_tool"  # the annotation podman-hpc's hooks.d entry matches
+# Where container runtimes look for Container Device Interface specs.
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+BIND_OPTIONS = ("ro", "rw")  # what a bind rule may end in (podman -v's options)
+PRIVATE_SHM = "PODMANHPC_PRIVATE_SHM"  # bind rules' name for the user's own shared-memory directory
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    env: str
+    cli_arg: str = ""
+    help: str = ""
+    additional_args: tuple[str, ...] = ()
+    bind: tuple[str, ...] = ()
+    copy: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+    depends_on: tuple[str, ...] = ()
+    shared_run: bool = False
+    hidden: bool = False
+    cdi_devices: tuple[str, ...] = ()  # ours: "--device X" when a CDI spec defines X's kind
+    path: str = field(default="", compare=False)
+
+    @property
+    def flag(self) -> str:
+        """The run option that turns the module on (``--<cli_arg>``)."""
+        return f"--{self.cli_arg}"
+
+    def podman_args(self) -> list[str]:
+        """``additional_args`` as argv; podman-hpc's "-e X" items become two words."""
+        args: list[str] = []
+        for item in self.additional_args:
+            args.extend(shlex.split(item))
+        return args
+
+    def describe(self) -> dict:
+        """What a front lists of the module: name, flag (empty when it has none), help, conflicts,
+        dependencies, shared_run, hidden."""
+        return {"name": self.name, "flag": self.flag if self.cli_arg else "", "help": self.help,
+                "conflicts": list(self.conflicts), "depends_on": list(self.depends_on),
+                "shared_run": self.shared_run, "hidden": self.hidden}
+
+
+def _strings(data: dict, key: str, path: Path) -> tuple[str, ...]:
+    value = data.get(key) or []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ModuleError(f"module file {path}: '{key}' must be a list of strings")
+    return tuple(value)
+
+
+def load_module(path: Path) -> Module:
+    """The module a site's YAML file defines, checked (keys, required name and env, bind and copy rules);
+    ModuleError with one line naming the file otherwise."""
+    import yaml  # here, not at the top: a cached module set does not need it
+
+    from .config import yaml_problem
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ModuleError(f"cannot read module file {path}: {err.strerror or err}")
+    except yaml.YAMLError as err:
+        raise ModuleError(f"module file {path} is not valid YAML: {yaml_problem(err)}")
+    if not isinstance(data, dict):
+        raise ModuleError(f"module file {path} must be a mapping")
+    unknown = sorted(set(data) - FIELDS)
+    if unknown:
+        raise ModuleError(f"module file {path}: unknown key '{unknown[0]}' (a module's keys: "
+                          f"{', '.join(sorted(FIELDS))})")
+    for required in ("name", "env"):
+        if not isinstance(data.get(required), str) or not data[required]:
+            raise ModuleError(f"module file {path}: '{required}' is required")
+    for rule in _strings(data, "bind", path):
+        split_rule(rule, f"module file {path}: bind rule")
+    for rule in _strings(data, "copy", path):
+        if split_rule(rule, f"module file {path}: copy rule")[2]:
+            raise ModuleError(f"module file {path}: copy rule '{rule}': options such as ':ro' "
+                              f"apply to bind rules only")
+    return Module(
+        name=data["name"], env=data["env"], cli_arg=str(data.get("cli_arg") or ""),
+        help=str(data.get("help") or ""),
+        additional_args=_strings(data, "additional_args", path), bind=_strings(data, "bind", path),
+        copy=_strings(data, "copy", path), conflicts=_strings(data, "conflicts", path),
+        depends_on=_strings(data, "depends_on", path), shared_run=bool(data.get("shared_run")),
+        hidden=bool(data.get("hidden")), cdi_devices=_strings(data, "cdi_devices", path), path=str(path),
+    )
+
+
+@dataclass(frozen=True)
+class ModuleSet:
+    """All modules of a site, by name, in file-name order."""
+
+    directory: str
+    modules: tuple[Module, ...]
+
+    @classmethod
+    def load(cls, directory: str, cache_dir: str | None = None) -> "ModuleSet":
+        """The modules of ``directory``; with ``cache_dir``, parsed once per change of the files
+        (every task of a job step loads them)."""
+        root = Path(directory)
+        if not root.is_dir():
+            return cls(directory, ())
+        files = sorted(root.glob("*.yaml"))
+        stamp = [[str(p), p.stat().st_mtime_ns, p.stat().st_size] for p in files]
+        cache = Path(cache_dir, "modules-cache.json") if cache_dir else None
+        if cache is not None:
+            try:
+                cached = json.loads(cache.read_text())
+                if cached["directory"] == directory and cached["stamp"] == stamp:
+                    return cls(directory, tuple(Module(**{k: tuple(v) if isinstance(v, list) else v
+                                                          for k, v in m.items()}) for m in cached["modules"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        modules = tuple(load_module(p) for p in files)
+        names = [m.name for m in modules]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate:
+            raise ModuleError(f"two module files in {directory} define the module '{duplicate}'")
+        if cache is not None:
+            try:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(cache, json.dumps({"directory": directory, "stamp": stamp,
+                                                "modules": [asdict(m) for m in modules]}))
+            except OSError:
+                pass
+        return cls(directory, modules)
+
+    def __iter__(self):
+        return iter(self.modules)
+
+    def by_name(self, name: str) -> Module:
+        """The module called ``name`` (or whose ``cli_arg`` it is); ModuleError listing the available ones
+        otherwise."""
+        for module in self.modules:
+            if name in (module.name, module.cli_arg):
+                return module
+        known = ", ".join(m.name for m in self.modules) or "none"
+        raise ModuleError(f"unknown module '{name}' (available: {known})")
+
+    def by_flag(self) -> dict[str, Module]:
+        """The modules that have a run option, by that option (``--gpu``: the module)."""
+        return {m.flag: m for m in self.modules if m.cli_arg}
+
+    def select(self, names: Iterable[str]) -> list[Module]:
+        """The named modules, checked for conflicts and dependencies."""
+        chosen: list[Module] = []
+        for name in names:
+            module = self.by_name(name)
+            if module not in chosen:
+                chosen.append(module)
+        enabled = {m.name for m in chosen}
+        for module in chosen:
+            for other in module.conflicts:
+                if other in enabled:
+                    raise ModuleError(
+                        f"module '{module.name}' ({module.flag}) conflicts with '{other}' "
+                        f"({self.by_name(other).flag}): use only one of them")
+            for needed in module.depends_on:
+                if needed not in enabled:
+                    flag = next((m.flag for m in self.modules if m.name == needed), f"'{needed}'")
+                    raise ModuleError(f"module '{module.name}' ({module.flag}) needs '{needed}': add {flag}")
+        return chosen
+
+    def podman_args(self, chosen: Iterable[Module], environ: Mapping[str, str] | None = None) -> list[str]:
+        """The podman run arguments of the chosen modules, in order.
+
+        When a module has ``copy`` entries, the container also gets the OCI
+        hook's annotation and the modules directory (as podman-hpc gives every
+        container; we only pay for the hook when there is something to copy).
+        """
+        env = os.environ if environ is None else environ
+        chosen = list(chosen)
+        args: list[str] = []
+        if any(module.copy for module in chosen):
+            args += ["--annotation", f"{HOOK_ANNOTATION}=true", "--env", f"PODMANHPC_MODULES_DIR={self.directory}"]
+        if any(PRIVATE_SHM in rule for module in chosen for rule in module.bind):
+            env = {**env, PRIVATE_SHM: private_shm(env)}
+        if not env.get(hostslurm.SHIM_VARIABLE) and \
+                any(hostslurm.SHIM_VARIABLE in rule for module in chosen for rule in module.bind):
+            shim = hostslurm.uid_shim(env)  # built once per user; None (logged) without a compiler
+            if shim:
+                env = {**env, hostslurm.SHIM_VARIABLE: shim}
+        for module in chosen:
+            args += module.podman_args()
+            args += ["-e", f"{module.env}=1"]
+            for device in module.cdi_devices:
+                if cdi_kind_available(device.split("=", 1)[0]):
+                    args += ["--device", device]
+            for mount in resolve_binds(module.bind, self.directory, env):
+                args += ["-v", ":".join(filter(None, mount))]
+        return args
+
+
+def private_shm(environ: Mapping[str, str]) -> str:
+    """The user's own directory for shared-memory segments on this node, made or verified 0700
+    (``/dev/shm`` is everyone's: another user could have made it first, to read the segments).
+    The MPI modules bind it at ``/dev/shm``, and so does every other ``--ipc=host`` container
+    (``statebinds``): the host's ``/dev/shm`` holds the engine's unpacked images."""
+    return str(private_dir(environ.get(PRIVATE_SHM) or f"/dev/shm/{os.getuid()}_hpc/ipc"))
+
+
+def cdi_kind_available(kind: str, directories: Iterable[str] = CDI_DIRS) -> bool:
+    """Whether a CDI spec on this node declares devices of ``kind`` (e.g. nvidia.com/gpu)."""
+    pattern = re.compile(rf"""["']?kind["']?\s*:\s*["']?{re.escape(kind)}["']?""")
+    for directory in directories:
+        for spec in sorted(Path(directory).glob("*.*")):
+            if spec.suffix in (".yaml", ".yml", ".json"):
+                try:
+                    if pattern.search(spec.read_text()):
+                        return True
+                except OSError:
+                    continue
+    return False
+
+
+_VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
+
+
+def _expand(path: str, env: Mapping[str, str]) -> str:
+    """$VAR, ${VAR} and a leading ~ from the caller's environment; unset ones stay."""
+    path = _VARIABLE.sub(lambda m: env.get(m.group(1) or m.group(2), m.group(0)), path)
+    if path.startswith("~") and env.get("HOME"):
+        path = env["HOME"] + path[1:]
+    return path
+
+
+class Mount(NamedTuple):
+    """One resolved rule: a host path, the path in the container, podman -v's options."""
+
+    source: str
+    target: str
+    options: str = ""
+
+
+def split_rule(rule: str, what: str = "bind rule") -> tuple[str, str, str]:
+    """``src[:dst[:ro|rw]]`` as (src, dst, options), unexpanded."""
+    src, _, dst = rule.partition(":")
+    options = ""
+    if ":" in dst:
+        dst, _, options = dst.rpartition(":")
+        if options not in BIND_OPTIONS:
+            raise ModuleError(f"{what} '{rule}': unknown option '{options}' (use "
+                              f"{' or '.join(':' + o for o in BIND_OPTIONS)})")
+    return src, dst, options
+
+
+def resolve_binds(rules: Iterable[str], modules_dir: str, env: Mapping[str, str]) -> list[Mount]:
+    """podman-hpc's ``src:dst`` rules (with our optional ``:ro``) as mounts.
+
+    ``dst`` empty means the same path; a ``dst`` ending in ``/`` receives the
+    source's base name; a ``*`` in ``dst`` takes what the ``*`` of ``src``
+    matched. Sources that match nothing are skipped.
+    """
+    mounts: list[Mount] = []
+    for rule in rules:
+        src, dst, options = split_rule(rule)
+        src, dst = _expand(src, env), _expand(dst, env)
+        if "$" in src or "$" in dst:
+            continue  # a variable this environment does not set: nothing to mount
+        if not os.path.isabs(src):
+            src = os.path.abspath(os.path.join(modules_dir, src))
+        if dst and not os.path.isabs(dst):
+            raise ModuleError(f"bind rule '{rule}': the container path must be absolute")
+        matches = sorted(glob.glob(src))
+        prefix, star, suffix = src.partition("*")
+        for match in matches:
+            if not dst:
+                target = match
+            elif "*" in dst and star:
+                part = match[len(prefix):len(match) - len(suffix) if suffix else None]
+                target = dst.replace("*", part)
+                if dst.endswith("/"):
+                    target += os.path.basename(match)
+            elif dst.endswith("/"):
+                target = dst + os.path.basename(match)
+            else:
+                target = dst
+            mounts.append(Mount(match, os.path.normpath(target), options))
+    return mounts
