@@ -39,20 +39,10 @@ export interface IProgress {
   fraction: number | null;
 }
 
-export type TaskState =
-  | 'queued'
-  | 'running'
-  | 'succeeded'
-  | 'failed'
-  | 'cancelled'
-  | 'interrupted'; // its server stopped while it ran (a later server lists it so)
+// 'interrupted': its server stopped while it ran (a later server lists it so)
+export type TaskState = 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled' | 'interrupted';
 
-export const FINISHED_TASK_STATES: ReadonlyArray<string> = [
-  'succeeded',
-  'failed',
-  'cancelled',
-  'interrupted'
-];
+export const FINISHED_TASK_STATES: ReadonlyArray<string> = ['succeeded', 'failed', 'cancelled', 'interrupted'];
 
 /** A background pull, build or squash (server/tasks.py `Task.as_dict`). */
 export interface ITask {
@@ -69,14 +59,7 @@ export interface ITask {
 }
 
 /** Job states as the job API normalizes Slurm's. */
-export type JobState =
-  | 'PENDING'
-  | 'RUNNING'
-  | 'COMPLETED'
-  | 'FAILED'
-  | 'CANCELLED'
-  | 'TIMEOUT'
-  | 'UNKNOWN';
+export type JobState = 'PENDING' | 'RUNNING' | 'COMPLETED' | 'FAILED' | 'CANCELLED' | 'TIMEOUT' | 'UNKNOWN';
 
 /** slurm/client.py `JobStatus.as_dict`. */
 export interface IJobStatus {
@@ -283,10 +266,7 @@ export async function requestAPI<T>(
   try {
     response = await ServerConnection.makeRequest(url, init, server);
   } catch (error) {
-    throw new APIError(
-      `cannot reach the Jupyter server: ${(error as Error)?.message ?? error}`,
-      0
-    );
+    throw new APIError(`cannot reach the Jupyter server: ${(error as Error)?.message ?? error}`, 0);
   }
   const text = await response.text();
   let data: any = null;
@@ -320,27 +300,18 @@ function segment(value: string): string {
 export const api = {
   config: (): Promise<IUIConfig> => requestAPI<IUIConfig>('config'),
 
-  images: async (): Promise<IImage[]> =>
-    (await requestAPI<{ images: IImage[] }>('images')).images,
-  pull: (image: string, squash = true): Promise<ITask> =>
-    requestAPI<ITask>('images/pull', post({ image, squash })),
-  build: (request: IBuildRequest): Promise<ITask> =>
-    requestAPI<ITask>('images/build', post(request)),
-  squash: (image: string): Promise<ITask> =>
-    requestAPI<ITask>('images/squash', post({ image })),
-  removeSquashed: (
-    image: string
-  ): Promise<{ image: string; id: string; deleted: boolean }> =>
+  images: async (): Promise<IImage[]> => (await requestAPI<{ images: IImage[] }>('images')).images,
+  pull: (image: string, squash = true): Promise<ITask> => requestAPI<ITask>('images/pull', post({ image, squash })),
+  build: (request: IBuildRequest): Promise<ITask> => requestAPI<ITask>('images/build', post(request)),
+  squash: (image: string): Promise<ITask> => requestAPI<ITask>('images/squash', post({ image })),
+  removeSquashed: (image: string): Promise<{ image: string; id: string; deleted: boolean }> =>
     requestAPI('images/squashed/' + segment(image), { method: 'DELETE' }),
 
-  tasks: async (): Promise<ITask[]> =>
-    (await requestAPI<{ tasks: ITask[] }>('tasks')).tasks,
+  tasks: async (): Promise<ITask[]> => (await requestAPI<{ tasks: ITask[] }>('tasks')).tasks,
   task: (id: string): Promise<ITask> => requestAPI<ITask>(`tasks/${id}`),
-  cancelTask: (id: string): Promise<ITask> =>
-    requestAPI<ITask>(`tasks/${id}`, { method: 'DELETE' }),
+  cancelTask: (id: string): Promise<ITask> => requestAPI<ITask>(`tasks/${id}`, { method: 'DELETE' }),
 
-  jobs: async (): Promise<IJob[]> =>
-    (await requestAPI<{ jobs: IJob[] }>('jobs')).jobs,
+  jobs: async (): Promise<IJob[]> => (await requestAPI<{ jobs: IJob[] }>('jobs')).jobs,
   job: (id: string): Promise<IJob> => requestAPI<IJob>(`jobs/${segment(id)}`),
   preview: async (spec: IJobSpec): Promise<string> =>
     (
@@ -348,19 +319,13 @@ export const api = {
         preview: '1'
       })
     ).script,
-  submit: (spec: IJobSpec): Promise<IJob> =>
-    requestAPI<IJob>('jobs', post(spec)),
-  cancelJob: (id: string): Promise<IJob> =>
-    requestAPI<IJob>(`jobs/${segment(id)}`, { method: 'DELETE' }),
-  jobLogs: (id: string): Promise<IJobLogs> =>
-    requestAPI<IJobLogs>(`jobs/${segment(id)}/logs`),
-  jobOutput: (id: string): Promise<IJobOutputContent> =>
-    requestAPI<IJobOutputContent>(`jobs/${segment(id)}/output`),
+  submit: (spec: IJobSpec): Promise<IJob> => requestAPI<IJob>('jobs', post(spec)),
+  cancelJob: (id: string): Promise<IJob> => requestAPI<IJob>(`jobs/${segment(id)}`, { method: 'DELETE' }),
+  jobLogs: (id: string): Promise<IJobLogs> => requestAPI<IJobLogs>(`jobs/${segment(id)}/logs`),
+  jobOutput: (id: string): Promise<IJobOutputContent> => requestAPI<IJobOutputContent>(`jobs/${segment(id)}/output`),
 
-  clusters: async (): Promise<ICluster[]> =>
-    (await requestAPI<{ clusters: ICluster[] }>('clusters')).clusters,
-  stopCluster: (id: string): Promise<ICluster> =>
-    requestAPI<ICluster>(`clusters/${segment(id)}`, { method: 'DELETE' }),
+  clusters: async (): Promise<ICluster[]> => (await requestAPI<{ clusters: ICluster[] }>('clusters')).clusters,
+  stopCluster: (id: string): Promise<ICluster> => requestAPI<ICluster>(`clusters/${segment(id)}`, { method: 'DELETE' }),
 
   kernels: async (): Promise<IContainerKernel[]> =>
     (await requestAPI<{ kernels: IContainerKernel[] }>('kernels')).kernels,
@@ -370,10 +335,7 @@ export const api = {
     modules: string[] = [],
     pool?: number
   ): Promise<IContainerKernel> =>
-    requestAPI<IContainerKernel>(
-      'kernels',
-      post({ image, display_name: displayName, modules, pool })
-    ),
+    requestAPI<IContainerKernel>('kernels', post({ image, display_name: displayName, modules, pool })),
   removeKernel: (name: string): Promise<IContainerKernel> =>
     requestAPI<IContainerKernel>(`kernels/${segment(name)}`, {
       method: 'DELETE'

@@ -30,12 +30,17 @@ export function defaultTag(path: string): string {
   if (!stem) {
     stem = dir || 'image';
   }
-  const name = stem.toLowerCase().replace(/[^a-z0-9._-]+/g, '-').replace(/^[-._]+|[-._]+$/g, '') || 'image';
+  const name =
+    stem
+      .toLowerCase()
+      .replace(/[^a-z0-9._-]+/g, '-')
+      .replace(/^[-._]+|[-._]+$/g, '') || 'image';
   return `localhost/${name}:latest`;
 }
 
 // the reference grammar, loosely: the server validates it exactly
-const TAG = /^[a-z0-9]+(?:[._-][a-z0-9]+|[:.][0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[\w][\w.-]{0,127})?$/;
+const TAG =
+  /^[a-z0-9]+(?:[._-][a-z0-9]+|[:.][0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[\w][\w.-]{0,127})?$/;
 
 let counter = 0;
 
@@ -132,7 +137,12 @@ export class BuildForm extends Widget {
           h(
             'div',
             { class: 'jp-PodmanHpc-control' },
-            h('label', { class: 'jp-PodmanHpc-checkbox' }, this._squash, ' Squash it afterwards (jobs run squashed images)')
+            h(
+              'label',
+              { class: 'jp-PodmanHpc-checkbox' },
+              this._squash,
+              ' Squash it afterwards (jobs run squashed images)'
+            )
           )
         )
       ),
@@ -187,10 +197,7 @@ class BuildDialog extends Dialog<IBuildRequest> {
     super({
       title,
       body: _form,
-      buttons: [
-        Dialog.cancelButton(),
-        Dialog.okButton({ label: 'Build', className: 'jp-PodmanHpc-buildButton' })
-      ],
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Build', className: 'jp-PodmanHpc-buildButton' })],
       focusNodeSelector: 'input[name="tag"]'
     });
     this.addClass('jp-PodmanHpc-buildDialog');

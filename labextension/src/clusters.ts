@@ -71,7 +71,13 @@ export class ClustersSection extends PolledSection {
       this.showStatus(`Cannot list the clusters: ${messageOf(error)}`, true);
       throw error;
     }
-    reconcileRows(this.list, this._rows, clusters, c => c.id, c => new ClusterRow(c, this));
+    reconcileRows(
+      this.list,
+      this._rows,
+      clusters,
+      c => c.id,
+      c => new ClusterRow(c, this)
+    );
     this.showStatus(clusters.length ? '' : 'No running cluster: choose “Interactive cluster” in “Run at scale”.');
   }
 

@@ -12,11 +12,7 @@
  * - Settings (schema/plugin.json): job defaults and the refresh interval.
  */
 
-import {
-  ILayoutRestorer,
-  JupyterFrontEnd,
-  JupyterFrontEndPlugin
-} from '@jupyterlab/application';
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import {
   Clipboard,
   Dialog,
@@ -29,12 +25,7 @@ import { IEditorServices } from '@jupyterlab/codeeditor';
 import { PageConfig } from '@jupyterlab/coreutils';
 import { DocumentRegistry } from '@jupyterlab/docregistry';
 import { IFileBrowserFactory } from '@jupyterlab/filebrowser';
-import {
-  INotebookModel,
-  INotebookTracker,
-  NotebookActions,
-  NotebookPanel
-} from '@jupyterlab/notebook';
+import { INotebookModel, INotebookTracker, NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { buildIcon, ToolbarButton } from '@jupyterlab/ui-components';
@@ -70,9 +61,7 @@ const CONTAINERFILE_TYPE = 'podman-hpc-containerfile';
 
 function aboutBody(current: ISettings): Widget {
   const body = h('div', { class: 'jp-PodmanHpc-about' });
-  body.append(
-    h('p', {}, 'jupyter-podman-hpc runs podman-hpc containers and Slurm jobs from JupyterLab.')
-  );
+  body.append(h('p', {}, 'jupyter-podman-hpc runs podman-hpc containers and Slurm jobs from JupyterLab.'));
   const list = h('dl');
   const rows: [string, string][] = [
     ['Nodes', String(current.nodes)],
@@ -113,8 +102,7 @@ function localPath(app: JupyterFrontEnd, path: string): string {
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
-  description:
-    'podman-hpc containers and Slurm jobs from JupyterLab: Run at scale, the Containers panel, builds.',
+  description: 'podman-hpc containers and Slurm jobs from JupyterLab: Run at scale, the Containers panel, builds.',
   autoStart: true,
   optional: [
     ICommandPalette,
@@ -289,8 +277,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
       class RunAtScaleExtension implements DocumentRegistry.IWidgetExtension<NotebookPanel, INotebookModel> {
         createNew(notebook: NotebookPanel): IDisposable {
           const button = makeButton(notebook);
-          notebook.toolbar.insertAfter('cellType', TOOLBAR_ITEM, button) ||
+          if (!notebook.toolbar.insertAfter('cellType', TOOLBAR_ITEM, button)) {
             notebook.toolbar.addItem(TOOLBAR_ITEM, button);
+          }
           return new DisposableDelegate(() => button.dispose());
         }
       }

@@ -15,7 +15,7 @@ import { button, formatElapsed, h, messageOf, setAttr, setText } from './util';
 /** What a job runs: its notebook's or script's name, else its record's name. */
 export function jobLabel(job: IJob): string {
   const source = job.spec?.notebook ?? job.spec?.python_script;
-  return typeof source === 'string' && source ? source.split('/').pop() ?? source : job.name;
+  return typeof source === 'string' && source ? (source.split('/').pop() ?? source) : job.name;
 }
 
 interface ISection {
@@ -127,9 +127,7 @@ export class JobLogsView extends Widget {
   }
 
   private _showLogs(logs: IJobLogs): void {
-    const ranks = Object.keys({ ...logs.ranks, ...logs.errors }).sort(
-      (a, b) => parseInt(a, 10) - parseInt(b, 10)
-    );
+    const ranks = Object.keys({ ...logs.ranks, ...logs.errors }).sort((a, b) => parseInt(a, 10) - parseInt(b, 10));
     for (const rank of ranks) {
       let section = this._sections.get(rank);
       if (!section) {
@@ -168,7 +166,12 @@ export class JobLogsView extends Widget {
     });
     const node = h(
       'details',
-      { class: key === 'batch' ? 'jp-PodmanHpc-batchLog' : 'jp-PodmanHpc-rank', 'data-rank': key, open: true, role: 'listitem' },
+      {
+        class: key === 'batch' ? 'jp-PodmanHpc-batchLog' : 'jp-PodmanHpc-rank',
+        'data-rank': key,
+        open: true,
+        role: 'listitem'
+      },
       summary,
       out,
       errLabel,

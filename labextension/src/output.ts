@@ -44,7 +44,7 @@ export function describeProgress(output: IJobOutput | null | undefined): string 
  * before the notebook model sees the JSON: an untrusted flag set afterwards
  * comes too late for scripts already run.
  */
-function withoutTrust(content: any): any {
+export function withoutTrust(content: any): any {
   const cells: any[] = Array.isArray(content?.cells) ? content.cells : [];
   return {
     ...content,

@@ -16,30 +16,11 @@
  * nor moves what the user is looking at (or has focused).
  */
 
-import {
-  Dialog,
-  Notification,
-  showDialog,
-  showErrorMessage
-} from '@jupyterlab/apputils';
-import {
-  buildIcon,
-  PanelWithToolbar,
-  refreshIcon,
-  SidePanel,
-  ToolbarButton
-} from '@jupyterlab/ui-components';
+import { Dialog, Notification, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import { buildIcon, PanelWithToolbar, refreshIcon, SidePanel, ToolbarButton } from '@jupyterlab/ui-components';
 import { AccordionPanel, Widget } from '@lumino/widgets';
 
-import {
-  api,
-  FINISHED_TASK_STATES,
-  IBuildRequest,
-  IContainerKernel,
-  IImage,
-  IJob,
-  ITask
-} from './api';
+import { api, FINISHED_TASK_STATES, IBuildRequest, IContainerKernel, IImage, IJob, ITask } from './api';
 import { ClustersSection } from './clusters';
 import { PolledSection } from './polled';
 import { containersIcon } from './icons';
@@ -49,16 +30,7 @@ import { describeProgress } from './output';
 import { Settings } from './settings';
 import { TaskList } from './tasklist';
 import { TaskView } from './taskview';
-import {
-  button,
-  formatBytes,
-  formatElapsed,
-  h,
-  messageOf,
-  reconcileRows,
-  setAttr,
-  setText
-} from './util';
+import { button, formatBytes, formatElapsed, h, messageOf, reconcileRows, setAttr, setText } from './util';
 
 export const PANEL_ID = 'jp-PodmanHpc-panel';
 
@@ -108,7 +80,11 @@ class ImageRow {
     this.image = image;
     this._name = h('span', { class: 'jp-PodmanHpc-imageName' });
     this._others = h('span', { class: 'jp-PodmanHpc-imageOthers' });
-    this._badge = h('span', { class: 'jp-PodmanHpc-badge jp-PodmanHpc-squashedBadge', 'data-state': 'squashed' }, 'squashed');
+    this._badge = h(
+      'span',
+      { class: 'jp-PodmanHpc-badge jp-PodmanHpc-squashedBadge', 'data-state': 'squashed' },
+      'squashed'
+    );
     this._meta = h('div', { class: 'jp-PodmanHpc-imageMeta' });
     this._squash = button('Squash', () => void section.squash(this.image), {
       className: 'jp-PodmanHpc-squashImage'
@@ -244,7 +220,13 @@ export class ImagesSection extends PanelWithToolbar {
     }
     this._loaded = true;
     // the server's order
-    reconcileRows(this._list, this._rows, images, image => image.id, image => new ImageRow(image, this));
+    reconcileRows(
+      this._list,
+      this._rows,
+      images,
+      image => image.id,
+      image => new ImageRow(image, this)
+    );
     showStatus(this._status, images.length ? '' : 'No images yet: pull or build one.');
   }
 
@@ -353,8 +335,15 @@ export class BuildsSection extends PanelWithToolbar {
     );
     this._status = statusLine();
     showStatus(this._status, 'Build an image: right-click a Containerfile in the file browser, or use Build….');
-    this._tasks = new TaskList({ label: 'Builds', logOpen: true, reveal: true, onSucceeded: task => this.onBuilt(task) });
-    this.addWidget(new Widget({ node: h('div', { class: 'jp-PodmanHpc-sectionBody' }, this._status, this._tasks.node) }));
+    this._tasks = new TaskList({
+      label: 'Builds',
+      logOpen: true,
+      reveal: true,
+      onSucceeded: task => this.onBuilt(task)
+    });
+    this.addWidget(
+      new Widget({ node: h('div', { class: 'jp-PodmanHpc-sectionBody' }, this._status, this._tasks.node) })
+    );
   }
 
   async ask(): Promise<void> {
@@ -429,7 +418,10 @@ class JobRow {
       h(
         'div',
         { class: 'jp-PodmanHpc-actions' },
-        button('Logs', () => section.logs(this.job), { className: 'jp-PodmanHpc-jobLogs', title: `Show the output of each rank of job ${job.id}` }),
+        button('Logs', () => section.logs(this.job), {
+          className: 'jp-PodmanHpc-jobLogs',
+          title: `Show the output of each rank of job ${job.id}`
+        }),
         this._openOutput,
         this._cancel,
         button('Directory', () => section.directory(this.job), {

@@ -12,30 +12,12 @@
 import { Dialog, Notification } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import {
-  api,
-  IImage,
-  IJob,
-  IJobSpec,
-  IModule,
-  IUIConfig
-} from './api';
+import { api, IImage, IJob, IJobSpec, IModule, IUIConfig } from './api';
 import { ISettings } from './settings';
-import {
-  button,
-  durationSeconds,
-  h,
-  messageOf,
-  sameImage,
-  setText,
-  SLURM_NAME,
-  TIME_HELP,
-  wholeNumber
-} from './util';
+import { button, durationSeconds, h, messageOf, sameImage, setText, SLURM_NAME, TIME_HELP, wholeNumber } from './util';
 
 const MODE_HELP: { [mode: string]: string } = {
-  'podman-exec':
-    'one container per node; every rank is exec’d into it (podman-hpc shared-run)',
+  'podman-exec': 'one container per node; every rank is exec’d into it (podman-hpc shared-run)',
   'per-process': 'one container per rank (podman-hpc run)'
 };
 
@@ -73,8 +55,7 @@ export class RunAtScaleForm extends Widget {
 
   private _options: IRunAtScaleOptions;
   private _fields: { [name: string]: IField } = {};
-  private _modules: Map<string, { module: IModule; input: HTMLInputElement; note: HTMLElement }> =
-    new Map();
+  private _modules: Map<string, { module: IModule; input: HTMLInputElement; note: HTMLElement }> = new Map();
   private _summary: HTMLElement;
   private _serverError: HTMLElement;
   private _preview: HTMLElement;
@@ -93,7 +74,7 @@ export class RunAtScaleForm extends Widget {
     const { config, settings, userSettings } = options;
     const defaults = config.defaults;
     const pick = <K extends keyof ISettings>(key: K, server: ISettings[K] | undefined) =>
-      (userSettings[key] !== undefined ? userSettings[key] : server ?? settings[key]) as ISettings[K];
+      (userSettings[key] !== undefined ? userSettings[key] : (server ?? settings[key])) as ISettings[K];
 
     const node = this.node;
     node.append(
@@ -122,9 +103,7 @@ export class RunAtScaleForm extends Widget {
       image.append(h('option', { value: name }, name));
     }
     const kernelImage = options.kernelImage;
-    const kernelMatch = kernelImage
-      ? squashed.find(name => sameImage(name, kernelImage))
-      : undefined;
+    const kernelMatch = kernelImage ? squashed.find(name => sameImage(name, kernelImage)) : undefined;
     if (kernelMatch) {
       image.value = kernelMatch;
     }
@@ -170,12 +149,7 @@ export class RunAtScaleForm extends Widget {
       sizeRow,
       'tasks_per_node',
       'Tasks per node',
-      number(
-        'tasks_per_node',
-        pick('tasksPerNode', defaults.tasks_per_node),
-        1,
-        limits.max_tasks_per_node
-      ),
+      number('tasks_per_node', pick('tasksPerNode', defaults.tasks_per_node), 1, limits.max_tasks_per_node),
       null,
       `MPI ranks on each node, 1 to ${limits.max_tasks_per_node}`
     );
@@ -269,8 +243,11 @@ export class RunAtScaleForm extends Widget {
       'parameters',
       'Parameters',
       parameters,
-      h('div', { class: 'jp-PodmanHpc-hint' },
-        'One NAME=VALUE per line, VALUE a Python literal; set after the cell tagged “parameters”.')
+      h(
+        'div',
+        { class: 'jp-PodmanHpc-hint' },
+        'One NAME=VALUE per line, VALUE a Python literal; set after the cell tagged “parameters”.'
+      )
     );
 
     // run as a batch job, or as an interactive cluster of engines for this notebook's kernel
@@ -278,8 +255,11 @@ export class RunAtScaleForm extends Widget {
     runAs.append(h('option', { value: 'batch' }, 'Batch job'));
     if (options.startCluster) {
       runAs.append(
-        h('option', { value: 'cluster', title: 'IPython Parallel engines on the nodes, for %%px in this notebook' },
-          'Interactive cluster')
+        h(
+          'option',
+          { value: 'cluster', title: 'IPython Parallel engines on the nodes, for %%px in this notebook' },
+          'Interactive cluster'
+        )
       );
     }
     this._addField(slurmRow, 'run_as', 'Run as', runAs);
@@ -376,9 +356,7 @@ export class RunAtScaleForm extends Widget {
       time: value('time'),
       partition: value('partition') || null,
       account: value('account') || null,
-      modules: [...this._modules.values()]
-        .filter(m => m.input.checked)
-        .map(m => m.module.name),
+      modules: [...this._modules.values()].filter(m => m.input.checked).map(m => m.module.name),
       mode: value('mode'),
       ...(Object.keys(params).length ? { parameters: params } : {})
     };
@@ -548,8 +526,7 @@ export class RunAtScaleForm extends Widget {
     for (const { module, input, note } of this._modules.values()) {
       const conflict = checked.find(
         other =>
-          other.name !== module.name &&
-          (other.conflicts.includes(module.name) || module.conflicts.includes(other.name))
+          other.name !== module.name && (other.conflicts.includes(module.name) || module.conflicts.includes(other.name))
       );
       const sharedOnly = mode === 'per-process' && module.shared_run;
       let reason = '';
@@ -628,7 +605,6 @@ export class RunAtScaleForm extends Widget {
   }
 }
 
-/** Every name of every squashed image, sorted. */
 /** The cell that starts an interactive cluster of the form's shape in the notebook's kernel. */
 export function clusterCode(spec: IJobSpec): string {
   const words = ['--nodes', String(spec.nodes), '--tasks-per-node', String(spec.tasks_per_node)];
@@ -651,6 +627,7 @@ export function clusterCode(spec: IJobSpec): string {
   return `%load_ext jupyter_podman_hpc\ncluster = %podman_hpc cluster start ${quoted.join(' ')}`;
 }
 
+/** Every name of every squashed image, sorted. */
 export function squashedNames(images: IImage[]): string[] {
   const names = new Set<string>();
   for (const image of images) {
@@ -729,9 +706,7 @@ class RunAtScaleDialog extends Dialog<IJob | null> {
  * Open the dialog for a notebook; resolves with the submitted job, or null
  * when the user cancelled. Errors loading what the form needs are thrown.
  */
-export async function runAtScale(
-  options: Omit<IRunAtScaleOptions, 'config' | 'images'>
-): Promise<IJob | null> {
+export async function runAtScale(options: Omit<IRunAtScaleOptions, 'config' | 'images'>): Promise<IJob | null> {
   const [config, images] = await Promise.all([api.config(), api.images()]);
   const form = new RunAtScaleForm({ ...options, config, images });
   const dialog = new RunAtScaleDialog(form);
@@ -743,10 +718,7 @@ export async function runAtScale(
     });
   }
   if (job) {
-    Notification.success(
-      `Submitted ${options.notebookPath} as job ${job.id}`,
-      { autoClose: 5000 }
-    );
+    Notification.success(`Submitted ${options.notebookPath} as job ${job.id}`, { autoClose: 5000 });
   }
   return job;
 }

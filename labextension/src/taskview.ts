@@ -8,14 +8,7 @@
 import { showErrorMessage } from '@jupyterlab/apputils';
 import { closeIcon } from '@jupyterlab/ui-components';
 
-import {
-  api,
-  FINISHED_TASK_STATES,
-  IProgress,
-  ITask,
-  ITaskWatch,
-  watchTask
-} from './api';
+import { api, FINISHED_TASK_STATES, IProgress, ITask, ITaskWatch, watchTask } from './api';
 import { button, formatBytes, h, messageOf, setAttr, setText } from './util';
 
 const MAX_LOG_LINES = 2000;

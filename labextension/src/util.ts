@@ -66,9 +66,7 @@ export function button(
     'aria-label': options.iconOnly ? label : undefined
   });
   if (options.icon) {
-    node.append(
-      options.icon.element({ tag: 'span', className: 'jp-PodmanHpc-buttonIcon' })
-    );
+    node.append(options.icon.element({ tag: 'span', className: 'jp-PodmanHpc-buttonIcon' }));
   }
   if (!options.iconOnly) {
     node.append(h('span', { class: 'jp-PodmanHpc-buttonLabel' }, label));
@@ -136,8 +134,7 @@ const TIME_FORMS: RegExp[] = [
   /^(?<d>\d+)-(?<h>\d{1,2}):(?<m>\d{1,2}):(?<s>\d{1,2})$/
 ];
 
-export const TIME_HELP =
-  'use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED';
+export const TIME_HELP = 'use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED';
 
 /**
  * Seconds in a Slurm time limit (`1-02:03:04`, `05:06`, `7` minutes), null
@@ -166,12 +163,7 @@ export function durationSeconds(text: string): number | null | undefined {
         return undefined;
       }
     }
-    return (
-      (parts.d ?? 0) * 86400 +
-      (parts.h ?? 0) * 3600 +
-      (parts.m ?? 0) * 60 +
-      (parts.s ?? 0)
-    );
+    return (parts.d ?? 0) * 86400 + (parts.h ?? 0) * 3600 + (parts.m ?? 0) * 60 + (parts.s ?? 0);
   }
   return undefined;
 }
