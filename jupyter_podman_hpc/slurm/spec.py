@@ -18,8 +18,9 @@ import keyword
 import os
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import PurePosixPath
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ..engine import reference
 from ..engine.errors import EngineError, InvalidInput, ModuleError
@@ -207,6 +208,162 @@ def parse_directive(text: str) -> tuple[str, Optional[str]]:
     return key, value
 
 
+# --- one check per field, one rule per relation between fields ---------------------
+
+
+def _image(value: Any) -> str:
+    image = _string("image", value)
+    try:
+        return reference.validate(image)
+    except EngineError as err:
+        raise JobSpecError(f"image: {err}")
+
+
+def _one_thing_to_run(spec: "JobSpec") -> None:
+    targets = [name for name in ("command", "python_script", "notebook") if getattr(spec, name) is not None]
+    if len(targets) != 1:
+        raise JobSpecError("give exactly one of command, python_script and notebook "
+                           f"(got {', '.join(targets) or 'none'})")
+
+
+def _command(value: Any) -> Optional[tuple[str, ...]]:
+    if value is None:
+        return None
+    command = _words("command", value)
+    if not command or not command[0]:
+        raise JobSpecError("command must be a non-empty list of strings")
+    return command
+
+
+def _file_path(field_name: str, value: Any) -> Optional[str]:
+    path = _string(field_name, value, optional=True)
+    if path is not None and not path:
+        raise JobSpecError(f"{field_name} must be a path to a file")
+    return path
+
+
+def _time(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    # A whole number is minutes, as sbatch reads it.
+    time = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    _string("time", time)
+    try:
+        seconds = duration_seconds(time)
+    except ValueError:
+        raise JobSpecError(f"time {time!r} is not a Slurm time limit: {TIME_HELP}")
+    if seconds == 0:
+        raise JobSpecError("time must be longer than zero (use UNLIMITED for no limit)")
+    return time.strip()
+
+
+def _modules(value: Any) -> tuple[str, ...]:
+    modules = _words("modules", value)
+    for module in modules:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", module):
+            raise JobSpecError(f"modules: {module!r} is not a module name")
+    return modules
+
+
+def _variable(key: Any, value: Any) -> str:
+    if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+        raise JobSpecError(f"environment: {key!r} is not a valid variable name")
+    if key == "PATH":
+        raise JobSpecError("environment: PATH cannot be set (the job needs the PATH that finds "
+                           "podman-hpc; the image keeps its own)")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    return _string(f"environment[{key}]", value)
+
+
+def _environment(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise JobSpecError("environment must be a mapping of variable names to strings")
+    return {key: _variable(key, item) for key, item in value.items()}
+
+
+def _workdir(value: Any) -> Optional[str]:
+    workdir = _string("workdir", value, optional=True)
+    if workdir is not None and not os.path.isabs(workdir):
+        raise JobSpecError(f"workdir must be an absolute path inside the container, not {workdir!r}")
+    return workdir
+
+
+def _directives(value: Any) -> tuple[str, ...]:
+    directives = _words("extra_directives", value)
+    for directive in directives:
+        parse_directive(directive)
+    return directives
+
+
+def _choice(field_name: str, choices: tuple[str, ...], value: Any) -> str:
+    if value not in choices:
+        raise JobSpecError(f"{field_name} must be one of {', '.join(choices)}, not {value!r}")
+    return value
+
+
+def _mapping_of_literals(value: Any) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        raise JobSpecError("parameters must be a mapping of names to Python literals")
+    return value
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One field's check: its value in, the value the spec keeps out (or JobSpecError)."""
+
+    name: str
+    check: Callable[[Any], Any]
+
+    def __call__(self, spec: "JobSpec") -> None:
+        object.__setattr__(spec, self.name, self.check(getattr(spec, self.name)))  # the spec is frozen
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """A rule between fields: a spec for which ``broken`` is true is refused with ``message``."""
+
+    message: str
+    broken: Callable[["JobSpec"], bool]
+
+    def __call__(self, spec: "JobSpec") -> None:
+        if self.broken(spec):
+            raise JobSpecError(self.message)
+
+
+# JobSpec's checks, in the order a user meets their messages: the first that fails is the one reported.
+_CHECKS: tuple[Callable[["JobSpec"], None], ...] = (
+    _Field("image", _image),
+    _one_thing_to_run,
+    _Field("command", _command),
+    _Field("python_script", partial(_file_path, "python_script")),
+    _Field("notebook", partial(_file_path, "notebook")),
+    _Field("args", partial(_words, "args")),
+    _Rule("args go with python_script or notebook; put a command's arguments in command",
+          lambda spec: bool(spec.args) and spec.command is not None),
+    _Field("nodes", partial(_integer, "nodes")),
+    _Field("tasks_per_node", partial(_integer, "tasks_per_node")),
+    _Field("cpus_per_task", partial(_integer, "cpus_per_task", optional=True)),
+    _Field("gpus_per_node", partial(_integer, "gpus_per_node", optional=True)),
+    _Field("time", _time),
+    _Field("partition", partial(_name, "partition", pattern=_PARTITION)),
+    _Field("account", partial(_name, "account")),
+    _Field("qos", partial(_name, "qos")),
+    _Field("reservation", partial(_name, "reservation")),
+    _Field("job_name", partial(_name, "job_name")),
+    _Field("modules", _modules),
+    _Field("environment", _environment),
+    _Field("workdir", _workdir),
+    _Field("extra_directives", _directives),
+    _Field("mode", partial(_choice, "mode", MODES)),
+    _Field("parameters", _mapping_of_literals),
+    _Rule("parameters go with a notebook (its cell tagged 'parameters')",
+          lambda spec: bool(spec.parameters) and spec.notebook is None),
+    _Field("parameters", check_parameters),
+    _Field("notebook_magics", partial(_choice, "notebook_magics", NOTEBOOK_MAGICS)),
+)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A Slurm job that runs an image on ``nodes`` x ``tasks_per_node`` ranks.
@@ -244,89 +401,8 @@ class JobSpec:
     parameters: Mapping[str, str] = field(default_factory=dict)  # a notebook's, as Python literals (papermill)
 
     def __post_init__(self) -> None:
-        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
-        image = _string("image", self.image)
-        try:
-            set_("image", reference.validate(image))
-        except EngineError as err:
-            raise JobSpecError(f"image: {err}")
-
-        targets = [name for name in ("command", "python_script", "notebook") if getattr(self, name) is not None]
-        if len(targets) != 1:
-            raise JobSpecError("give exactly one of command, python_script and notebook "
-                               f"(got {', '.join(targets) or 'none'})")
-        if self.command is not None:
-            command = _words("command", self.command)
-            if not command or not command[0]:
-                raise JobSpecError("command must be a non-empty list of strings")
-            set_("command", command)
-        for name in ("python_script", "notebook"):
-            path = _string(name, getattr(self, name), optional=True)
-            if path is not None and not path:
-                raise JobSpecError(f"{name} must be a path to a file")
-        set_("args", _words("args", self.args))
-        if self.args and self.command is not None:
-            raise JobSpecError("args go with python_script or notebook; put a command's arguments in command")
-
-        for name in ("nodes", "tasks_per_node"):
-            _integer(name, getattr(self, name))
-        _integer("cpus_per_task", self.cpus_per_task, optional=True)
-        _integer("gpus_per_node", self.gpus_per_node, optional=True)
-
-        if self.time is not None:
-            time = str(self.time) if isinstance(self.time, int) and not isinstance(self.time, bool) else self.time
-            _string("time", time)
-            try:
-                seconds = duration_seconds(time)
-            except ValueError:
-                raise JobSpecError(f"time {time!r} is not a Slurm time limit: {TIME_HELP}")
-            if seconds == 0:
-                raise JobSpecError("time must be longer than zero (use UNLIMITED for no limit)")
-            set_("time", time.strip())
-
-        _name("partition", self.partition, _PARTITION)
-        for name in ("account", "qos", "reservation", "job_name"):
-            _name(name, getattr(self, name))
-
-        modules = _words("modules", self.modules)
-        for module in modules:
-            if not re.fullmatch(r"[A-Za-z0-9_.-]+", module):
-                raise JobSpecError(f"modules: {module!r} is not a module name")
-        set_("modules", modules)
-
-        if not isinstance(self.environment, Mapping):
-            raise JobSpecError("environment must be a mapping of variable names to strings")
-        environment = {}
-        for key, value in self.environment.items():
-            if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
-                raise JobSpecError(f"environment: {key!r} is not a valid variable name")
-            if key == "PATH":
-                raise JobSpecError("environment: PATH cannot be set (the job needs the PATH that finds "
-                                   "podman-hpc; the image keeps its own)")
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                value = str(value)
-            environment[key] = _string(f"environment[{key}]", value)
-        set_("environment", environment)
-
-        workdir = _string("workdir", self.workdir, optional=True)
-        if workdir is not None and not os.path.isabs(workdir):
-            raise JobSpecError(f"workdir must be an absolute path inside the container, not {workdir!r}")
-
-        directives = _words("extra_directives", self.extra_directives)
-        for directive in directives:
-            parse_directive(directive)
-        set_("extra_directives", directives)
-
-        if self.mode not in MODES:
-            raise JobSpecError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        if not isinstance(self.parameters, Mapping):
-            raise JobSpecError("parameters must be a mapping of names to Python literals")
-        if self.parameters and self.notebook is None:
-            raise JobSpecError("parameters go with a notebook (its cell tagged 'parameters')")
-        set_("parameters", check_parameters(self.parameters))
-        if self.notebook_magics not in NOTEBOOK_MAGICS:
-            raise JobSpecError(f"notebook_magics must be one of {', '.join(NOTEBOOK_MAGICS)}, "
-                               f"not {self.notebook_magics!r}")
+        for check in _CHECKS:
+            check(self)
 
     # --- derived ---------------------------------------------------------------
 
