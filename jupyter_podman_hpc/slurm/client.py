@@ -257,6 +257,29 @@ def parse_sinfo(text: str) -> list[Partition]:
     return list(partitions.values())
 
 
+def _checked_ids(job_ids: Iterable[str]) -> list[str]:
+    """Job ids as strings (``123``, ``123_4``, ``123+1``); SlurmError for one that is none."""
+    ids = [str(j) for j in job_ids]
+    for job_id in ids:
+        if not re.fullmatch(r"\d+(?:[_+]\d+)?", job_id):
+            raise SlurmError(f"{job_id!r} is not a Slurm job id")
+    return ids
+
+
+def _needs_sacct(queued: Optional[JobStatus]) -> bool:
+    """Whether to ask sacct about a job squeue showed as ``queued`` (None: not at all)."""
+    # squeue has no exit code, and forgets jobs MinJobAge after they end.
+    return queued is None or queued.finished or queued.reason == "completing"
+
+
+def _with_whole_allocation(accounted: JobStatus, live: Optional[JobStatus]) -> JobStatus:
+    """sacct's status of a job with squeue's node list when squeue's holds more nodes."""
+    if live is not None and len(live.nodes) > len(accounted.nodes):
+        # slurmdbd may not have the whole allocation yet, just after the end
+        return replace(accounted, nodelist=live.nodelist, nodes=live.nodes)
+    return accounted
+
+
 def _slurm_message(stderr: str, command: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if "error:" in line]
@@ -330,42 +353,47 @@ class SlurmClient:
 
         A job neither knows gets state UNKNOWN.
         """
-        ids = [str(j) for j in job_ids]
+        ids = _checked_ids(job_ids)
         if not ids:
             return {}
+        found = self._queued(ids)
+        ask = [job_id for job_id in ids if _needs_sacct(found.get(job_id))]
+        if ask:
+            found.update(self._accounted(ask, found))
+        self._add_exit_codes(found, ask)
         for job_id in ids:
-            if not re.fullmatch(r"\d+(?:[_+]\d+)?", job_id):
-                raise SlurmError(f"{job_id!r} is not a Slurm job id")
-        found: dict[str, JobStatus] = {}
+            found.setdefault(job_id, JobStatus(job_id, "UNKNOWN", reason="Slurm has no record of this job"))
+        return found
+
+    def _queued(self, ids: list[str]) -> dict[str, JobStatus]:
+        """squeue's statuses of ``ids``; none when squeue knows none of them."""
         result = self._run("squeue", ["-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT], check=False)
         if result.returncode == 0:
-            found.update({k: v for k, v in parse_squeue(result.stdout).items() if k in ids})
-        elif "Invalid job id" not in result.stderr:
+            return {k: v for k, v in parse_squeue(result.stdout).items() if k in ids}
+        if "Invalid job id" not in result.stderr:
             raise SlurmError(_slurm_message(result.stderr, "squeue"))
-        # squeue has no exit code, and forgets jobs MinJobAge after they end: ask sacct.
-        ask = [j for j in ids if j not in found or found[j].finished or found[j].reason == "completing"]
-        if ask:
-            accounted = self._run("sacct", ["-X", "-n", "-P", "-j", ",".join(ask),
-                                            f"--format={SACCT_FIELDS}"], check=False)
-            if accounted.returncode == 0:
-                for job_id, status in parse_sacct(accounted.stdout).items():
-                    if job_id not in ask or not (status.finished or job_id not in found):
-                        continue
-                    live = found.get(job_id)
-                    if live is not None and len(live.nodes) > len(status.nodes):
-                        # slurmdbd may not have the whole allocation yet, just after the end
-                        status = replace(status, nodelist=live.nodelist, nodes=live.nodes)
-                    found[job_id] = status
-            elif not found:
-                raise SlurmError(_slurm_message(accounted.stderr, "sacct"))
+        return {}
+
+    def _accounted(self, ask: list[str], queued: Mapping[str, JobStatus]) -> dict[str, JobStatus]:
+        """sacct's statuses of ``ask`` that replace squeue's ``queued`` ones: finished jobs, and jobs
+        squeue no longer knows. A failing sacct is an error only when squeue knew none of the jobs."""
+        result = self._run("sacct", ["-X", "-n", "-P", "-j", ",".join(ask), f"--format={SACCT_FIELDS}"],
+                           check=False)
+        if result.returncode != 0:
+            if not queued:
+                raise SlurmError(_slurm_message(result.stderr, "sacct"))
+            return {}
+        return {job_id: _with_whole_allocation(status, queued.get(job_id))
+                for job_id, status in parse_sacct(result.stdout).items()
+                if job_id in ask and (status.finished or job_id not in queued)}
+
+    def _add_exit_codes(self, found: dict[str, JobStatus], ask: list[str]) -> None:
+        """Jobs only squeue saw finish get slurmctld's exit code (scontrol)."""
         for job_id in ask:
             status = found.get(job_id)
             if status is not None and status.finished and status.source == "squeue":
                 # slurmdbd lags slurmctld by a moment after the end; slurmctld has the exit code
                 found[job_id] = self._with_exit_code(status)
-        for job_id in ids:
-            found.setdefault(job_id, JobStatus(job_id, "UNKNOWN", reason="Slurm has no record of this job"))
-        return found
 
     def _with_exit_code(self, status: JobStatus) -> JobStatus:
         shown = self._run("scontrol", ["show", "job", "-o", status.job_id], check=False)
