@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+from functools import partial
 from typing import NoReturn, Sequence
 
 PROG = "%podman_hpc"
@@ -329,45 +330,72 @@ def split(line: str) -> list[str]:
 def parse(line: str | Sequence[str]) -> argparse.Namespace:
     """The subcommand and its options; ``run`` keeps its arguments raw in ``args``."""
     words = split(line) if isinstance(line, str) else list(line)
+    debug, words = _without_debug(words)
+    if not words or words[0] in ("-h", "--help"):
+        raise HelpRequested(SUMMARY)
+    if words[0] == "run":
+        return _run_words(words[1:], debug)
+    if words[0] == "help":
+        raise _help(words[1] if len(words) > 1 else None)
+    known = _command_parser(words[0])
+    namespace = _parse_args(words, known)
+    namespace.debug = debug or getattr(namespace, "debug", False)
+    _AFTER_PARSING.get(namespace.command, _nothing_more)(namespace, known)
+    return namespace
+
+
+def _without_debug(words: list[str]) -> tuple[bool, list[str]]:
+    """Whether the line starts with ``--debug`` (once or more), and the words after it."""
     debug = False
     while words and words[0] == "--debug":
         debug, words = True, words[1:]
-    if not words:
-        raise HelpRequested(SUMMARY)
-    if words[0] in ("-h", "--help"):
-        raise HelpRequested(SUMMARY)
-    if words[0] == "run":
-        args = words[1:]
-        if args in (["-h"], ["--help"]):
-            raise HelpRequested(subparser("run").format_help())
-        return argparse.Namespace(command="run", args=args, debug=debug)
-    if words[0] == "help":
-        topic = words[1] if len(words) > 1 else None
-        found = subparser(topic) if topic else None
-        if topic and found is None:
-            raise MagicError(f"no command {topic!r}", SUMMARY)
-        raise HelpRequested(found.format_help() if found else SUMMARY)
-    if words[0].startswith("-"):
-        raise MagicError(f"unknown option {words[0]} (options go after the command)", SUMMARY)
-    known = subparser(words[0])
+    return debug, words
+
+
+def _run_words(args: list[str], debug: bool) -> argparse.Namespace:
+    """``run`` with its words kept raw: the CLI's parser tells podman's options from the modules' flags."""
+    if args in (["-h"], ["--help"]):
+        raise HelpRequested(subparser("run").format_help())
+    return argparse.Namespace(command="run", args=args, debug=debug)
+
+
+def _help(topic: str | None) -> Exception:
+    """What ``help [COMMAND]`` raises: the command's help, the summary, or an error for no such command."""
+    found = subparser(topic) if topic else None
+    if topic and found is None:
+        return MagicError(f"no command {topic!r}", SUMMARY)
+    return HelpRequested(found.format_help() if found else SUMMARY)
+
+
+def _command_parser(word: str) -> Parser:
+    """The parser of the command ``word`` names; MagicError for an option or an unknown command."""
+    if word.startswith("-"):
+        raise MagicError(f"unknown option {word} (options go after the command)", SUMMARY)
+    known = subparser(word)
     if known is None:
-        raise MagicError(f"unknown command {words[0]!r}", SUMMARY)
+        raise MagicError(f"unknown command {word!r}", SUMMARY)
+    return known
+
+
+def _parse_args(words: list[str], known: Parser) -> argparse.Namespace:
+    """argparse's reading of ``words``; its errors carry the usage of the command ``known``."""
     try:
-        namespace = parser().parse_args(words)
+        return parser().parse_args(words)
     except argparse.ArgumentError as err:  # exit_on_error=False: type and choice errors come here
         raise MagicError(str(err), known.format_usage())
     except MagicError as err:
         if err.usage == parser().format_usage().strip():  # "unrecognized arguments": the command's usage
             err.usage = known.format_usage().strip()
         raise
-    namespace.debug = debug or getattr(namespace, "debug", False)
-    if namespace.command == "kernel" and not getattr(namespace, "action", None):
-        raise MagicError("kernel needs an action: install, list or remove", known.format_usage())
-    if namespace.command == "cluster" and not getattr(namespace, "action", None):
-        raise MagicError("cluster needs an action: start, stop or list", known.format_usage())
-    if namespace.command == "submit":
-        _submit_target(namespace, known)
-    return namespace
+
+
+def _needs_action(actions: str, namespace: argparse.Namespace, parser_: Parser) -> None:
+    if not getattr(namespace, "action", None):
+        raise MagicError(f"{namespace.command} needs an action: {actions}", parser_.format_usage())
+
+
+def _nothing_more(namespace: argparse.Namespace, parser_: Parser) -> None:
+    pass
 
 
 def _leading_params(namespace: argparse.Namespace, words: list[str], parser_: Parser) -> list[str]:
@@ -418,3 +446,11 @@ def _submit_target(namespace: argparse.Namespace, parser_: Parser) -> None:
         raise MagicError("give the command to run after IMAGE (or --notebook PATH, --script PATH)",
                               parser_.format_usage())
     namespace.argv = words
+
+
+# What a command's options still need once argparse has read them.
+_AFTER_PARSING = {
+    "kernel": partial(_needs_action, "install, list or remove"),
+    "cluster": partial(_needs_action, "start, stop or list"),
+    "submit": _submit_target,
+}
