@@ -41,32 +41,50 @@ def checked_plan(plan, key: str, environ) -> dict:
     else Refused: the command runs in this step's container (or the one its job's steps share on the
     node), podman is podman, and podman's environment is this task's with only podman's own variables
     changed."""
-    def strings(value) -> bool:
-        return type(value) is list and all(type(word) is str for word in value)
+    _check_shape(plan)
+    _check_exec(plan["argv"], plan["command"], key, environ)
+    _check_podman_env(plan["podman_env"])
+    return plan
 
-    def mapping(value) -> bool:
-        return type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items())
 
+def _strings(value) -> bool:
+    return type(value) is list and all(type(word) is str for word in value)
+
+
+def _mapping(value) -> bool:
+    return type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items())
+
+
+def _check_shape(plan) -> None:
+    """Refused unless the plan has the monitor's keys, a join flag, a command, and an env and a workdir
+    that are None or what they should be."""
     if type(plan) is not dict or set(plan) != PLAN_KEYS:
         raise Refused("the step monitor's plan is malformed: nothing was run")
-    command, argv, podman_env = plan["command"], plan["argv"], plan["podman_env"]
-    if not (type(plan["join"]) is bool and strings(command) and command and
-            (plan["env"] is None or mapping(plan["env"])) and
+    if not (type(plan["join"]) is bool and _strings(plan["command"]) and plan["command"] and
+            (plan["env"] is None or _mapping(plan["env"])) and
             (plan["workdir"] is None or type(plan["workdir"]) is str)):
         raise Refused("the step monitor's plan is malformed: nothing was run")
+
+
+def _check_exec(argv, command: list[str], key: str, environ) -> None:
+    """Refused unless ``argv`` is ``PODMAN ... exec ... CONTAINER COMMAND...`` with this step's container,
+    or the one the job's steps share on the node (shared-run --reuse)."""
     tail = [container_name(os.getuid(), key), *command]
-    if strings(argv) and len(argv) > len(tail) and reused_by_step(argv[-len(tail)], os.getuid(), environ):
-        tail[0] = argv[-len(tail)]   # the container the job's steps share on the node (shared-run --reuse)
-    if not (strings(argv) and len(argv) > len(tail) + 1 and argv[-len(tail):] == tail
+    if _strings(argv) and len(argv) > len(tail) and reused_by_step(argv[-len(tail)], os.getuid(), environ):
+        tail[0] = argv[-len(tail)]
+    if not (_strings(argv) and len(argv) > len(tail) + 1 and argv[-len(tail):] == tail
             and "exec" in argv[1:-len(tail)]):
         raise Refused(f"the step monitor's plan does not podman exec in this step's container: "
-                      f"refusing {' '.join(argv[:1]) if strings(argv) else 'it'}, nothing was run")
-    if not (type(podman_env) is dict and set(podman_env) == {"set", "unset"} and mapping(podman_env["set"])
-            and set(podman_env["set"]) <= PODMAN_ENV_SET and strings(podman_env["unset"])
+                      f"refusing {' '.join(argv[:1]) if _strings(argv) else 'it'}, nothing was run")
+
+
+def _check_podman_env(podman_env) -> None:
+    """Refused unless the plan sets and unsets only what podman-hpc changes in podman's environment."""
+    if not (type(podman_env) is dict and set(podman_env) == {"set", "unset"} and _mapping(podman_env["set"])
+            and set(podman_env["set"]) <= PODMAN_ENV_SET and _strings(podman_env["unset"])
             and set(podman_env["unset"]) <= PODMAN_ENV_UNSET):
         raise Refused("the step monitor's plan changes more of podman's environment than podman-hpc "
                       "does: nothing was run")
-    return plan
 
 
 def configured_podman(environ) -> str:
