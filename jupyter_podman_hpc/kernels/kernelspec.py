@@ -298,19 +298,41 @@ def install(image: str, name: str | None = None, display_name: str | None = None
     name = validate_name(name if name is not None else default_name(image))
     modules = [m for m in modules]
     podman_args = [str(a) for a in podman_args]
-    if display_name is not None and (not display_name.strip() or "\n" in display_name or len(display_name) > 200):
-        raise KernelSpecError("the display name must be one non-empty line of at most 200 characters")
-    if interrupt_mode not in ("message", "signal"):
-        raise KernelSpecError(f"interrupt mode must be 'message' or 'signal', not {interrupt_mode!r}")
-    if not python or any(c.isspace() for c in python):
-        raise KernelSpecError(f"invalid python command {python!r} for the image")
-    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool <= MAX_POOL):
-        raise KernelSpecError(f"the pool size must be a whole number from 0 to {MAX_POOL}, not {pool!r}")
+    _check_options(display_name=display_name, interrupt_mode=interrupt_mode, python=python, pool=pool)
     _check_modules(modules)
     spec = kernel_json(image, display_name=display_name, modules=modules, podman_args=podman_args,
                        python=python, interrupt_mode=interrupt_mode, pool=pool, slurm=slurm)
     files = {"kernel.json": (json.dumps(spec, indent=1) + "\n").encode(), **logo_files()}
     kernels = kernels_dir(user=user, sys_prefix=sys_prefix, prefix=prefix)
+    installed = _read(_write(kernels, name, files))
+    assert installed is not None
+    return installed
+
+
+# install's options: (name, message, whether a value is refused), checked in this order. A message
+# may name the value ({!r}).
+_OPTION_CHECKS = (
+    ("display_name", "the display name must be one non-empty line of at most 200 characters",
+     lambda value: value is not None and (not value.strip() or "\n" in value or len(value) > 200)),
+    ("interrupt_mode", "interrupt mode must be 'message' or 'signal', not {!r}",
+     lambda value: value not in ("message", "signal")),
+    ("python", "invalid python command {!r} for the image",
+     lambda value: not value or any(c.isspace() for c in value)),
+    ("pool", f"the pool size must be a whole number from 0 to {MAX_POOL}, not {{!r}}",
+     lambda value: value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                          or not 0 <= value <= MAX_POOL)),
+)
+
+
+def _check_options(**options) -> None:
+    for name, message, refused in _OPTION_CHECKS:
+        if refused(options[name]):
+            raise KernelSpecError(message.format(options[name]))
+
+
+def _write(kernels: Path, name: str, files: dict[str, bytes]) -> Path:
+    """The kernelspec ``name`` written into ``kernels`` in one step, under the directory's lock;
+    a kernelspec of that name that is not a podman-hpc kernel is never replaced."""
     target = kernels / name
     try:
         kernels.mkdir(parents=True, exist_ok=True)
@@ -326,9 +348,7 @@ def install(image: str, name: str | None = None, display_name: str | None = None
                 raise
     except OSError as err:
         raise KernelSpecError(f"cannot write the kernelspec {name} to {kernels}: {err.strerror or err}")
-    installed = _read(target)
-    assert installed is not None
-    return installed
+    return target
 
 
 def list_kernels(prefix: str | os.PathLike | None = None,
