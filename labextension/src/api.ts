@@ -17,7 +17,7 @@ export const API_PATH = 'podman-hpc/api';
 
 // --- what the server returns -------------------------------------------------
 
-/** An image, local and/or squashed (engine/images.py `ImageInfo.as_dict`). */
+/** An image, local and/or squashed (engine/images/catalog.py `ImageInfo.as_dict`). */
 export interface IImage {
   id: string;
   short_id: string;
@@ -157,7 +157,7 @@ export interface IJobSpec {
   parameters?: { [name: string]: string };
 }
 
-/** A site module (engine/modules.py `Module.describe`). */
+/** A site module (engine/site/modules.py `Module.describe`). */
 export interface IModule {
   name: string;
   flag: string;
