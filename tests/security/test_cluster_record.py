@@ -38,11 +38,10 @@ def in_queue(hpc, job_id: str) -> bool:
     return job_id in result.stdout.split()
 
 
-def cancel_and_wait(hpc, job_id: str) -> None:
-    run(["scancel", job_id], env=hpc.env, check=False)
-    deadline = time.monotonic() + 60  # until it no longer holds its node (completing included)
-    while job_id in run(["squeue", "-h", "-j", job_id, "-o", "%i"], env=hpc.env, check=False).stdout.split() \
-            and time.monotonic() < deadline:
+def cancel_and_wait(client: SlurmClient, job_id: str) -> None:
+    client.cancel(job_id)
+    deadline = time.monotonic() + 60  # until it no longer holds its node (in_queue: completing included)
+    while client.in_queue(job_id) and time.monotonic() < deadline:
         time.sleep(0.5)
 
 
@@ -95,7 +94,7 @@ def test_a_record_an_engine_rewrote_makes_the_stop_signal_and_cancel_nothing_els
         assert not any(path.exists() for path in cluster.connection_files.values())
         assert ClusterRecord.read(cluster.directory).state == "stopped"
         # the partition gives whole nodes: the check's srun on every node waits for the user's job's end
-        cancel_and_wait(squashed_base, other_job)
+        cancel_and_wait(client, other_job)
         assert squashed_base.leftovers(within=30) == {}
     finally:
         victim.send_signal(signal.SIGKILL)
