@@ -115,6 +115,6 @@ def test_podman_hpc_runs_from_the_environment(installed, stack):
     assert re.fullmatch(r"podman-hpc version \S+ \(jupyter-podman-hpc\)\n", version), version
     info = run([venv / "bin" / "podman-hpc", "infohpc"], env=env).stdout
     package = _site_packages(venv) / PACKAGE
-    assert f"modules ({package / 'engine' / 'site' / 'modules.d'}):" in info, info
+    assert f"modules ({package / 'engine' / 'site' / 'data' / 'modules.d'}):" in info, info
     assert f"mount_program (default): {venv / 'bin' / 'podman-hpc-mount'}" in info, info
     assert " - openmpi-pmix: " in info, info
