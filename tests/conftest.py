@@ -1,58 +1,28 @@
-"""Fixtures shared by every test: the cluster-in-a-box and helpers to use it."""
+"""Fixtures shared by every test: the cluster-in-a-box, and the fixtures that tests in more than one
+folder use (podman-hpc with private storage, squashed stores, a kernel site, the attack tests'
+users, a jobs root, the site environment, our server extension's API, JupyterLab on the stack and
+a browser page). The suite's hooks: the stack's mark, and its time test by test.
 
+Plain helpers are in tests/helpers (its index lists them); fixtures used in one folder only are
+in that folder's conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
 import os
 import shutil
-import subprocess
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-
-@dataclass(frozen=True)
-class Stack:
-    """What `dev/stack env` exports, as the tests see it."""
-
-    user: str
-    registry: str
-    base_image: str
-    tiny_image: str
-    scratch: Path
-    slurm_conf: Path
-    partition: str
-    nodes: tuple[str, ...]
-    venv: Path
-
-    @classmethod
-    def from_env(cls) -> "Stack | None":
-        try:
-            return cls(
-                user=os.environ["STACK_USER"],
-                registry=os.environ["STACK_REGISTRY"],
-                base_image=os.environ["STACK_BASE_IMAGE"],
-                tiny_image=os.environ["STACK_TINY_IMAGE"],
-                scratch=Path(os.environ["STACK_SCRATCH"]),
-                slurm_conf=Path(os.environ["SLURM_CONF"]),
-                partition=os.environ["STACK_PARTITION"],
-                nodes=tuple(os.environ["STACK_NODES"].split()),
-                venv=Path(os.environ["STACK_VENV"]),
-            )
-        except KeyError:
-            return None
-
-    def work_dir(self, prefix: str = "test") -> Path:
-        """A fresh directory on the shared scratch that every node sees."""
-        path = self.scratch / self.user / "tests" / f"{prefix}-{uuid.uuid4().hex[:8]}"
-        path.mkdir(parents=True)
-        return path
-
-
-def unavailable(message: str):
-    """A part of the stack is missing: a failure where the stack is required, else a skip."""
-    if os.environ.get("STACK_REQUIRED"):
-        pytest.fail(message)
-    pytest.skip(message)
+from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS, ENGINE_VARIABLES, REPO, ConsoleLog, StackLab, running_lab
+from tests.helpers.commands import run
+from tests.helpers.hpc import Hpc, cleanup_hpc, make_hpc, squashed_store
+from tests.helpers.kernel_site import KernelSite, site_over
+from tests.helpers.stack import CHP_INSTALL, CHP_PREFIX, Stack, required_directory, unavailable
 
 
 @pytest.fixture(scope="session")
@@ -63,11 +33,6 @@ def stack() -> Stack:
     if os.geteuid() == 0:
         pytest.fail("tests that use the stack run as its unprivileged user, not root (use `make test`)")
     return found
-
-
-# Where dev/stack installs configurable-http-proxy from npm (the command below).
-CHP_PREFIX = Path("/var/cache/jph-stack/chp")
-CHP_INSTALL = f"npm install --prefix {CHP_PREFIX} configurable-http-proxy@5"
 
 
 @pytest.fixture(scope="session")
@@ -83,34 +48,178 @@ def configurable_http_proxy() -> str:
                 "(dev/stack up should), or point JPH_CHP at it")
 
 
-def run(args, *, check=True, timeout=300, **kwargs) -> subprocess.CompletedProcess:
-    """Run a command with text output; on failure the assertion shows its output."""
-    result = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, **kwargs)
-    if check:
-        assert result.returncode == 0, (
-            f"{' '.join(map(str, args))} exited {result.returncode}\n"
-            f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+# --- podman-hpc with private storage, and squashed stores (tests/helpers/hpc.py) ----------------------
+
+
+@pytest.fixture
+def hpc(stack):
+    instance = make_hpc(stack, "hpc")
+    yield instance
+    cleanup_hpc(instance)
+
+
+@pytest.fixture(scope="session")
+def squashed_base(stack):
+    """A squashed store holding the base image; no node has it locally."""
+    yield from squashed_store(stack, stack.base_image)
+
+
+@pytest.fixture(scope="session")
+def squashed_tiny(stack):
+    """A squashed store holding the tiny busybox image; no node has it locally."""
+    yield from squashed_store(stack, stack.tiny_image)
+
+
+# --- container kernels (tests/integration/kernels, tests/faults, tests/security) ------------------------
+
+
+@pytest.fixture
+def kernel_site(squashed_base, tmp_path, monkeypatch) -> Iterator[KernelSite]:
+    yield from site_over(squashed_base, tmp_path, monkeypatch)
+
+
+# --- the attack tests' users and project store (tests/security, tests/faults) ---------------------------
+
+
+@pytest.fixture
+def victim(stack) -> Hpc:
+    """podman-hpc as the test's user (hpcuser), with fresh private state."""
+    instance = make_hpc(stack, "victim")
+    yield instance
+    cleanup_hpc(instance)
+
+
+@pytest.fixture
+def member(stack) -> Hpc:
+    """podman-hpc as hpcuser2, the victim's fellow member of the project group jphproj."""
+    instance = make_hpc(stack, "member", user="hpcuser2")
+    yield instance
+    cleanup_hpc(instance)
+
+
+@pytest.fixture
+def project_store(member):
+    """A project store as docs/users/images.md ("Project stores") says to make one now: in the project directory, 3770."""
+    path = Path(os.environ["STACK_PROJECT_DIR"]) / f"sec-store-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    path.chmod(0o3770)
+    yield path
+    member.sh("rm", "-rf", path, check=False)  # sticky: what the member made, the member removes
+    run(["rm", "-rf", str(path)], check=False)
+
+
+# --- Slurm jobs and the site environment ----------------------------------------------------------------
+
+
+@pytest.fixture
+def root(stack):
+    """A fresh jobs root every node sees, removed afterwards."""
+    path = stack.work_dir("jobs")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def site_venv(stack) -> Path:
+    return required_directory("STACK_SITE_VENV")
+
+
+# --- our server extension in-process (tests/integration/server, tests/faults/jupyter) --------------------
+
+
+@pytest.fixture
+def job_root(stack):
+    """Job directories must be on the shared scratch: the nodes write the logs there."""
+    path = stack.work_dir("server-jobs")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def api(jp_fetch):
+    """Call the podman-hpc API: (status, JSON body); errors do not raise."""
+    async def call(method, *path, body=None, params=None, headers=None):
+        kwargs = {"method": method, "raise_error": False, "params": params, "headers": headers}
+        if body is not None:
+            kwargs["body"] = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        elif method in ("POST", "PUT"):
+            kwargs["body"] = "{}"
+        response = await jp_fetch("podman-hpc", "api", *path, **kwargs)
+        text = response.body.decode() if response.body else ""
+        if response.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return response.code, text
+        return response.code, (json.loads(text) if text else None)
+    return call
+
+
+# --- JupyterLab on the stack and a browser page (tests/browser, tests/security) --------------------------
+
+
+@pytest.fixture(scope="session")
+def stack_lab(tmp_path_factory, stack, squashed_base) -> StackLab:
+    """JupyterLab with the engine environment of `squashed_base` and job directories on the scratch."""
+    job_root = stack.work_dir("browser-jobs")
+    env = {name: squashed_base.env[name] for name in ENGINE_VARIABLES}
+    try:
+        with running_lab(tmp_path_factory.mktemp("stack-lab"), env=env,
+                         args=[f"--PodmanHPC.job_root={job_root}"]) as lab:
+            yield StackLab(lab=lab, stack=stack, hpc=squashed_base, job_root=job_root)
+    finally:
+        shutil.rmtree(job_root, ignore_errors=True)
+
+
+@pytest.fixture
+def console() -> ConsoleLog:
+    return ConsoleLog()
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory) -> Path:
+    """Where screenshots go: tests/artifacts/ if writable, else a temporary directory."""
+    wanted = Path(os.environ.get("JPH_TEST_ARTIFACTS", REPO / "tests" / "artifacts"))
+    try:
+        wanted.mkdir(parents=True, exist_ok=True)
+        probe = wanted / f".probe-{uuid.uuid4().hex}"
+        probe.touch()
+        probe.unlink()
+        return wanted
+    except OSError:
+        return tmp_path_factory.mktemp("artifacts")
+
+
+@pytest.fixture
+def page(request, console: ConsoleLog, artifacts: Path, tmp_path):
+    """A page of a fresh headless chromium (Debian's), console collected in `console`."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        unavailable("browser tests need the Python package playwright (the project's [test] extra)")
+    if not os.access(CHROMIUM, os.X_OK):
+        unavailable(f"browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    profile = tmp_path / "chromium-profile"
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800},
         )
-    return result
+        try:
+            page = context.pages[0] if context.pages else context.new_page()
+            page.on("console", lambda message: console.messages.append((message.type, message.text)))
+            page.on("pageerror", lambda error: console.messages.append(("pageerror", str(error))))
+            yield page
+            try:
+                page.screenshot(path=str(artifacts / f"{request.node.name}.png"), full_page=True)
+            except Exception as error:  # a screenshot is a help, never a failure
+                print(f"no screenshot of {request.node.name}: {error}")
+        finally:
+            context.close()
+            shutil.rmtree(profile, ignore_errors=True)
 
 
-def library_module(tmp_path: Path, name: str, destinations: list[str], conf_dir: str) -> Path:
-    """A modules.d (returned) with one module, ``--name``, whose ``copy`` puts a freshly built
-    ``lib<name>.so.1`` into each of ``destinations`` and an ld.so.conf.d file naming ``conf_dir``."""
-    modules = tmp_path / "modules.d"
-    modules.mkdir()
-    library = tmp_path / f"lib{name}.so.1"
-    source = tmp_path / f"{name}.c"
-    source.write_text(f"int {name}_answer(void) {{ return 42; }}\n")
-    run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,lib{name}.so.1", "-o", library, source])
-    (tmp_path / f"{name}.conf").write_text(f"{conf_dir}\n")
-    copies = "".join(f"  - {library}:{destination}\n" for destination in destinations)
-    (modules / f"{name}.yaml").write_text(
-        f"name: {name}\ncli_arg: {name}\nenv: ENABLE_{name.upper()}\nhelp: test module\n"
-        f"copy:\n{copies}  - ../{name}.conf:/etc/ld.so.conf.d/{name}.conf\n")
-    for path in (tmp_path, modules):
-        path.chmod(0o755)
-    return modules
+# --- hooks ----------------------------------------------------------------------------------------------
 
 
 def pytest_collection_modifyitems(items):

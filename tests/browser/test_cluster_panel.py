@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from tests.browser.lab import open_dialog, open_notebook, open_panel
-from tests.conftest import run
+from tests.helpers.commands import run
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 

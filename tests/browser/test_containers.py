@@ -26,8 +26,8 @@ from jupyter_podman_hpc.kernels.orphans import POOL_LABEL
 from tests.browser.lab import (JOB_TIMEOUT, PANEL, RANK_CODE, check_rank_logs, get_json, open_dialog, open_lab,
                                open_notebook, open_panel, run_at_scale_notebook, run_command, shape_job, submit_job,
                                wait_for_job)
-from tests.conftest import run
-from tests.integration.conftest import cleanup_hpc, make_hpc
+from tests.helpers.commands import run
+from tests.helpers.hpc import cleanup_hpc, make_hpc
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

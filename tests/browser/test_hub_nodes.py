@@ -39,9 +39,8 @@ import pytest
 
 from tests.browser.lab import (RUN_BUTTON, check_rank_logs, get_json, open_dialog, open_path, run_at_scale_notebook,
                                shape_job, submit_job, wait_for_job)
-from tests.conftest import run
-from tests.integration.kernels.conftest import http
-from tests.integration.site.conftest import site_venv  # noqa: F401 (fixture)
+from tests.helpers.commands import run
+from tests.helpers.servers import http
 from tests.integration.site.hub import (install_kernel, server_jobs, start_hub, stop_hub, timings_note,
                                         wait_container_gone)
 

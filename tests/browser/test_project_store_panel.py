@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import ENGINE_VARIABLES, running_lab
+from tests.helpers.browser import ENGINE_VARIABLES, running_lab
 from tests.browser.lab import open_lab, open_panel
-from tests.conftest import run
-from tests.integration.conftest import cleanup_hpc, make_hpc
+from tests.helpers.commands import run
+from tests.helpers.hpc import cleanup_hpc, make_hpc
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from jupyter_podman_hpc.engine.site.config import SITE_DATA
-from tests.conftest import run
-from tests.faults.conftest import one_line, own_mounts
+from tests.helpers.commands import run
+from tests.helpers.faults import one_line, own_mounts
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 

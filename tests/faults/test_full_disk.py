@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from tests.faults.conftest import one_line, own_mounts
+from tests.helpers.faults import one_line, own_mounts
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 

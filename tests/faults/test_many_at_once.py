@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.kernels.conftest import (http, install, jupyter_server, kernel_site,  # noqa: F401 (fixture)
-                                                open_notebook, pool_containers, run_cell, wait_for)
-from tests.integration.conftest import squashed_base  # noqa: F401 (fixture)
-from tests.security.conftest import in_store, member, project_store, victim  # noqa: F401 (fixtures)
+from tests.helpers.attacks import in_store
+from tests.helpers.pools import install, open_notebook, pool_containers, wait_for
+from tests.helpers.servers import http, jupyter_server, run_cell
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration, pytest.mark.slow]
 

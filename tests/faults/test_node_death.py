@@ -16,8 +16,8 @@ import time
 import pytest
 
 from jupyter_podman_hpc import stepsocket
-from tests.conftest import run
-from tests.faults.conftest import REPO
+from tests.helpers.commands import run
+from tests.helpers.faults import REPO
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 

@@ -10,7 +10,7 @@ import uuid
 import psutil
 import pytest
 
-from tests.faults.conftest import own_mounts
+from tests.helpers.faults import own_mounts
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 

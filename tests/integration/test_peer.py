@@ -10,8 +10,8 @@ import re
 import shutil
 from pathlib import Path
 
-from tests.conftest import run
-from tests.integration.conftest import peer_env
+from tests.helpers.commands import run
+from tests.helpers.peer import peer_env
 
 
 def test_peer_reads_the_stack_config(peer, peer_home):

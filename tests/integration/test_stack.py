@@ -8,7 +8,7 @@ import uuid
 import pytest
 from pathlib import Path
 
-from tests.conftest import run
+from tests.helpers.commands import run
 
 REPO = Path(__file__).resolve().parents[2]
 MPI_ENV = {  # the shared-memory transport crashes across nodes sharing one kernel

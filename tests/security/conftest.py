@@ -1,25 +1,30 @@
 """Attack tests: another stack user (``hpcoutsider`` outside the project, ``hpcuser2`` in it)
 tries to turn the engine against the test's user, on the real stack. Each test performs the
 attack, shows it refused in one line with nothing run, deleted or changed, and shows the normal
-flow still works."""
+flow still works.
 
-import dataclasses
-import os
-import uuid
+The victim (``victim``), the project's fellow member (``member``) and a project store
+(``project_store``) are in tests/conftest.py, shared with the fault tests; ``in_store`` and
+``build`` in tests/helpers/attacks.py."""
+
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
-from tests.integration.conftest import Hpc, cleanup_hpc, make_hpc, squashed_base, squashed_tiny  # noqa: F401 (fixtures)
+from tests.helpers.hpc import Hpc, cleanup_hpc, make_hpc, squashed_store
 
 
-@pytest.fixture
-def victim(stack) -> Hpc:
-    """podman-hpc as the test's user (hpcuser), with fresh private state."""
-    instance = make_hpc(stack, "victim")
-    yield instance
-    cleanup_hpc(instance)
+@pytest.fixture(scope="session")
+def squashed_base(stack):
+    """The attack tests' own squashed store holding the base image, apart from the other folders'
+    (their leftovers checks see only these tests' containers)."""
+    yield from squashed_store(stack, stack.base_image)
+
+
+@pytest.fixture(scope="session")
+def squashed_tiny(stack):
+    """The attack tests' own squashed store holding the tiny busybox image."""
+    yield from squashed_store(stack, stack.tiny_image)
 
 
 @pytest.fixture
@@ -28,40 +33,6 @@ def outsider(stack) -> Hpc:
     instance = make_hpc(stack, "outsider", user="hpcoutsider")
     yield instance
     cleanup_hpc(instance)
-
-
-@pytest.fixture
-def member(stack) -> Hpc:
-    """podman-hpc as hpcuser2, the victim's fellow member of the project group jphproj."""
-    instance = make_hpc(stack, "member", user="hpcuser2")
-    yield instance
-    cleanup_hpc(instance)
-
-
-@pytest.fixture
-def project_store(member):
-    """A project store as docs/users/images.md ("Project stores") says to make one now: in the project directory, 3770."""
-    path = Path(os.environ["STACK_PROJECT_DIR"]) / f"sec-store-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    path.chmod(0o3770)
-    yield path
-    member.sh("rm", "-rf", path, check=False)  # sticky: what the member made, the member removes
-    run(["rm", "-rf", str(path)], check=False)
-
-
-def in_store(hpc: Hpc, store: Path) -> Hpc:
-    """``hpc`` with ``store`` as its squashed store; the fixture's own keeps its private one, so
-    its clean-up never re-creates a project store removed before it."""
-    return dataclasses.replace(hpc, env={**hpc.env, "SQUASH_DIR": str(store)})
-
-
-def build(hpc: Hpc, tag: str, containerfile: str) -> str:
-    """``tag`` built by ``hpc`` from ``containerfile`` (in local storage)."""
-    context = hpc.work / f"ctx-{uuid.uuid4().hex[:6]}"
-    context.mkdir(parents=True)
-    (context / "Containerfile").write_text(containerfile)
-    hpc("build", "-t", tag, context)
-    return tag
 
 
 @pytest.fixture

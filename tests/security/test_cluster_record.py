@@ -25,8 +25,8 @@ from jupyter_podman_hpc.engine.base.processes import owner_alive, owner_token
 from jupyter_podman_hpc.slurm import SlurmClient
 from jupyter_podman_hpc.slurm.cluster import Cluster, find_cluster
 from jupyter_podman_hpc.slurm.clusterrecord import RECORD, ClusterRecord
-from tests.conftest import run
-from tests.integration.slurm.conftest import root, store_env  # noqa: F401 (fixture)
+from tests.helpers.commands import run
+from tests.helpers.hpc import store_env
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ there and the host's file systems in view. The hostile image has:
 
 import uuid
 
-from tests.conftest import library_module
+from tests.helpers.site_modules import library_module
 
 ESCAPING_LDCONFIG = """\
 #!/usr/bin/python3

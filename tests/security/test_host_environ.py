@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import run
+from tests.helpers.commands import run
 
 KEPT_OUT = "JPH_KEPT_OUT"   # in the tasks' environment, never passed in
 PASSED = "JPH_PASSED_IN"    # passed with -e NAME: podman takes its value from its own environment

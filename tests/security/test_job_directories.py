@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_podman_hpc.slurm import Job
-from tests.conftest import run
-from tests.integration.slurm.conftest import root  # noqa: F401 (fixture)
+from tests.helpers.commands import run
 from tests.integration.slurm.notebooks import TIMEOUT, executed, notebook_file, notebook_spec
 
 INPUTS = ("Attack.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py", "nbrun/plan.json", "job.sh")

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from jupyter_podman_hpc.kernels import kernelspec
-from tests.conftest import run
-from tests.integration.kernels.conftest import (http, install, jupyter_server, kernel_site,  # noqa: F401 (fixture)
-                                                open_notebook, pool_containers, run_cell, wait_for)
+from tests.helpers.commands import run
+from tests.helpers.pools import install, open_notebook, pool_containers, wait_for
+from tests.helpers.servers import http, jupyter_server, run_cell
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import ConsoleLog, artifacts, console, page, stack_lab  # noqa: F401 (fixtures)
+from tests.helpers.browser import ConsoleLog
 from tests.browser.lab import (PNG_B64, get_json, open_dialog, open_lab, open_notebook, open_panel,
                                run_at_scale_notebook, shape_job, submit_job, wait_for_job)
 

@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import run
+from tests.helpers.commands import run
 
 NODE = "n1"
 STEPS = range(0, 12)  # the job's next steps: every one is squatted

@@ -19,7 +19,7 @@ from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.errors import PermissionDenied
 from jupyter_podman_hpc.engine.service.sweep import sweep
 from jupyter_podman_hpc.engine.service.taskrecords import DIRECTORY, TaskRecords
-from tests.integration.conftest import cleanup_hpc, make_hpc
+from tests.helpers.hpc import cleanup_hpc, make_hpc
 
 GONE = "999999999:1"  # the owner token of a caller that died
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
-from tests.security.conftest import in_store
+from tests.helpers.attacks import in_store
+from tests.helpers.commands import run
 
 REWRITE = r"""
 import os, sys

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
-from tests.security.conftest import build, in_store
+from tests.helpers.attacks import build, in_store
+from tests.helpers.commands import run
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ\n"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
-from tests.security.conftest import build, in_store
+from tests.helpers.attacks import build, in_store
+from tests.helpers.commands import run
 
 APPEND_RECORDS = r"""
 import json, sys

@@ -10,9 +10,10 @@ import json
 import pytest
 
 from jupyter_podman_hpc.slurm import Job, JobSpec
-from tests.faults.conftest import one_line
-from tests.faults.jupyter.conftest import STORE_VARS, jobs_server_config
-from tests.integration.magics.conftest import start_session
+from tests.helpers.faults import one_line
+from tests.helpers.hpc import STORE_VARS
+from tests.helpers.magics_kernel import start_session
+from tests.helpers.server_extension import jobs_server_config
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 

@@ -15,9 +15,9 @@ import threading
 
 import pytest
 
-from tests.faults.conftest import one_line
-from tests.integration.magics.conftest import start_session
-from tests.integration.server.conftest import events, finished
+from tests.helpers.faults import one_line
+from tests.helpers.magics_kernel import start_session
+from tests.helpers.server_extension import events, finished
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 SLOW = 512 << 10  # bytes per second of a layer's body: the 12 MB layer takes about 20 s

@@ -25,8 +25,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.faults.conftest import one_line
-from tests.integration.kernels.conftest import http, jupyter_server, processes_mentioning
+from tests.helpers.faults import one_line
+from tests.helpers.servers import http, jupyter_server, processes_mentioning
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 SLOW = 256 << 10   # bytes per second of the pushed image's 12 MB layer: the pull takes about 45 s

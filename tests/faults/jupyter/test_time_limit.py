@@ -16,9 +16,9 @@ from jupyter_podman_hpc.engine.base.processes import owner_alive
 from jupyter_podman_hpc.slurm import Job, JobSpec
 from jupyter_podman_hpc.slurm.clusterrecord import ClusterRecord
 from jupyter_podman_hpc.slurm.watchdog import JOB_POLL
-from tests.faults.jupyter.conftest import STORE_VARS, jobs_server_config
-from tests.integration.conftest import squashed_base  # noqa: F401 (fixture)
-from tests.integration.magics.conftest import start_session
+from tests.helpers.hpc import STORE_VARS
+from tests.helpers.magics_kernel import start_session
+from tests.helpers.server_extension import jobs_server_config
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 

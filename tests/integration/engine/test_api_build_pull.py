@@ -18,8 +18,8 @@ from jupyter_podman_hpc.engine.images.pull import PullError, pull, pull_and_squa
 from jupyter_podman_hpc.engine.service.stream import Cancelled
 from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.store.squashed import SquashStore
-from tests.conftest import run
-from tests.integration.conftest import cleanup_hpc, make_hpc
+from tests.helpers.commands import run
+from tests.helpers.hpc import cleanup_hpc, make_hpc
 from tests.integration.engine.slow_registry import SlowRegistry
 
 LAYER_MB = 12

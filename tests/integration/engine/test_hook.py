@@ -2,7 +2,8 @@
 
 import subprocess
 
-from tests.conftest import library_module, run
+from tests.helpers.commands import run
+from tests.helpers.site_modules import library_module
 
 
 def test_module_copy_entries_and_ldconfig(squashed_base, stack, tmp_path):

@@ -4,8 +4,8 @@ import uuid
 
 import pytest
 
-from tests.conftest import run
-from tests.integration.conftest import peer_env
+from tests.helpers.commands import run
+from tests.helpers.peer import peer_env
 
 
 @pytest.fixture(scope="module")

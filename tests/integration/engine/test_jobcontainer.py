@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import run
+from tests.helpers.commands import run
 
 pytestmark = pytest.mark.slow
 

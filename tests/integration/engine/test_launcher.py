@@ -11,8 +11,8 @@ import pytest
 
 from jupyter_podman_hpc.engine.base.locks import NEW_LOCK_GRACE
 from jupyter_podman_hpc.engine.run.stepmonitor import MONITOR_LOG
-from tests.conftest import run
-from tests.integration.engine.conftest import monitors_of, recording_podman
+from tests.helpers.commands import run
+from tests.helpers.launcher_steps import monitors_of, recording_podman
 
 # Each rank prints its rank, its node, the container it runs in (its pid namespace and
 # the start time of that namespace's pid 1: namespace numbers alone are reused) and the OS.

@@ -3,9 +3,9 @@ runs what `podman run IMAGE ARGS` would (ENTRYPOINT + ARGS, CMD, or the user's -
 
 import pytest
 
-from tests.conftest import run
-from tests.integration.conftest import cleanup_hpc, make_hpc
-from tests.integration.engine.conftest import recording_podman
+from tests.helpers.commands import run
+from tests.helpers.hpc import cleanup_hpc, make_hpc
+from tests.helpers.launcher_steps import recording_podman
 
 IMAGE = "localhost/tests/entrypoint:1"
 

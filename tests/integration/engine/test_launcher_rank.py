@@ -1,7 +1,7 @@
 """The rank path: a shared-run task that is not its node's first never loads the CLI, the
 configuration or the modules; the step monitor hands it its plan over the step's socket."""
 
-from tests.conftest import run
+from tests.helpers.commands import run
 
 
 def cli_imports(stderr):

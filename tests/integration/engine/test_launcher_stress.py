@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.integration.engine.conftest import allocation, cancel_when_up
+from tests.helpers.launcher_steps import allocation, cancel_when_up
 
 
 # moments after a step shows in squeue: before, while and after its tasks reach their node's monitor

@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_podman_hpc.engine.run.stepmonitor import MONITOR_LOG
-from tests.integration.engine.conftest import allocation, cancel_when_up, monitors_of
+from tests.helpers.launcher_steps import allocation, cancel_when_up, monitors_of
 
 STEPS = 300
 AT_ONCE = 6

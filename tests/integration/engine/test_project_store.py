@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
-from tests.integration.conftest import cleanup_hpc, make_hpc, peer_env
+from tests.helpers.commands import run
+from tests.helpers.hpc import cleanup_hpc, make_hpc
+from tests.helpers.peer import peer_env
 
 
 def project_dir() -> Path:

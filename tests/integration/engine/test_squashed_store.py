@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
+from tests.helpers.commands import run
 
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from jupyter_podman_hpc.engine.mount.cache import cache_entries, in_use
 
-from tests.integration.conftest import cleanup_hpc, make_hpc
+from tests.helpers.hpc import cleanup_hpc, make_hpc
 
 IMAGES = ("one", "two")
 

@@ -10,7 +10,7 @@ import pytest
 
 import jupyter_podman_hpc
 
-from .conftest import start
+from tests.helpers.kernel_clients import start
 
 pytestmark = pytest.mark.slow
 

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
+from tests.helpers.commands import run
 
-from .conftest import (BIN, execute_over_websocket, http, install, jupyter_server, open_notebook, pool_containers,
-                       processes_mentioning, wait_for)
+from tests.helpers.kernel_site import BIN
+from tests.helpers.pools import install, open_notebook, pool_containers, wait_for
+from tests.helpers.servers import execute_over_websocket, http, jupyter_server, processes_mentioning
 
 pytestmark = pytest.mark.slow
 

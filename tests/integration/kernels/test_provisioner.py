@@ -27,7 +27,8 @@ from tornado import web
 
 from jupyter_podman_hpc.kernels.provisioner import KernelStartError
 
-from .conftest import processes_mentioning, run, start
+from tests.helpers.kernel_clients import run, start
+from tests.helpers.servers import processes_mentioning
 
 
 def evaluate(kc, expression: str, timeout: float = 30) -> str:
@@ -283,7 +284,7 @@ def test_keep_id_when_the_image_is_in_node_local_storage(hpc, stack, tmp_path, m
     """From node-local layers the kernel runs as the user's uid (keep_id "auto"); from a squash file
     (the squashed store, or a pulled image, which is squashed too) it runs as the container's root,
     which is the user on the host."""
-    from .conftest import KernelSite, remove_kernel_containers, site_env, use_env
+    from tests.helpers.kernel_site import KernelSite, remove_kernel_containers, site_env, use_env
 
     hpc("pull", stack.base_image)  # squashed, and still in the node's storage: read from the squash file
     context = tmp_path / "ctx"

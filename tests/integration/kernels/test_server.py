@@ -9,9 +9,10 @@ import uuid
 
 import pytest
 
-from tests.conftest import run
+from tests.helpers.commands import run
 
-from .conftest import BIN, http, jupyter_server, run_cell, start_kernel
+from tests.helpers.kernel_site import BIN
+from tests.helpers.servers import http, jupyter_server, run_cell, start_kernel
 
 
 @pytest.fixture

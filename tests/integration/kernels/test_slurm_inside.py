@@ -23,11 +23,11 @@ import textwrap
 import pytest
 
 from jupyter_podman_hpc.engine.site import hostslurm as slurm
-from tests.conftest import run as run_command
-from tests.integration.conftest import cleanup_hpc, make_hpc
+from tests.helpers.commands import run as run_command
+from tests.helpers.hpc import cleanup_hpc, make_hpc
 
-from .conftest import KernelSite, remove_kernel_containers, site_env, use_env
-from .conftest import run, start
+from tests.helpers.kernel_clients import run, start
+from tests.helpers.kernel_site import KernelSite, remove_kernel_containers, site_env, use_env
 
 pytestmark = pytest.mark.slow
 

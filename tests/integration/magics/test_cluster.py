@@ -21,8 +21,8 @@ from typing import Iterator
 import pytest
 
 from jupyter_podman_hpc.kernels.orphans import owner_alive
-from tests.conftest import run
-from tests.integration.magics.conftest import MPI_ENV, short_error, start_session
+from tests.helpers.commands import run
+from tests.helpers.magics_kernel import MPI_ENV, short_error, start_session
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from tests.integration.engine.slow_registry import SlowRegistry
-from tests.integration.magics.conftest import MPI_ENV, WIDGET_MIME, short_error, start_session
+from tests.helpers.magics_kernel import MPI_ENV, WIDGET_MIME, short_error, start_session
 
 ALLREDUCE = (
     "import os\n"

@@ -5,8 +5,8 @@ import logging
 import os
 import uuid
 
-from tests.conftest import run
-from tests.integration.server.conftest import events, finished
+from tests.helpers.commands import run
+from tests.helpers.server_extension import events, finished
 
 
 async def test_every_endpoint_needs_authentication(jp_fetch, server_hpc):

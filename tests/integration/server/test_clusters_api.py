@@ -3,7 +3,7 @@
 import asyncio
 
 from jupyter_podman_hpc.slurm.cluster import Cluster
-from tests.conftest import run
+from tests.helpers.commands import run
 
 STORE_VARS = ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME", "SQUASH_DIR")
 

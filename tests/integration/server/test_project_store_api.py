@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
-from tests.integration.conftest import cleanup_hpc, make_hpc
+from tests.helpers.commands import run
+from tests.helpers.hpc import cleanup_hpc, make_hpc
 
 
 @pytest.fixture

@@ -15,8 +15,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import run
-from tests.integration.kernels.conftest import ENGINE_VARS, Hub, HubSetup, stop, wait_http
+from tests.helpers.commands import run
+from tests.helpers.hubs import Hub, HubSetup
+from tests.helpers.kernel_site import ENGINE_VARS
+from tests.helpers.servers import stop, wait_http
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 EXAMPLE = CHECKOUT / "examples" / "hub" / "jupyterhub_config.py"

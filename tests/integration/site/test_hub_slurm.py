@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.kernels.conftest import execute_over_websocket, http
+from tests.helpers.servers import execute_over_websocket, http
 
 from .hub import install_kernel, server_jobs, start_hub, stop_hub, timings_note, wait_container_gone
 

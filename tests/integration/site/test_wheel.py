@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run
+from tests.helpers.commands import run
 
 pytestmark = pytest.mark.slow
 

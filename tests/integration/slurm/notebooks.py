@@ -4,7 +4,7 @@ the spec of a notebook run at scale in the base image, and the executed notebook
 import nbformat
 
 from jupyter_podman_hpc.slurm import JobSpec
-from tests.integration.slurm.conftest import store_env
+from tests.helpers.hpc import store_env
 
 TIMEOUT = 300  # seconds a notebook job may take, queueing behind other jobs included
 

@@ -12,8 +12,8 @@ import pytest
 from jupyter_podman_hpc.engine.base.processes import owner_alive
 from jupyter_podman_hpc.slurm import SlurmClient, cluster
 from jupyter_podman_hpc.slurm.cluster import Cluster, ClusterError
-from tests.conftest import run
-from tests.integration.slurm.conftest import store_env
+from tests.helpers.commands import run
+from tests.helpers.hpc import store_env
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import nbformat
 import pytest
 
 from jupyter_podman_hpc.slurm import Job, JobSpec, JobTimeout, SlurmClient, SlurmError
-from tests.conftest import run
-from tests.integration.slurm.conftest import store_env
+from tests.helpers.commands import run
+from tests.helpers.hpc import store_env
 
 MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"}
 TIMEOUT = 300  # seconds a job may take, queueing behind other jobs included (nodes are exclusive)

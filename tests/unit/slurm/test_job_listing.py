@@ -5,7 +5,7 @@ import os
 import pytest
 
 from jupyter_podman_hpc.slurm.jobs import Job, JobError, JobRecord
-from tests.unit.slurm.conftest import StandInSlurm, submit
+from tests.helpers.slurm_standin import StandInSlurm, submit
 
 
 @pytest.mark.parametrize("damage, why", [

@@ -16,7 +16,7 @@ from jupyter_podman_hpc.slurm.client import JobStatus, SlurmError
 from jupyter_podman_hpc.slurm import jobs
 from jupyter_podman_hpc.slurm.jobs import Job, JobError, JobNotFound, JobTimeout, default_root
 from jupyter_podman_hpc.slurm.spec import JobSpec, JobSpecError
-from tests.unit.slurm.conftest import IMAGE, StandInSlurm, squashed_config, submit
+from tests.helpers.slurm_standin import IMAGE, StandInSlurm, squashed_config, submit
 
 
 def test_an_image_that_is_not_squashed_is_refused(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.slurm.conftest import BARE_PYTHON, notebook_job, output_notebook, run_rank
+from tests.helpers.notebook_jobs import BARE_PYTHON, notebook_job, output_notebook, run_rank
 
 
 def test_without_ipython_cells_run_as_plain_python(tmp_path):

@@ -7,7 +7,7 @@ import json
 import signal
 import time
 
-from tests.unit.slurm.conftest import finish_job, notebook_job, output_notebook, run_rank
+from tests.helpers.notebook_jobs import finish_job, notebook_job, output_notebook, run_rank
 
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
 

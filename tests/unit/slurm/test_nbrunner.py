@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from jupyter_podman_hpc.slurm.script import finish_argv
-from tests.unit.slurm.conftest import finish_job, notebook_job, output_notebook, run_rank
+from tests.helpers.notebook_jobs import finish_job, notebook_job, output_notebook, run_rank
 
 
 def test_an_error_on_rank_0_stops_it_at_its_cell(tmp_path):

@@ -4,7 +4,7 @@ ended, over the budget, or released at their job's end go; copies in use never."
 from jupyter_podman_hpc.engine.site.readpath import ReadPathSettings
 from jupyter_podman_hpc.engine.mount.cache import cache_entries, sweep
 
-from tests.unit.engine.conftest import age, made_copy, needs_squashfs
+from tests.helpers.squash_files import age, made_copy, needs_squashfs
 
 
 @needs_squashfs

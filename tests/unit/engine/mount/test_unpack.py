@@ -10,7 +10,7 @@ from jupyter_podman_hpc.engine.site.readpath import ReadPathSettings
 from jupyter_podman_hpc.engine.mount.unpack import NoRoom, UnpackedCopy
 from jupyter_podman_hpc.engine.mount.cache import cache_entries, copies
 
-from tests.unit.engine.conftest import age, made_copy, needs_squashfs, squash_file
+from tests.helpers.squash_files import age, made_copy, needs_squashfs, squash_file
 
 
 @needs_squashfs

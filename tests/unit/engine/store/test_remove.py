@@ -5,7 +5,7 @@ import json
 
 from jupyter_podman_hpc.engine.store.squashed import SquashStore
 from jupyter_podman_hpc.engine.store.remove import remove
-from tests.unit.engine.conftest import LINK, squashed_image
+from tests.helpers.store_images import LINK, squashed_image
 
 
 def test_rmsqi_never_acts_on_records_whose_ids_are_paths(tmp_path, caplog):

@@ -10,7 +10,7 @@ from jupyter_podman_hpc.engine.errors import PermissionDenied
 from jupyter_podman_hpc.engine.store.records import SQUASH_DIGEST
 from jupyter_podman_hpc.engine.store.squashed import SquashStore
 from jupyter_podman_hpc.engine.store.access import make_store_dir
-from tests.unit.engine.conftest import LINK, squashed_image
+from tests.helpers.store_images import LINK, squashed_image
 
 
 def mode(path):
