@@ -40,7 +40,7 @@ def truth(word: object) -> bool | None:
 def image_rows(images: Iterable) -> list[tuple[str, ...]]:
     """The images table of ``podman-hpc images`` (a header, then one row per name of each
     ``ImageInfo``), as the CLI prints it and the ``%podman_hpc images`` magic shows it."""
-    rows = [("REPOSITORY:TAG", "IMAGE ID", "CREATED", "SIZE", "SQUASHED", "STORE")]
+    rows: list[tuple[str, ...]] = [("REPOSITORY:TAG", "IMAGE ID", "CREATED", "SIZE", "SQUASHED", "STORE")]
     for image in images:
         for name in image.names or ["<none>"]:
             where = image.stores + (" (shadowed)" if name in image.shadowed else "")

@@ -96,6 +96,7 @@ def _open_untrusted(path: Path, beneath: Path | None) -> Iterator[tuple[int, os.
     dir_fd = os.open(beneath, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if beneath is not None else None
     try:
         for part in parts[:-1]:
+            assert dir_fd is not None  # a path of more than one part is only walked below ``beneath``
             try:
                 child = os.open(part, _UNTRUSTED_DIR, dir_fd=dir_fd)
             except OSError as err:

@@ -79,6 +79,13 @@ def held_flock(directory: Path, name: str, how: int, create: bool = True) -> int
             return None
 
 
+def waited_flock(directory: Path, name: str, how: int) -> int:
+    """``held_flock`` that makes the file and waits for the lock (``how`` without LOCK_NB): its descriptor."""
+    fd = held_flock(directory, name, how)
+    assert fd is not None, "held_flock returns None only without create or with LOCK_NB"
+    return fd
+
+
 # seconds: an unlocked lock file younger than this may be in its holder's first instant (made, not yet locked)
 NEW_LOCK_GRACE = 2.0
 

@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,8 +100,8 @@ def copies(cache: Path) -> list[CachedCopy]:
     return sorted(found, key=lambda c: c.last_use)
 
 
-def sweep(cache: Path, settings: ReadPathSettings, keep: set[str] = frozenset(), now: float | None = None,
-          ended=None, release_job: bool = False) -> list[tuple[str, str]]:
+def sweep(cache: Path, settings: ReadPathSettings, keep: Collection[str] = frozenset(), now: float | None = None,
+          ended: Callable[[str], bool] | None = None, release_job: bool = False) -> list[tuple[str, str]]:
     """Remove the unused copies idle past ``settings.idle_minutes`` or made by a Slurm job that
     has ended (``ended(job)``, default: asks Slurm), then the least recently used unused ones
     while the copies take more than the budget; (key, why) of each. Call under the cache lock.

@@ -43,7 +43,7 @@ def probe_kernel_overlay(scratch: Path) -> str:
     try:
         mount_overlay(str(dirs["merged"]), options)
     except OSError as err:
-        return err.strerror or errno.errorcode.get(err.errno, "?")
+        return err.strerror or errno.errorcode.get(err.errno or 0, "?")  # no errno: "?" (0 has no name)
     ctypes.CDLL(None, use_errno=True).umount2(str(dirs["merged"]).encode(), 2)
     return ""
 

@@ -99,7 +99,8 @@ class UnpackedCopy:
         self._make_room()
         staging = self.cache / f"{self.key}.tmp-{os.getpid()}"
         unsquashfs = shutil.which("unsquashfs") or "/usr/bin/unsquashfs"
-        source, fds = str(self.squash), ()
+        source = str(self.squash)
+        fds: tuple[int, ...] = ()
         if self.source_fd is not None:
             source, fds = f"/proc/self/fd/{self.source_fd}", (self.source_fd,)
         result = commands.run([unsquashfs, "-no-progress", "-quiet", "-dest", str(staging), source],
@@ -117,6 +118,7 @@ class UnpackedCopy:
         self._write_ref(tree_bytes(self.root))
 
     def _write_ref(self, size: int) -> None:
+        assert self.ref_fd is not None  # written only under acquire(), which holds the ref file open
         write_ref(self.ref_fd, size, {"squash": str(self.squash), "job": self.settings.job or "",
                                       "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()})
 

@@ -344,6 +344,7 @@ class PrivateService:
         """Who started the service, and the service itself, beside its socket: should this process
         die without stopping it (a server SIGKILLed mid-build), the next sweep
         (``engine.service.sweep``) knows it is an orphan and stops it."""
+        assert self.process is not None  # called by start() once the service is started
         record = {"caller": processes.owner_token(), "service": processes.owner_token(self.process.pid),
                   "socket": str(self.socket), "started": time.time()}
         atomic_write(self.owner_path, json.dumps(record) + "\n", 0o600)

@@ -25,7 +25,7 @@ import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple
 
 from . import hostslurm
 from ..errors import ModuleError
@@ -124,6 +124,12 @@ def load_module(path: Path) -> Module:
     )
 
 
+def _cached_module(fields: dict[str, Any]) -> Module:
+    """A module as the cache of ``ModuleSet.load`` holds it (JSON: its tuples are lists)."""
+    kept: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+    return Module(**kept)
+
+
 @dataclass(frozen=True)
 class ModuleSet:
     """All modules of a site, by name, in file-name order."""
@@ -145,8 +151,7 @@ class ModuleSet:
             try:
                 cached = json.loads(cache.read_text())
                 if cached["directory"] == directory and cached["stamp"] == stamp:
-                    return cls(directory, tuple(Module(**{k: tuple(v) if isinstance(v, list) else v
-                                                          for k, v in m.items()}) for m in cached["modules"]))
+                    return cls(directory, tuple(_cached_module(m) for m in cached["modules"]))
             except (OSError, ValueError, KeyError, TypeError):
                 pass
         modules = tuple(load_module(p) for p in files)

@@ -15,6 +15,10 @@ every container start.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing's flag, which type checkers read as true, without importing typing
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
 _HEX = frozenset("0123456789abcdef")
 _BASE32 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567")
 LINK_LENGTH = 26
@@ -25,17 +29,17 @@ LINK_LENGTH = 26
 SQUASH_DIGEST = "podman-hpc.squash-digest"
 
 
-def is_id(value: object) -> bool:
+def is_id(value: object) -> TypeGuard[str]:
     """An image or layer id as containers/storage writes it."""
     return isinstance(value, str) and len(value) == 64 and _HEX.issuperset(value)
 
 
-def is_link(value: object) -> bool:
+def is_link(value: object) -> TypeGuard[str]:
     """A layer's short link name as containers/storage's overlay driver generates it."""
     return isinstance(value, str) and len(value) == LINK_LENGTH and _BASE32.issuperset(value)
 
 
-def is_digest(value: object) -> bool:
+def is_digest(value: object) -> TypeGuard[str]:
     """A ``sha256:`` digest with 64 hex digits, as image records hold them."""
     return isinstance(value, str) and value.startswith("sha256:") and is_id(value[7:])
 
