@@ -42,7 +42,7 @@ from typing import Callable, Iterator, Sequence
 
 from ..base import processes
 from ..base.files import atomic_write
-from ..base.locks import held_flock
+from ..base.locks import held_flock, waited_flock
 from ... import stepsocket
 
 CREATE = "create.lock"
@@ -78,10 +78,10 @@ class Lease:
 def starting(directory: Path) -> Iterator[Lease]:
     """Hold ``create.lock`` for the ``with`` block (adopt or start the container in it); yields the
     step's lease, which outlasts the block."""
-    create = held_flock(directory, CREATE, fcntl.LOCK_EX)
+    create = waited_flock(directory, CREATE, fcntl.LOCK_EX)
     try:
         # never blocks for long: a reaper holds holders.lock only while it also holds create.lock
-        yield Lease(held_flock(directory, HOLDERS, fcntl.LOCK_SH))
+        yield Lease(waited_flock(directory, HOLDERS, fcntl.LOCK_SH))
     finally:
         os.close(create)
 
@@ -111,7 +111,7 @@ def record(directory: Path, pid: int) -> None:
 
 
 def linger(directory: Path, seconds: float, remove: Callable[[], None],
-           remove_named: Callable[[str], None]) -> None:
+           remove_named: Callable[[str], object]) -> None:
     """Be the container's one lingerer, or return at once if another monitor is: wait until no step
     has used the container for ``seconds`` and none uses or starts it, then ``remove()`` it and the
     directory goes. First, the node's job containers whose lingerer was killed go the same way
@@ -133,7 +133,7 @@ def linger(directory: Path, seconds: float, remove: Callable[[], None],
         os.close(lingering)
 
 
-def _sweep(directory: Path, seconds: float, remove_named: Callable[[str], None]) -> None:
+def _sweep(directory: Path, seconds: float, remove_named: Callable[[str], object]) -> None:
     """Remove another job container of the node if nobody lingers for it and it is idle."""
     lingering = held_flock(directory, LINGER, fcntl.LOCK_EX | fcntl.LOCK_NB)
     if lingering is None:      # its lingerer runs
@@ -144,7 +144,7 @@ def _sweep(directory: Path, seconds: float, remove_named: Callable[[str], None])
         os.close(lingering)
 
 
-def _removed_if_idle(directory: Path, seconds: float, remove: Callable[[], None]) -> bool:
+def _removed_if_idle(directory: Path, seconds: float, remove: Callable[[], object]) -> bool:
     """``remove()`` the container and its directory if no step uses or starts it (both locks taken
     without waiting) and none used it for ``seconds``; whether it did."""
     # (made again if a lingerer before us removed them: then nothing holds them)

@@ -34,7 +34,12 @@ import resource
 import struct
 from _collections_abc import Mapping, Sequence  # collections.abc's, loaded with os: this module
 # is on every joining task's path and imports only what is built in or already loaded
-from _signal import pidfd_send_signal
+
+TYPE_CHECKING = False  # typing's flag, which type checkers read as true, without importing typing
+if TYPE_CHECKING:  # the stubs know signal's (the same function); _signal, built in, has none
+    from signal import pidfd_send_signal
+else:
+    from _signal import pidfd_send_signal
 
 from ...stepsocket import default_signals, wait_forwarding
 
@@ -117,14 +122,17 @@ def _environ(proc: int) -> dict[str, str]:
     return env
 
 
+def _limit(word: str) -> int:
+    return resource.RLIM_INFINITY if word == "unlimited" else int(word)
+
+
 def _limits(proc: int) -> dict[int, tuple[int, int]]:
     limits = {}
     for line in _text(proc, "limits").splitlines()[1:]:
         for label, which in _RLIMITS.items():
             if line.startswith(label):
                 soft, hard = line[len(label):].split()[:2]
-                limits[which] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v)
-                                      for v in (soft, hard))
+                limits[which] = (_limit(soft), _limit(hard))
     return limits
 
 
@@ -286,9 +294,9 @@ def join_and_run(pidfd: int, command: Sequence[str], env_overrides: Mapping[str,
     child = os.fork()  # the pid namespace applies to children
     if child == 0:
         default_signals()  # as podman exec starts it
-        err = _exec(list(command), env)
-        os.write(2, f"{command[0]}: {err.strerror}\n".encode())
-        os._exit(127 if isinstance(err, FileNotFoundError) else 126)
+        error = _exec(list(command), env)
+        os.write(2, f"{command[0]}: {error.strerror}\n".encode())
+        os._exit(127 if isinstance(error, FileNotFoundError) else 126)
     return wait_forwarding(child)
 
 

@@ -85,19 +85,7 @@ def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart
     the connection, the container and a pidfd of its first process."""
     config = podman.config
     try:
-        address = stepsocket.address_of(context.key)
-        listener = stepsocket.take_listener()  # the console script may have won the election already
-        if listener is None:
-            kind, sock = stepsocket.rendezvous(address)
-            listener, connection = (sock, None) if kind == "listener" else (None, sock)
-        if listener is not None:
-            start_monitor(podman, directory, listener, name, start, context.tasks_on_node,
-                          processes.ancestor_pidfd("slurmstepd"))
-            kind, connection = stepsocket.rendezvous(address)
-            if kind == "listener":  # nobody holds the address: the monitor is gone already
-                connection.close()
-                raise EngineError(f"shared-run: the step monitor for {name} did not start (see {MONITOR_LOG} "
-                                  f"in {config.run_root})")
+        connection = _monitor_connection(podman, directory, name, start, context)
     except stepsocket.Refused as err:
         raise PermissionDenied(f"shared-run: {err}")
     stepsocket.send(connection, {"kind": "task"})
@@ -117,6 +105,26 @@ def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart
         raise EngineError(f"shared-run: cannot start container {name}: "
                           f"{(reply or {}).get('failed') or 'the step monitor exited'}")
     return connection, RunningContainer(**reply["ready"]), pidfds[0]
+
+
+def _monitor_connection(podman: Podman, directory: Path, name: str, start: ContainerStart,
+                        context: StepContext) -> socket.socket:
+    """A connection to the node's step monitor, which this task starts if it is the node's first."""
+    address = stepsocket.address_of(context.key)
+    listener = stepsocket.take_listener()  # the console script may have won the election already
+    if listener is None:
+        kind, sock = stepsocket.rendezvous(address)
+        if kind != "listener":
+            return sock
+        listener = sock
+    start_monitor(podman, directory, listener, name, start, context.tasks_on_node,
+                  processes.ancestor_pidfd("slurmstepd"))
+    kind, connection = stepsocket.rendezvous(address)
+    if kind == "listener":  # nobody holds the address: the monitor is gone already
+        connection.close()
+        raise EngineError(f"shared-run: the step monitor for {name} did not start (see {MONITOR_LOG} "
+                          f"in {podman.config.run_root})")
+    return connection
 
 
 def _scaled(value: float, tasks: int) -> float:

@@ -34,7 +34,7 @@ from typing import Mapping
 from . import jobcontainer, perprocess
 from ..base import processes
 from ..errors import EngineError
-from ..base.locks import abandoned_lock, held_flock
+from ..base.locks import abandoned_lock, waited_flock
 from ..podman import Podman, error_message
 from .taskplan import RunningContainer, split_options, task_command, task_plan
 from ... import stepsocket
@@ -136,7 +136,7 @@ class StepMonitor:
             # over then leaves no step directory behind, and this one is removed below however
             # the step ends
             self.directory.mkdir(parents=True, exist_ok=True)
-            self.directory_lock = held_flock(self.directory, MONITOR_LOCK, fcntl.LOCK_EX)  # until exit
+            self.directory_lock = waited_flock(self.directory, MONITOR_LOCK, fcntl.LOCK_EX)  # until exit
             self.state = self._start_container()
             if "failed" in self.state:
                 self._log(self.state["failed"])
@@ -181,6 +181,7 @@ class StepMonitor:
     def _leave_job_container(self) -> None:
         """Let go of the job's container; unless another monitor does, wait to remove it once no step has
         used it for the linger."""
+        assert self.lease is not None and self.start.reuse is not None  # a lease is taken on a job's container only
         self.lease.release(self.start.reuse)
         jobcontainer.linger(self.start.reuse, self.start.linger, self._remove_container,
                             lambda key: self.podman.remove_containers(stepsocket.container_name(os.getuid(), key)))
@@ -199,14 +200,16 @@ class StepMonitor:
     def _start_container(self) -> dict:
         """Start the container, or lease the job's (reuse); the line every task gets (ready + what it
         needs, or failed + why)."""
-        if self.start.reuse is None:
+        job_container = self.start.reuse
+        if job_container is None:
             return self._run_container()
-        with jobcontainer.starting(self.start.reuse) as self.lease:
-            pid = self._adopt()
+        with jobcontainer.starting(job_container) as self.lease:
+            pid = self._adopt(job_container)
             if pid is None:
                 state = self._run_container()
                 if "ready" in state:
-                    jobcontainer.record(self.start.reuse, self.container.pid)
+                    assert self.container is not None  # set with "ready"
+                    jobcontainer.record(job_container, self.container.pid)
                 return state
             entrypoint, cmd = self._image_command()
             if entrypoint is False:
@@ -214,17 +217,17 @@ class StepMonitor:
             self.container = RunningContainer(pid, entrypoint, cmd)
             return {"ready": dict(self.container.__dict__)}
 
-    def _adopt(self) -> int | None:
-        """The first process of the job's container, with a pidfd of it in ``keep_alive``; None if it must
-        be started (again)."""
-        pid = jobcontainer.adopted(self.start.reuse, self.start.keep_alive)
+    def _adopt(self, job_container: Path) -> int | None:
+        """The first process of the job's container (``job_container``, its directory), with a pidfd of it
+        in ``keep_alive``; None if it must be started (again)."""
+        pid = jobcontainer.adopted(job_container, self.start.keep_alive)
         if pid is None:
             return None
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             return None
-        if jobcontainer.adopted(self.start.reuse, self.start.keep_alive) != pid:  # the pid went meanwhile
+        if jobcontainer.adopted(job_container, self.start.keep_alive) != pid:  # the pid went meanwhile
             os.close(pidfd)
             return None
         self.keep_alive = pidfd
@@ -233,8 +236,8 @@ class StepMonitor:
     def _run_container(self) -> dict:
         """podman run the container (with --replace: it removes a stale container with the same name,
         a crashed step's); the line every task gets."""
-        inspect = self.start.inspect and self.podman.popen(self.start.inspect, stdout=subprocess.PIPE,
-                                                           stderr=subprocess.PIPE, text=True)
+        inspect = self.podman.popen(self.start.inspect, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True) if self.start.inspect else None
         result = self.podman.run(self.start.run, check=False)
         self.container_id = (result.stdout or "").strip().rpartition("\n")[2]
         if result.returncode != 0:
@@ -314,13 +317,16 @@ class StepMonitor:
                     return
                 if key.fileobj is self.listener:
                     self._accept()
-                elif not self._read(key.fileobj):  # the task ended
-                    self.selector.unregister(key.fileobj)
-                    del self.buffers[key.fileobj]
-                    if key.fileobj in self.counted:
-                        self.counted.discard(key.fileobj)
+                    continue
+                connection = key.fileobj
+                assert isinstance(connection, socket.socket)  # the others are the tasks' (_accept)
+                if not self._read(connection):  # the task ended
+                    self.selector.unregister(connection)
+                    del self.buffers[connection]
+                    if connection in self.counted:
+                        self.counted.discard(connection)
                         self.finished += 1
-                    key.fileobj.close()
+                    connection.close()
                     last_change = time.monotonic()
             if "ready" not in self.state and not self.buffers:
                 return
@@ -364,6 +370,7 @@ class StepMonitor:
         the same parse and options as the whole CLI, with the task's own configuration."""
         if "ready" not in self.state:
             return {"error": f"shared-run: cannot start container {self.name}: {self.state['failed']}"}
+        assert self.container is not None  # set with "ready"
         try:
             env = request["env"]
             podman, modules = self._engine(env)
@@ -397,6 +404,7 @@ class StepMonitor:
             return
         for attempt in range(1, self.REMOVE_ATTEMPTS + 1):
             result = self.podman.remove_containers(self.name)
+            assert result is not None  # a name given: podman rm ran
             if self._gone(result.returncode == 0):
                 if attempt > 1:
                     self._log(f"removed at attempt {attempt}")
@@ -404,7 +412,7 @@ class StepMonitor:
                 return
             why = error_message(result.stderr or "") if result.returncode else "podman rm succeeded"
             self._log(f"still there after podman rm (attempt {attempt}): {why}")
-            if self._keep_alive_running():
+            if self.keep_alive is not None and self._keep_alive_running():
                 signal.pidfd_send_signal(self.keep_alive, signal.SIGKILL)  # conmon then sees the container end
             time.sleep(0.5 * attempt)
         self._log(f"could not be removed after {self.REMOVE_ATTEMPTS} attempts")
@@ -415,7 +423,7 @@ class StepMonitor:
         instead of two (podman rm, then that same clean-up), 0.16 CPU-seconds less on a node of this
         machine. False if we cannot tell or it did not happen in time."""
         storage = Path(self.podman.config.graph_root)
-        if not self.container_id.isalnum() or not self._keep_alive_running():
+        if not self.container_id.isalnum() or self.keep_alive is None or not self._keep_alive_running():
             return False
         signal.pidfd_send_signal(self.keep_alive, signal.SIGKILL)
         deadline = time.monotonic() + self.SELF_REMOVAL
