@@ -24,8 +24,6 @@ from tests.helpers.servers import free_port
 from tests.helpers.stack import Stack
 
 REPO = Path(__file__).resolve().parents[2]
-
-
 CHROMIUM = Path(os.environ.get("JPH_CHROMIUM", "/usr/bin/chromium"))
 
 

@@ -22,8 +22,6 @@ from tests.helpers.hpc import Hpc
 
 
 ENGINE_VARS = ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME", "SQUASH_DIR")
-
-
 BIN = Path(sys.executable).parent
 
 

@@ -56,8 +56,6 @@ def unavailable(message: str):
 
 # Where dev/stack installs configurable-http-proxy from npm (the command below).
 CHP_PREFIX = Path("/var/cache/jph-stack/chp")
-
-
 CHP_INSTALL = f"npm install --prefix {CHP_PREFIX} configurable-http-proxy@5"
 
 
@@ -66,8 +64,5 @@ def required_directory(name: str) -> Path:
     or skip saying to build it."""
     value = os.environ.get(name)
     if not value or not Path(value).is_dir():
-        message = f"${name} is not a directory: run `dev/stack up` (as root) to build the site environment"
-        if os.environ.get("STACK_REQUIRED"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"${name} is not a directory: run `dev/stack up` (as root) to build the site environment")
     return Path(value)

@@ -13,6 +13,7 @@ from tests.helpers.server_extension import server_config
 
 @pytest.fixture
 def jp_server_config(jp_root_dir, job_root):
+    """pytest-jupyter's server configuration, replaced by our extension's (tests/integration/server's)."""
     return server_config(job_root)
 
 

@@ -26,4 +26,5 @@ def server_hpc(stack, monkeypatch):
 
 @pytest.fixture
 def jp_server_config(jp_root_dir, job_root):
+    """pytest-jupyter's server configuration, replaced by our extension's (tests/integration/server's)."""
     return server_config(job_root)
