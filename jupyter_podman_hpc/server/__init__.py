@@ -90,7 +90,10 @@ def _stop_on_shutdown(serverapp, backend) -> None:
     async def stop_tasks_then_extensions():
         for kernel_id in serverapp.kernel_manager.list_kernel_ids():
             serverapp.kernel_manager.get_kernel(kernel_id).stop_restarter()
-        await asyncio.get_running_loop().run_in_executor(None, backend.tasks.shutdown)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, backend.tasks.shutdown)
+        except Exception:  # noqa: BLE001 - the server must still stop: jupyter_server's _stop would never end
+            serverapp.log.exception("podman-hpc: stopping the pulls and builds failed")
         await cleanup_extensions()
 
     async def stop_kernels_then_pools():

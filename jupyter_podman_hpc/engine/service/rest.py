@@ -305,7 +305,10 @@ class PrivateService:
         self.squashed = squashed
         self.idle = int(idle)
         self.start_timeout = start_timeout
+        # Read once into a local wherever it is used: a reaper thread (stop) and a stopping server
+        # (stop_private_services) may both stop the service, and _stop_now sets it to None.
         self.process: subprocess.Popen | None = None
+        self._swap = threading.Lock()  # one of them takes the process to stop it
         self.aborted = False  # set when the operation's connection was cut (see stop)
 
     @property
@@ -356,11 +359,12 @@ class PrivateService:
         the service, which reaps the container's processes: everything below
         those children.
         """
-        if self.process is None:
+        process = self.process
+        if process is None:
             return []
         table = processes.parents()
         found: list[int] = []
-        for pid in processes.descendants(self.process.pid, table):
+        for pid in processes.descendants(process.pid, table):
             if pid not in found and (processes.cmdline(pid) or [""])[0] == "buildah-oci-runtime":
                 found += [p for p in processes.descendants(pid, table) if p not in found]
         return found
@@ -382,10 +386,11 @@ class PrivateService:
 
     def open_temporary_files(self) -> list[str]:
         """Files the service holds open in the temporary directories image copies use."""
-        if self.process is None:
+        process = self.process
+        if process is None:
             return []
         roots = {"/var/tmp", self.podman.env.get("TMPDIR") or "/var/tmp"}
-        return processes.open_files_under([self.process.pid, *processes.descendants(self.process.pid)], roots)
+        return processes.open_files_under([process.pid, *processes.descendants(process.pid)], roots)
 
     def quiesce(self, timeout: float, quiet: float = QUIET) -> bool:
         """After its client was cut off: let the service wind the operation down; whether it did.
@@ -401,7 +406,8 @@ class PrivateService:
         deadline = time.monotonic() + timeout
         calm_since = time.monotonic()
         while time.monotonic() < deadline:
-            if self.process is None or self.process.poll() is not None:
+            process = self.process
+            if process is None or process.poll() is not None:
                 return True
             if self.kill_containers() or self.open_temporary_files():
                 calm_since = time.monotonic()
@@ -418,7 +424,8 @@ class PrivateService:
         stops the service, and the caller gets control back at once. Should
         this process exit first, the service's own idle timeout ends it.
         """
-        if self.aborted and self.process is not None and self.process.poll() is None:
+        process = self.process
+        if self.aborted and process is not None and process.poll() is None:
             threading.Thread(target=self._stop_when_quiet, args=(grace,), name="podman-hpc-reaper",
                              daemon=True).start()
             return
@@ -430,7 +437,8 @@ class PrivateService:
 
     def _stop_now(self, grace: float) -> None:
         _RUNNING.discard(self)
-        process, self.process = self.process, None
+        with self._swap:
+            process, self.process = self.process, None
         if process is not None:
             if process.poll() is None:
                 _kill_tree(process.pid, grace)

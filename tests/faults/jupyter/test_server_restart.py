@@ -66,8 +66,9 @@ def servers(hpc, registry_front, tmp_path):
     """Starts ``jupyter server`` processes in the test storage's environment; stops what is left."""
     root = tmp_path / "notebooks"
     root.mkdir()
+    # PYTHONFAULTHANDLER: a server that does not exit can be made to print its threads (see stop_server)
     site = SimpleNamespace(env={**hpc.env, "CONTAINERS_REGISTRIES_CONF": str(registry_front.conf),
-                                "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")})
+                                "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "PYTHONFAULTHANDLER": "1"})
     numbers = itertools.count()
     with contextlib.ExitStack() as running:
         def start() -> Server:
@@ -116,7 +117,13 @@ def stop_server(server: Server, sig: int, hpc) -> None:
     service; after a SIGKILL it is still running (nobody stopped it yet)."""
     started = time.monotonic()
     server.process.send_signal(sig)
-    server.process.wait(timeout=90)
+    try:
+        server.process.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        server.process.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to the log
+        server.process.wait(timeout=30)
+        raise AssertionError(f"the server did not exit within 90 s of {signal.Signals(sig).name}; its log:\n"
+                             + server.log_path.read_text()[-12000:]) from None
     print(f"the server exited {time.monotonic() - started:.1f} s after {signal.Signals(sig).name}")
     if sig == signal.SIGKILL:
         assert services(hpc) and storage_processes(hpc), "the killed server's Podman service is not running"

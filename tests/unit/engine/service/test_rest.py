@@ -75,3 +75,27 @@ def test_ping_tells_a_live_service_from_a_stale_socket(tmp_path):
     finally:
         thread.join(5)
         server.close()
+
+
+def test_a_service_stopped_by_its_reaper_while_a_stopping_server_looks_at_it_is_no_error(tmp_path, monkeypatch):
+    """The reaper thread of a cut-off pull stops the service (process -> None) between the stopping
+    server's check of the process and its use: the server's quiesce must not fail (it did, with
+    AttributeError, and the server never exited: tests/faults/jupyter/test_server_restart.py)."""
+    import subprocess
+
+    private = service.PrivateService(config_for(tmp_path))
+    private.process = subprocess.Popen(["sleep", "30"])
+    parents = service.processes.parents
+
+    def reaper_stops_it_now():
+        private._stop_now(grace=2.0)
+        return parents()
+
+    monkeypatch.setattr(service.processes, "parents", reaper_stops_it_now)
+    try:
+        assert private.kill_containers() == 0
+        assert private.process is None
+        assert private.quiesce(timeout=1.0) is True
+    finally:
+        if private.process is not None:
+            private.process.kill()
