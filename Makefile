@@ -8,11 +8,12 @@ STACK := ./dev/stack
 AS_USER := ./dev/as-user
 PYTEST_ARGS ?=
 
-.PHONY: help stack-up stack-down stack-status test test-unit docs demo bench bench-smoke
+.PHONY: help stack-up stack-down stack-status test test-unit lint docs demo bench bench-smoke
 
 help:
 	@echo "make demo    bring the stack up and start JupyterLab on 127.0.0.1 (port: DEMO_PORT=8888)"
-	@echo "make test    bring the stack up, build the docs and run the whole test suite"
+	@echo "make test    bring the stack up, run the checks (lint), build the docs and run the whole test suite"
+	@echo "make lint    ruff (lint and format), mypy, and the JupyterLab extension's eslint, prettier and jest"
 	@echo "make docs    the docs site into docs/build/html (warnings are errors; the stack must be up)"
 	@echo "make bench   the benchmarks (bench/README.md); make bench-smoke: one quick run"
 	@echo "make stack-up | stack-down | stack-status"
@@ -29,9 +30,21 @@ stack-status:
 # STACK_REQUIRED: a test that needs the stack fails instead of skipping.
 # pytest's exit code 5 (nothing collected) fails like any other non-zero code.
 test: stack-up
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory docs
 	STACK_REQUIRED=1 $(AS_USER) python -m pytest $(PYTEST_ARGS); \
 	status=$$?; [ $$status -ne 5 ] || echo "pytest collected no tests" >&2; exit $$status
+
+# The checks (CONTRIBUTING.md, "Checks"), as the stack's user with the stack's venv (the `lint`
+# extra) and the extension's node_modules (installed by its build). .pre-commit-config.yaml runs
+# the same tools on the files a commit changes.
+lint:
+	@$(AS_USER) python -c 'import ruff, mypy' 2>/dev/null || { echo "the stack's venv has no ruff or mypy: run 'make stack-up' as root" >&2; exit 1; }
+	$(AS_USER) python -m ruff check .
+	$(AS_USER) python -m ruff format --check .
+	$(AS_USER) python -m mypy
+	$(AS_USER) npm --prefix labextension run --silent lint
+	$(AS_USER) npm --prefix labextension test -- --ci --silent
 
 # The docs site (docs/), built as the stack's user with the stack's venv, which has the `docs`
 # extra: warnings are errors (-W), every reference must resolve (-n), all of them are reported, and

@@ -287,10 +287,11 @@ def scratch() -> None:
     layout.PROJECT_DIR.mkdir(parents=True, exist_ok=True)
     os.chown(layout.PROJECT_DIR, 0, grp.getgrnam(layout.PROJECT_GROUP).gr_gid)
     layout.PROJECT_DIR.chmod(0o2770)
-    # Screenshots and logs the tests leave for people to look at, benchmark results (make bench)
-    # and the docs site (make docs).
+    # Screenshots and logs the tests leave for people to look at, benchmark results (make bench),
+    # the docs site (make docs) and the checks' caches (make lint).
     for output in (layout.CHECKOUT / "tests" / "artifacts", layout.CHECKOUT / "bench" / "results",
-                   layout.CHECKOUT / "docs" / "build"):
+                   layout.CHECKOUT / "docs" / "build", layout.CHECKOUT / ".ruff_cache",
+                   layout.CHECKOUT / ".mypy_cache"):
         output.mkdir(exist_ok=True)
         os.chown(output, entry.pw_uid, entry.pw_gid)
 

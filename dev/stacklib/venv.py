@@ -37,7 +37,7 @@ def up() -> None:
     # In place: pip install is idempotent, so an interrupted install heals on the
     # next run; the stamp is written only after it succeeded.
     pip = [str(layout.VENV / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    run([*pip, "--editable", f"{layout.CHECKOUT}[test,docs]"], cwd=layout.CHECKOUT)
+    run([*pip, "--editable", f"{layout.CHECKOUT}[test,docs,lint]"], cwd=layout.CHECKOUT)
     run(["chmod", "-R", "a+rX", str(layout.VENV)])
     STAMP.write_text(_wanted_stamp())
 
