@@ -173,38 +173,10 @@ def load_config(environ: Mapping[str, str] | None = None, *, squash_dir: str | N
 
     config = SiteConfig(user=user, uid=uid, config_file=path if from_file is not None else "",
                         slurm_job_id=env.get("SLURM_JOB_ID", ""), slurm_job_nodes=_job_nodes(env))
-    from_file = from_file or {}
-    defaults = config.as_dict()
-    defaults["mount_program"] = _script("podman-hpc-mount")
-    defaults["hook_tool"] = _script("podman-hpc-hook")
-    # podman-hpc 1.2.2 falls back to /tmp/storage, one store every user of the node shares
-    defaults["squash_dir"] = f"{env['SCRATCH']}/storage" if env.get("SCRATCH") else ""
-
+    given = _Given(from_file or {}, env, squash_dir, user, uid)
+    defaults = _defaults(config, env)
     for key in SiteConfig.keys():
-        value, source = defaults[key], "default"
-        if key in TEMPLATED:
-            template_key = f"{key}_template"
-            file_template = from_file.get(template_key)
-            if file_template is None:
-                file_template = next((from_file[a] for a, k in TEMPLATE_ALIASES.items()
-                                      if k == key and a in from_file), None)
-            candidates = [
-                (file_template, f"file: {template_key}"),
-                (env.get(f"PODMANHPC_{template_key.upper()}"), f"env: PODMANHPC_{template_key.upper()}"),
-            ]
-            for raw, where in candidates:
-                if raw is not None:
-                    value, source = _expand(raw, key, where, user, uid, env), where
-        for raw, where in ((from_file.get(key), f"file: {key}"),
-                           (env.get(f"PODMANHPC_{key.upper()}"), f"env: PODMANHPC_{key.upper()}")):
-            if raw is not None:
-                value, source = raw, where
-        if key == "squash_dir":
-            for raw, where in ((env.get("SQUASH_DIR"), "env: SQUASH_DIR"), (squash_dir, "option: --squash-dir")):
-                if raw:
-                    value, source = raw, where
-        if source == "default" and isinstance(value, str) and "{{" in value:
-            value = _expand(value, key, source, user, uid, env)
+        value, source = _value_of(key, defaults[key], given)
         setattr(config, key, _coerce(key, value, source))
         config.sources[key] = source
     if not config.hooks_dir:
@@ -212,6 +184,72 @@ def load_config(environ: Mapping[str, str] | None = None, *, squash_dir: str | N
         config.sources["hooks_dir"] = "default: <run_root>/hooks.d"
     _validate(config)
     return config
+
+
+@dataclass(frozen=True)
+class _Given:
+    """What ``load_config`` takes a key's value from besides its default, lowest precedence first."""
+
+    from_file: Mapping[str, Any]
+    env: Mapping[str, str]
+    squash_dir: str | None  # --squash-dir
+    user: str
+    uid: int
+
+    def templates(self, key: str) -> list[tuple[Any, str]]:
+        """(template or None, where) for ``key``: the file's (or its podman-hpc alias), then the environment's."""
+        if key not in TEMPLATED:
+            return []
+        template_key = f"{key}_template"
+        file_template = self.from_file.get(template_key)
+        if file_template is None:
+            file_template = next((self.from_file[a] for a, k in TEMPLATE_ALIASES.items()
+                                  if k == key and a in self.from_file), None)
+        variable = f"PODMANHPC_{template_key.upper()}"
+        return [(file_template, f"file: {template_key}"), (self.env.get(variable), f"env: {variable}")]
+
+    def settings(self, key: str) -> list[tuple[Any, str]]:
+        """(value or None, where) for ``key``: the file's, then ``PODMANHPC_<KEY>``."""
+        return [(self.from_file.get(key), f"file: {key}"),
+                (self.env.get(f"PODMANHPC_{key.upper()}"), f"env: PODMANHPC_{key.upper()}")]
+
+    def overrides(self, key: str) -> list[tuple[str | None, str]]:
+        """(value, where) that win over the settings when not empty: SQUASH_DIR and --squash-dir."""
+        if key != "squash_dir":
+            return []
+        return [(self.env.get("SQUASH_DIR"), "env: SQUASH_DIR"), (self.squash_dir, "option: --squash-dir")]
+
+    def expand(self, raw: Any, key: str, where: str) -> Any:
+        """``raw`` (a template, or a default with placeholders) with its placeholders filled in."""
+        return _expand(raw, key, where, self.user, self.uid, self.env)
+
+
+def _defaults(config: SiteConfig, env: Mapping[str, str]) -> dict[str, Any]:
+    """Each key's built-in default, with those found at load time: the console scripts and the store."""
+    defaults = config.as_dict()
+    defaults["mount_program"] = _script("podman-hpc-mount")
+    defaults["hook_tool"] = _script("podman-hpc-hook")
+    # podman-hpc 1.2.2 falls back to /tmp/storage, one store every user of the node shares
+    defaults["squash_dir"] = f"{env['SCRATCH']}/storage" if env.get("SCRATCH") else ""
+    return defaults
+
+
+def _value_of(key: str, default: Any, given: _Given) -> tuple[Any, str]:
+    """(``key``'s raw value, where it came from): the last one given, in order of precedence, else the
+    default; every template given is expanded (a bad one is an error even when a later one wins)."""
+    value, source = default, "default"
+    for raw, where in given.templates(key):
+        if raw is not None:
+            value, source = given.expand(raw, key, where), where
+    for raw, where in given.settings(key):
+        if raw is not None:
+            value, source = raw, where
+    for raw, where in given.overrides(key):
+        if raw:
+            value, source = raw, where
+    if source == "default" and isinstance(value, str) and "{{" in value:
+        value = given.expand(value, key, source)
+    return value, source
 
 
 def _user_name(env: Mapping[str, str]) -> str:
