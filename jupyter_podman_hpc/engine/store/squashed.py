@@ -261,9 +261,11 @@ class SquashStore:
         images = self._images()
         record = next((r for r in images if r["id"] == image_id), None)
         link = self.link_of(record.get("layer", "")) if record else ""
-        if not link or self._squash_stat(link) is None:
+        if record is None or not link or self._squash_stat(link) is None:
             return False
-        digests = self.squash_digests(record["layer"], images) if verified is not None else set()
+        if verified is None:
+            return True
+        digests = self.squash_digests(record["layer"], images)
         return not digests or self.squash_digest_now(link, verified) in digests
 
     # --- writing --------------------------------------------------------------
@@ -391,23 +393,11 @@ class SquashStore:
         """
         names = list(record.get("names") or [])
         with self.records() as (images, layers):
-            known = {layer["id"] for layer in layers}
-            layers.extend(layer for layer in reversed(chain) if layer["id"] not in known)
-            for other in images:
-                if other["id"] != record["id"]:
-                    other["names"] = [n for n in other.get("names") or [] if n not in names]
-            existing = next((image for image in images if image["id"] == record["id"]), None)
-            if existing is None:
-                images.append(dict(record))
-            else:
-                merged = list(existing.get("names") or [])
-                merged += [n for n in names if n not in merged]
-                existing.update({k: v for k, v in record.items() if k not in ("names", "flags")})
-                existing["names"] = merged
+            _add_layers(layers, chain)
+            _take_names(images, record["id"], names)
+            _add_or_merge(images, record, names)
             if squash_digest_:
-                for image in images:
-                    if image.get("layer") == record["layer"]:
-                        set_squash_digest(image, squash_digest_)
+                _note_squash_digest(images, record["layer"], squash_digest_)
             return self._stored(next(image for image in images if image["id"] == record["id"]))
 
     def add_names(self, image_id: str, names: list[str]) -> StoredImage:
@@ -431,6 +421,39 @@ class SquashStore:
             if name.startswith(f".{link}.squash."):
                 with contextlib.suppress(OSError):
                     self.tree.unlink(LINKS, name)
+
+
+def _add_layers(layers: list[dict], chain: list[dict]) -> None:
+    """The layer records of ``chain`` (top first) the store lacks, appended base first."""
+    known = {layer["id"] for layer in layers}
+    layers.extend(layer for layer in reversed(chain) if layer["id"] not in known)
+
+
+def _take_names(images: list[dict], image_id: str, names: list[str]) -> None:
+    """``names`` taken from every image but ``image_id``: the store never gives one name to two images."""
+    for other in images:
+        if other["id"] != image_id:
+            other["names"] = [n for n in other.get("names") or [] if n not in names]
+
+
+def _add_or_merge(images: list[dict], record: dict, names: list[str]) -> None:
+    """``record`` added to ``images``; one already there keeps its names and flags, gains ``names`` and
+    takes the record's other fields."""
+    existing = next((image for image in images if image["id"] == record["id"]), None)
+    if existing is None:
+        images.append(dict(record))
+        return
+    merged = list(existing.get("names") or [])
+    merged += [n for n in names if n not in merged]
+    existing.update({k: v for k, v in record.items() if k not in ("names", "flags")})
+    existing["names"] = merged
+
+
+def _note_squash_digest(images: list[dict], layer: str, digest: str) -> None:
+    """``digest`` noted in every image record whose top layer is ``layer`` (they share its squash file)."""
+    for image in images:
+        if image.get("layer") == layer:
+            set_squash_digest(image, digest)
 
 
 def _touch(fd: int) -> None:
