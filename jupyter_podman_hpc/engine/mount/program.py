@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         whole = squash_of_local_image(paths, Path(merged).parents[2], _podman_stores()) if wanted else None
         root = _squash_lower(*whole, settings, state_dir, held, verified, instead="the local layers") \
             if whole else ""
-        if root:
+        if whole and root:
             log(f"local image {paths[0]} read from its squashed copy {whole[0]}")
             lowers.append(root)
         else:
