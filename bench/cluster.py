@@ -49,9 +49,20 @@ def bare_engines(work: Path, env: dict) -> dict[str, float]:
 
     profile = work / f"bare-{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
-    controller = subprocess.Popen([sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={profile}",
-                                   "--ip=127.0.0.1", "--log-level=WARN"], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
+    controller = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ipyparallel.controller",
+            f"--profile-dir={profile}",
+            "--ip=127.0.0.1",
+            "--log-level=WARN",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     engines = None
     client = None
     try:
@@ -60,9 +71,12 @@ def bare_engines(work: Path, env: dict) -> dict[str, float]:
             if controller.poll() is not None or time.monotonic() - started > 60:
                 raise RuntimeError("the bare controller did not start")
             time.sleep(0.05)
-        engines = subprocess.Popen([*_srun(), sys.executable, "-m", "ipyparallel.engine", f"--file={files[1]}",
-                                    "--log-level=WARN"], env=env, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
+        engines = subprocess.Popen(
+            [*_srun(), sys.executable, "-m", "ipyparallel.engine", f"--file={files[1]}", "--log-level=WARN"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = ipyparallel.Client(str(files[0]), timeout=30)
         while len(client.ids) < NODES * TASKS:
             if engines.poll() is not None or time.monotonic() - started > TIMEOUT:
@@ -93,11 +107,23 @@ def podman_hpc_cluster(image: str, env: dict, root: Path) -> dict[str, float]:
             phases.setdefault("job_running_seconds", now)
         if (event.current or 0) >= 1:
             phases.setdefault("first_engine_seconds", now)
-    engine_vars = {k: env[k] for k in ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT",
-                                       "PODMANHPC_CONFIG_HOME")}
-    cluster = Cluster.start(image, nodes=NODES, tasks_per_node=TASKS, time="10", modules=("openmpi-pmix",),
-                            environment={**MPI_ENV, **engine_vars}, partition=env.get("STACK_PARTITION"),
-                            root=root, client=SlurmClient(env=env), progress=progress, timeout=TIMEOUT)
+
+    engine_vars = {
+        k: env[k] for k in ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME")
+    }
+    cluster = Cluster.start(
+        image,
+        nodes=NODES,
+        tasks_per_node=TASKS,
+        time="10",
+        modules=("openmpi-pmix",),
+        environment={**MPI_ENV, **engine_vars},
+        partition=env.get("STACK_PARTITION"),
+        root=root,
+        client=SlurmClient(env=env),
+        progress=progress,
+        timeout=TIMEOUT,
+    )
     total = time.monotonic() - started
     cluster.stop()
     return {"start_seconds": total, **phases}
@@ -120,14 +146,14 @@ def measure(image: str, work: Path, repetitions: int, failures: list[Failure], l
                         values = bare_engines(work, env)
                     else:
                         values = podman_hpc_cluster(image, env, root)
-                except Exception as err:   # one failed start is reported, the others still run
+                except Exception as err:  # one failed start is reported, the others still run
                     failures.append(Failure(BENCHMARK, config, size, repetition, f"{type(err).__name__}: {err}"))
                     log(f"cluster {config}: FAILED {err}")
                     continue
-                log(f"cluster {config} {size} #{repetition}: " +
-                    ", ".join(f"{k} {v:.2f}" for k, v in values.items()))
-                samples += [Sample(BENCHMARK, config, size, repetition, metric, value)
-                            for metric, value in values.items()]
+                log(f"cluster {config} {size} #{repetition}: " + ", ".join(f"{k} {v:.2f}" for k, v in values.items()))
+                samples += [
+                    Sample(BENCHMARK, config, size, repetition, metric, value) for metric, value in values.items()
+                ]
     finally:
         storage.remove()
     return samples

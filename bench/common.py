@@ -20,11 +20,11 @@ from jupyter_podman_hpc.engine.base.locks import flocked
 
 @dataclass(frozen=True)
 class Sample:
-    benchmark: str      # "launch", "lammps", ...
-    config: str         # "bare", "podman-exec", ...
-    size: str           # "4x8" (nodes x tasks per node), an image name, ...
+    benchmark: str  # "launch", "lammps", ...
+    config: str  # "bare", "podman-exec", ...
+    size: str  # "4x8" (nodes x tasks per node), an image name, ...
     repetition: int
-    metric: str         # "step_seconds", "loop_seconds", ...
+    metric: str  # "step_seconds", "loop_seconds", ...
     value: float
 
 
@@ -45,8 +45,7 @@ class Failure:
 
 # Open MPI across the fake nodes of one host: TCP over loopback (the shared-memory
 # transport crashes across slurmd "nodes" that share one kernel).
-MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
-           "OMPI_MCA_oob_tcp_if_include": "lo"}
+MPI_ENV = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"}
 
 
 def alternating(items: Sequence, repetition: int) -> list:
@@ -55,12 +54,14 @@ def alternating(items: Sequence, repetition: int) -> list:
     return list(reversed(items)) if repetition % 2 else list(items)
 
 
-def timed(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 900,
-          cwd: str | None = None) -> tuple[float, subprocess.CompletedProcess]:
+def timed(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 900, cwd: str | None = None
+) -> tuple[float, subprocess.CompletedProcess]:
     """Wall-clock seconds of one command, which must succeed."""
     start = time.perf_counter()
-    result = subprocess.run(list(argv), env=dict(env) if env is not None else None, capture_output=True,
-                            text=True, timeout=timeout, cwd=cwd)
+    result = subprocess.run(
+        list(argv), env=dict(env) if env is not None else None, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
     elapsed = time.perf_counter() - start
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
@@ -73,8 +74,9 @@ def summarize(samples: Iterable[Sample]) -> dict[tuple[str, str, str, str], dict
     groups: dict[tuple[str, str, str, str], list[float]] = {}
     for s in samples:
         groups.setdefault((s.benchmark, s.metric, s.size, s.config), []).append(s.value)
-    return {key: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
-            for key, v in groups.items()}
+    return {
+        key: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)} for key, v in groups.items()
+    }
 
 
 def write_csv(samples: Sequence[Sample], path: Path) -> None:
@@ -101,8 +103,14 @@ def package_version(package: str) -> str:
 def machine() -> dict[str, str]:
     """What the results were measured on."""
     meminfo = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     return {
         "host": socket.gethostname(),
         "cpu": f"{os.cpu_count()} x {cpu}",
@@ -169,8 +177,12 @@ def locked(path: Path):
 def image_digest(ref: str) -> str:
     """The registry's manifest digest of ``ref`` (the reference itself when it cannot be asked)."""
     try:
-        result = subprocess.run(["skopeo", "inspect", "--format", "{{.Digest}}", f"docker://{ref}"],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            ["skopeo", "inspect", "--format", "{{.Digest}}", f"docker://{ref}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return ref
     return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else ref
@@ -192,8 +204,7 @@ def ensure_pulled(ref: str, log: Callable[[str], None] = print) -> str:
     store = pulled_store()
     with locked(bench_root() / ".pull.lock"):
         found = SquashStore(store).find(ref)
-        if found is not None and SquashStore(store).has_complete(found.id) \
-                and found.digest in ("", image_digest(ref)):
+        if found is not None and SquashStore(store).has_complete(found.id) and found.digest in ("", image_digest(ref)):
             return ref
         pull_storage = PrivateStorage(f"pull-{os.getpid()}")
         log(f"pulling and squashing {ref} into {store} (once)")
@@ -214,8 +225,14 @@ def squash_file(store: Path, ref: str) -> Path:
     return Path(found.squash_file)
 
 
-def ensure_image(name: str, containerfile: Path, context: Path, base: str, key_parts: Sequence[str] = (),
-                 log: Callable[[str], None] = print) -> str:
+def ensure_image(
+    name: str,
+    containerfile: Path,
+    context: Path,
+    base: str,
+    key_parts: Sequence[str] = (),
+    log: Callable[[str], None] = print,
+) -> str:
     """``localhost/jph-bench/<name>:<key>`` in the benchmark images' squashed store.
 
     The tag is a hash of the Containerfile, the base image's digest and
@@ -239,8 +256,21 @@ def ensure_image(name: str, containerfile: Path, context: Path, base: str, key_p
         log(f"building benchmark image {ref} (once; cached in {store})")
         try:
             started = time.perf_counter()
-            timed(["podman-hpc", "build", "--build-arg", f"BASE={base}", "-t", ref, "-f", str(containerfile),
-                   str(context)], env, timeout=3600)
+            timed(
+                [
+                    "podman-hpc",
+                    "build",
+                    "--build-arg",
+                    f"BASE={base}",
+                    "-t",
+                    ref,
+                    "-f",
+                    str(containerfile),
+                    str(context),
+                ],
+                env,
+                timeout=3600,
+            )
             timed(["podman-hpc", "migrate", ref], env, timeout=1800)
             log(f"built and squashed {ref} in {time.perf_counter() - started:.0f} s")
         finally:
@@ -270,15 +300,21 @@ class PrivateStorage:
         self.unpack_root = f"/dev/shm/{os.getuid()}_bench-{tag}"
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        return {**(base if base is not None else store_env()), "PODMANHPC_GRAPH_ROOT": f"{self.root}/storage",
-                "PODMANHPC_RUN_ROOT": self.root, "PODMANHPC_CONFIG_HOME": f"{self.root}/config",
-                "PODMANHPC_SQUASH_UNPACK_DIR": f"{self.unpack_root}/unpacked"}
+        return {
+            **(base if base is not None else store_env()),
+            "PODMANHPC_GRAPH_ROOT": f"{self.root}/storage",
+            "PODMANHPC_RUN_ROOT": self.root,
+            "PODMANHPC_CONFIG_HOME": f"{self.root}/config",
+            "PODMANHPC_SQUASH_UNPACK_DIR": f"{self.unpack_root}/unpacked",
+        }
 
     def _removal(self) -> list[str]:
         # podman's own `unshare` joins the namespace where the storage's mounts live
-        script = ('podman-hpc rm --all --force --time 0 >/dev/null 2>&1; '
-                  'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1" "$2"\' '
-                  'sh "$1" "$2"')
+        script = (
+            "podman-hpc rm --all --force --time 0 >/dev/null 2>&1; "
+            'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1" "$2"\' '
+            'sh "$1" "$2"'
+        )
         return ["sh", "-c", script, "sh", self.root, self.unpack_root]
 
     def remove(self, nodes: bool = True) -> None:
@@ -289,14 +325,16 @@ class PrivateStorage:
 
     def remove_on(self, node: str) -> None:
         """Remove it on ``node`` only."""
-        subprocess.run(["srun", "-N1", "-w", node, *self._removal()], env=self.env(), capture_output=True,
-                       check=False, timeout=600)
+        subprocess.run(
+            ["srun", "-N1", "-w", node, *self._removal()], env=self.env(), capture_output=True, check=False, timeout=600
+        )
 
 
 def _on_every_node(argv: Sequence[str], env: Mapping[str, str]) -> None:
     count = len(os.environ.get("STACK_NODES", "n1 n2 n3 n4").split())
-    subprocess.run(["srun", f"-N{count}", "--ntasks-per-node=1", *argv], env=env, capture_output=True,
-                   check=False, timeout=600)
+    subprocess.run(
+        ["srun", f"-N{count}", "--ntasks-per-node=1", *argv], env=env, capture_output=True, check=False, timeout=600
+    )
 
 
 # The podman-exec configuration on nodes that have not unpacked the image yet: a job's first step on a

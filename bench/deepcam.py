@@ -51,8 +51,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from common import (FRESH_NODE, BenchError, Failure, PrivateStorage, Sample, alternating, ensure_image,
-                    forget_unpacked, package_version, timed)
+from common import (
+    FRESH_NODE,
+    BenchError,
+    Failure,
+    PrivateStorage,
+    Sample,
+    alternating,
+    ensure_image,
+    forget_unpacked,
+    package_version,
+    timed,
+)
 
 BENCHMARK = "deepcam"
 CONFIGS = ["bare", "podman-exec", FRESH_NODE, "per-process"]
@@ -63,14 +73,17 @@ HERE = Path(__file__).resolve().parent
 CONTAINERFILE = HERE / "Containerfile.deepcam"
 TRAIN = HERE / "deepcam_train.py"
 PYTHON = "/usr/bin/python3"
-RESULT = re.compile(r"^DEEPCAM rank=(\d+) first_line=([0-9.]+) first_iter=([0-9.]+) end=([0-9.]+) "
-                    r"first_loss=([0-9.]+) last_loss=([0-9.]+) checksum=([0-9.]+)$", re.M)
+RESULT = re.compile(
+    r"^DEEPCAM rank=(\d+) first_line=([0-9.]+) first_iter=([0-9.]+) end=([0-9.]+) "
+    r"first_loss=([0-9.]+) last_loss=([0-9.]+) checksum=([0-9.]+)$",
+    re.M,
+)
 
 
 @dataclass(frozen=True)
 class Problem:
-    samples: int   # in the global data set, 4 channels of 96 x 144
-    batch: int     # global batch, split over the ranks
+    samples: int  # in the global data set, 4 channels of 96 x 144
+    batch: int  # global batch, split over the ranks
     epochs: int
 
     def __str__(self) -> str:
@@ -86,7 +99,7 @@ WARM_UP = Problem(samples=16, batch=8, epochs=2)  # two: a run must show the los
 @dataclass
 class Setup:
     image: str
-    work: Path      # on the shared scratch: the training script
+    work: Path  # on the shared scratch: the training script
     env: dict[str, str]
 
 
@@ -100,11 +113,14 @@ class Phases:
 
 def host_torch() -> str:
     """Debian's torch version on the host, which bare metal needs."""
-    result = subprocess.run([PYTHON, "-E", "-c", "import numpy, torch; print(torch.__version__)"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [PYTHON, "-E", "-c", "import numpy, torch; print(torch.__version__)"], capture_output=True, text=True
+    )
     if result.returncode != 0:
-        raise BenchError("the host's python3 cannot import torch and numpy: install Debian's python3-torch and "
-                         "python3-numpy (dev/stack up does) for the bare-metal runs")
+        raise BenchError(
+            "the host's python3 cannot import torch and numpy: install Debian's python3-torch and "
+            "python3-numpy (dev/stack up does) for the bare-metal runs"
+        )
     return result.stdout.strip()
 
 
@@ -123,12 +139,14 @@ def prepare(base_image: str, work: Path, storage: PrivateStorage, log: Callable[
 
 def describe(problem: Problem) -> str:
     version = package_version("python3-torch")
-    return (f"A small U-Net segmenting synthetic climate-like fields, {problem}, strong scaling; "
-            f"Debian python3-torch {version} on the host and in the image; DDP with gloo over loopback, "
-            "one torch thread per rank (4 nodes share the machine's 2 cores). Phases end at the slowest "
-            "rank's milestone: container start = srun to the last rank's first line, start-up = to the last "
-            "rank's first training iteration (imports, data, model, process group), loop = to the last "
-            "rank's end of training; step seconds: wall time of the whole srun.")
+    return (
+        f"A small U-Net segmenting synthetic climate-like fields, {problem}, strong scaling; "
+        f"Debian python3-torch {version} on the host and in the image; DDP with gloo over loopback, "
+        "one torch thread per rank (4 nodes share the machine's 2 cores). Phases end at the slowest "
+        "rank's milestone: container start = srun to the last rank's first line, start-up = to the last "
+        "rank's first training iteration (imports, data, model, process group), loop = to the last "
+        "rank's end of training; step seconds: wall time of the whole srun."
+    )
 
 
 def free_port() -> int:
@@ -141,8 +159,20 @@ def free_port() -> int:
 def command(setup: Setup, config: str, nodes: int, per_node: int, problem: Problem) -> list[str]:
     srun = ["srun", f"-N{nodes}", f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=1"]
     script = str(setup.work / TRAIN.name)
-    app = [PYTHON, "-E", "-B", script, "--master-port", str(free_port()), "--samples", str(problem.samples),
-           "--batch", str(problem.batch), "--epochs", str(problem.epochs)]
+    app = [
+        PYTHON,
+        "-E",
+        "-B",
+        script,
+        "--master-port",
+        str(free_port()),
+        "--samples",
+        str(problem.samples),
+        "--batch",
+        str(problem.batch),
+        "--epochs",
+        str(problem.epochs),
+    ]
     mount = ["-v", f"{setup.work}:{setup.work}:ro", "-w", str(setup.work)]
     if config == "bare":
         return [*srun, *app]
@@ -194,8 +224,15 @@ def run_once(setup: Setup, config: str, nodes: int, per_node: int, problem: Prob
     return phases(result.stdout, started, step, nodes * per_node, f"deepcam {config} {nodes}x{per_node}")
 
 
-def measure(setup: Setup, configs: Sequence[str], sizes: Sequence[tuple[int, int]], problem: Problem,
-            repetitions: int, failures: list[Failure], log: Callable[[str], None] = print) -> list[Sample]:
+def measure(
+    setup: Setup,
+    configs: Sequence[str],
+    sizes: Sequence[tuple[int, int]],
+    problem: Problem,
+    repetitions: int,
+    failures: list[Failure],
+    log: Callable[[str], None] = print,
+) -> list[Sample]:
     nodes = max(n for n, _ in sizes)
     for config in configs:  # warm up: the page cache with torch (host and image), every node's storage
         try:
@@ -213,9 +250,12 @@ def measure(setup: Setup, configs: Sequence[str], sizes: Sequence[tuple[int, int
                     failures.append(Failure(BENCHMARK, config, size, repetition, str(err)))
                     log(f"deepcam {config:<12} {size} rep {repetition}: FAILED {err}")
                     continue
-                for metric, value in zip([*PHASES, "step_seconds"],
-                                         (result.container_start, result.startup, result.loop, result.step)):
+                for metric, value in zip(
+                    [*PHASES, "step_seconds"], (result.container_start, result.startup, result.loop, result.step)
+                ):
                     samples.append(Sample(BENCHMARK, config, size, repetition, metric, value))
-                log(f"deepcam {config:<12} {size} rep {repetition}: container start {result.container_start:.2f} s, "
-                    f"start-up {result.startup:.2f} s, loop {result.loop:.2f} s, step {result.step:.2f} s")
+                log(
+                    f"deepcam {config:<12} {size} rep {repetition}: container start {result.container_start:.2f} s, "
+                    f"start-up {result.startup:.2f} s, loop {result.loop:.2f} s, step {result.step:.2f} s"
+                )
     return samples

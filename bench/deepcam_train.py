@@ -57,12 +57,12 @@ def climate_fields(np, seed: int, index: int, channels: int, height: int, width:
     noise = rng.standard_normal((channels, height, width))
     ky = np.fft.fftfreq(height)[:, None]
     kx = np.fft.rfftfreq(width)[None, :]
-    smooth = np.exp(-(kx ** 2 + ky ** 2) / (2 * 0.04 ** 2))  # a correlation length of a few pixels
+    smooth = np.exp(-(kx**2 + ky**2) / (2 * 0.04**2))  # a correlation length of a few pixels
     fields = np.fft.irfft2(np.fft.rfft2(noise) * smooth, s=(height, width))
     fields = (fields - fields.mean(axis=(1, 2), keepdims=True)) / fields.std(axis=(1, 2), keepdims=True)
     labels = np.zeros((height, width), dtype=np.int64)
-    labels[fields[2 % channels] > 1.2] = 2                           # "atmospheric river"
-    labels[(fields[0] < -1.0) & (fields[1 % channels] > 0.5)] = 1    # "tropical cyclone"
+    labels[fields[2 % channels] > 1.2] = 2  # "atmospheric river"
+    labels[(fields[0] < -1.0) & (fields[1 % channels] > 0.5)] = 1  # "tropical cyclone"
     return fields.astype(np.float32), labels
 
 
@@ -116,8 +116,13 @@ def main() -> None:
     inputs = torch.from_numpy(np.stack([s[0] for s in samples]))
     labels = torch.from_numpy(np.stack([s[1] for s in samples]))
 
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{args.master_addr}:{args.master_port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )
     torch.manual_seed(args.seed)
     model = DistributedDataParallel(build_model(torch, args.channels))  # broadcasts rank 0's weights
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -146,8 +151,11 @@ def main() -> None:
     dist.all_reduce(losses)
     losses /= world
     checksum = sum(float(p.detach().double().abs().sum()) for p in model.parameters())
-    print(f"DEEPCAM rank={rank} first_line={FIRST_LINE:.6f} first_iter={first_iter:.6f} end={end:.6f} "
-          f"first_loss={losses[0]:.6f} last_loss={losses[1]:.6f} checksum={checksum:.6f}", flush=True)
+    print(
+        f"DEEPCAM rank={rank} first_line={FIRST_LINE:.6f} first_iter={first_iter:.6f} end={end:.6f} "
+        f"first_loss={losses[0]:.6f} last_loss={losses[1]:.6f} checksum={checksum:.6f}",
+        flush=True,
+    )
     dist.destroy_process_group()
 
 

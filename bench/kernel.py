@@ -82,14 +82,21 @@ LOGIN = "container kernel, login node after a pull"
 FRESH = "container kernel, server just started"
 LATER = "container kernel, server started 2 s before"
 FIRST_KERNEL_DELAYS = {FRESH: 0.0, LATER: 2.0}  # seconds from a new server's first answer to its first kernel
-KERNEL_NAMES = {"local ipykernel": "bench-local", "container kernel": "bench-container",
-                POOLED: "bench-pooled", LOGIN: "bench-container", FRESH: "bench-default", LATER: "bench-default"}
+KERNEL_NAMES = {
+    "local ipykernel": "bench-local",
+    "container kernel": "bench-container",
+    POOLED: "bench-pooled",
+    LOGIN: "bench-container",
+    FRESH: "bench-default",
+    LATER: "bench-default",
+}
 POOL_SETTLE = 4.0  # seconds a server's pool container gets to become ready (not visible from outside)
 READY_TIMEOUT = 180.0
 
 
-def measure(image: str, work: Path, repetitions: int, failures: list[Failure],
-            log: Callable[[str], None] = print) -> list[Sample]:
+def measure(
+    image: str, work: Path, repetitions: int, failures: list[Failure], log: Callable[[str], None] = print
+) -> list[Sample]:
     ensure_pulled(image, log)
     root = work / "kernel"
     root.mkdir(parents=True, exist_ok=True)
@@ -102,14 +109,26 @@ def measure(image: str, work: Path, repetitions: int, failures: list[Failure],
         "JUPYTER_CONFIG_DIR": str(root / "config"),
         "JUPYTER_PLATFORM_DIRS": "0",
     }
-    argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--image", image, "--prefix",
-            str(root / "prefix"), "--repetitions", str(repetitions)]
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        "--image",
+        image,
+        "--prefix",
+        str(root / "prefix"),
+        "--repetitions",
+        str(repetitions),
+    ]
     samples: list[Sample] = []
     try:
         # cold and pooled in separate servers: a pool's ready container keeps the image's squashfuse
         # mount (and its page cache) alive, and a cold start beside it would read through a warm mount
-        for configs in (["local ipykernel", "container kernel"], ["local ipykernel", POOLED],
-                        ["local ipykernel", FRESH, LATER]):
+        for configs in (
+            ["local ipykernel", "container kernel"],
+            ["local ipykernel", POOLED],
+            ["local ipykernel", FRESH, LATER],
+        ):
             samples += _run_child([*argv, "--configs", *configs], env, root, failures, log)
     finally:
         storage.remove(nodes=False)
@@ -117,20 +136,26 @@ def measure(image: str, work: Path, repetitions: int, failures: list[Failure],
     storage = PrivateStorage(f"kernel-pulled-{uuid.uuid4().hex[:8]}")
     try:
         timed(["podman-hpc", "pull", image], storage.env(store_env(pulled_store())), timeout=1800)
-        samples += _run_child([*argv, "--configs", "local ipykernel", LOGIN],
-                              {**env, **storage.env(store_env(pulled_store()))},
-                              root, failures, log)
+        samples += _run_child(
+            [*argv, "--configs", "local ipykernel", LOGIN],
+            {**env, **storage.env(store_env(pulled_store()))},
+            root,
+            failures,
+            log,
+        )
     finally:
         storage.remove(nodes=False)
     return samples
 
 
-def _run_child(argv: list[str], env: dict[str, str], root: Path, failures: list[Failure],
-               log: Callable[[str], None]) -> list[Sample]:
+def _run_child(
+    argv: list[str], env: dict[str, str], root: Path, failures: list[Failure], log: Callable[[str], None]
+) -> list[Sample]:
     """The samples of one measuring process (``kernel.py --child``); its failures into ``failures``."""
     samples: list[Sample] = []
-    process = subprocess.Popen(argv, env=env, cwd=str(root.parent), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        argv, env=env, cwd=str(root.parent), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert process.stdout is not None
     for line in process.stdout:
         try:
@@ -139,24 +164,32 @@ def _run_child(argv: list[str], env: dict[str, str], root: Path, failures: list[
             continue
         where = f"kernel {record['size']:<13} {record['config']:<41} rep {record['repetition']}"
         if "error" in record:
-            failures.append(Failure(BENCHMARK, record["config"], record["size"], record["repetition"],
-                                    record["error"]))
+            failures.append(Failure(BENCHMARK, record["config"], record["size"], record["repetition"], record["error"]))
             log(f"{where}: FAILED {record['error']}")
             continue
         if record["metric"] == "containers_left":  # a check, not a time: 0 or a failure
             log(f"kernel containers left after the server stopped: {record['value']:.0f}")
             if record["value"]:
-                failures.append(Failure(BENCHMARK, record["config"], record["size"], 0,
-                                        f"{record['value']:.0f} kernel containers left after the server stopped"))
+                failures.append(
+                    Failure(
+                        BENCHMARK,
+                        record["config"],
+                        record["size"],
+                        0,
+                        f"{record['value']:.0f} kernel containers left after the server stopped",
+                    )
+                )
             continue
-        samples.append(Sample(BENCHMARK, record["config"], record["size"], record["repetition"],
-                              record["metric"], record["value"]))
+        samples.append(
+            Sample(BENCHMARK, record["config"], record["size"], record["repetition"], record["metric"], record["value"])
+        )
         log(f"{where}: {record['metric']} {record['value']:.2f}")
     stderr = process.stderr.read() if process.stderr else ""
     if process.wait() != 0:
         tail = " | ".join(stderr.strip().splitlines()[-3:])
-        failures.append(Failure(BENCHMARK, "-", "start", -1, f"the measuring process exited "
-                                                              f"{process.returncode}: {tail}"))
+        failures.append(
+            Failure(BENCHMARK, "-", "start", -1, f"the measuring process exited {process.returncode}: {tail}")
+        )
     return samples
 
 
@@ -170,19 +203,28 @@ def _install(image: str, prefix: Path, configs: list[str]) -> None:
     for path in kernelspec.kernels_dir(prefix=prefix).glob("bench-*"):
         shutil.rmtree(path)
     if {"container kernel", LOGIN} & set(configs):
-        kernelspec.install(image, name=KERNEL_NAMES["container kernel"], prefix=prefix,
-                           display_name=f"bench: {image}", pool=0)
+        kernelspec.install(
+            image, name=KERNEL_NAMES["container kernel"], prefix=prefix, display_name=f"bench: {image}", pool=0
+        )
     if {FRESH, LATER} & set(configs):
         kernelspec.install(image, name=KERNEL_NAMES[FRESH], prefix=prefix, display_name=f"bench: {image} (default)")
     if POOLED in configs:
-        kernelspec.install(image, name=KERNEL_NAMES[POOLED], prefix=prefix, display_name=f"bench: {image} (pool)",
-                           pool=1)
+        kernelspec.install(
+            image, name=KERNEL_NAMES[POOLED], prefix=prefix, display_name=f"bench: {image} (pool)", pool=1
+        )
     local = kernelspec.kernels_dir(prefix=prefix) / KERNEL_NAMES["local ipykernel"]
     local.mkdir(parents=True, exist_ok=True)
-    (local / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "bench: local ipykernel", "language": "python", "interrupt_mode": "message",
-        "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"}}))
+    (local / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "bench: local ipykernel",
+                "language": "python",
+                "interrupt_mode": "message",
+                "env": {"PYDEVD_DISABLE_FILE_VALIDATION": "1"},
+            }
+        )
+    )
 
 
 def _start(name: str) -> float:
@@ -220,8 +262,11 @@ def _emit(config: str, size: str, repetition: int, metric: str, measure: Callabl
         record = {"value": measure()}
     except Exception as err:
         # a failure says where it came from: the innermost frames outside the standard library
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if "/lib/python3" not in f.filename
-                  or "site-packages" in f.filename][-3:]
+        frames = [
+            f
+            for f in traceback.extract_tb(err.__traceback__)
+            if "/lib/python3" not in f.filename or "site-packages" in f.filename
+        ][-3:]
         where = " < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames))
         record = {"error": f"{type(err).__name__}: {err} (at {where})"}
     record.update(config=config, size=size, repetition=repetition, metric=metric)
@@ -258,8 +303,9 @@ def _free_port() -> int:
 
 def _request(method: str, url: str, token: str, body: dict | None = None) -> dict:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={
-        "Authorization": f"token {token}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Authorization": f"token {token}", "Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=READY_TIMEOUT) as answer:
         text = answer.read()
     return json.loads(text) if text else {}
@@ -278,11 +324,25 @@ async def _info_on_websocket(url: str, token: str) -> None:
         while loop.time() < deadline:
             msg_id = uuid.uuid4().hex
             sent.add(msg_id)
-            connection.write_message(json.dumps({
-                "header": {"msg_id": msg_id, "username": "bench", "session": uuid.uuid4().hex,
-                           "msg_type": "kernel_info_request", "version": "5.3",
-                           "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
-                "parent_header": {}, "metadata": {}, "content": {}, "channel": "shell", "buffers": []}))
+            connection.write_message(
+                json.dumps(
+                    {
+                        "header": {
+                            "msg_id": msg_id,
+                            "username": "bench",
+                            "session": uuid.uuid4().hex,
+                            "msg_type": "kernel_info_request",
+                            "version": "5.3",
+                            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                        },
+                        "parent_header": {},
+                        "metadata": {},
+                        "content": {},
+                        "channel": "shell",
+                        "buffers": [],
+                    }
+                )
+            )
             try:
                 while True:
                     raw = await asyncio.wait_for(connection.read_message(), 1.0)
@@ -328,10 +388,20 @@ def _server(root: Path, *args: str):
     root.mkdir(parents=True, exist_ok=True)
     log = open(root.parent / "server.log", "ab")
     server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("jupyter-server")), "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-         "--ServerApp.open_browser=False", f"--ServerApp.root_dir={root}", *args],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        [
+            str(Path(sys.executable).with_name("jupyter-server")),
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}",
+            "--ServerApp.open_browser=False",
+            f"--ServerApp.root_dir={root}",
+            *args,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -378,6 +448,7 @@ def _server_path(repetitions: int, root: Path, configs: list[str]) -> None:
     # no default pool in this server: its container would keep the image's squashfuse mount warm for the
     # cold starts and for the first kernels' servers
     with _server(root, "--PodmanHPC.kernel_pool=0") as (base, token):
+
         def start(config: str) -> float:
             if config in FIRST_KERNEL_DELAYS:
                 return _first_kernel_ready_seconds(root, FIRST_KERNEL_DELAYS[config])
@@ -402,8 +473,13 @@ def child(argv: list[str]) -> int:
     parser.add_argument("--image", required=True)
     parser.add_argument("--prefix", type=Path, required=True)
     parser.add_argument("--repetitions", type=int, default=5)
-    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=[*CONFIGS, LOGIN, *FIRST_KERNEL_DELAYS],
-                        help="configurations to start")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=CONFIGS,
+        choices=[*CONFIGS, LOGIN, *FIRST_KERNEL_DELAYS],
+        help="configurations to start",
+    )
     args = parser.parse_args(argv)
     configs = args.configs
     _install(args.image, args.prefix, configs)

@@ -41,8 +41,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from common import (MPI_ENV, BenchError, Failure, PrivateStorage, Sample, alternating, ensure_image, package_version,
-                    timed, which)
+from common import (
+    MPI_ENV,
+    BenchError,
+    Failure,
+    PrivateStorage,
+    Sample,
+    alternating,
+    ensure_image,
+    package_version,
+    timed,
+    which,
+)
 
 BENCHMARK = "lammps"
 CONFIGS = ["bare", "podman-exec", "podman-exec --no-join", "per-process"]
@@ -89,12 +99,12 @@ LOOP_TIME = re.compile(r"^Loop time of ([0-9.eE+-]+) on (\d+) procs for (\d+) st
 
 @dataclass(frozen=True)
 class Problem:
-    cells: int   # lattice cells per box edge: 4 * cells**3 atoms
+    cells: int  # lattice cells per box edge: 4 * cells**3 atoms
     steps: int
 
     @property
     def atoms(self) -> int:
-        return 4 * self.cells ** 3
+        return 4 * self.cells**3
 
     def __str__(self) -> str:
         return f"{self.atoms} atoms, {self.steps} steps"
@@ -120,8 +130,10 @@ def prepare(base_image: str, work: Path, storage: PrivateStorage, log: Callable[
     try:
         lmp = which("lmp")
     except BenchError:
-        raise BenchError("lmp is not on PATH: install Debian's lammps on the host "
-                         "(apt-get install --no-install-recommends lammps) for the bare-metal runs")
+        raise BenchError(
+            "lmp is not on PATH: install Debian's lammps on the host "
+            "(apt-get install --no-install-recommends lammps) for the bare-metal runs"
+        )
     context = work / "lammps-context"  # the Containerfile needs no files: an empty build context
     context.mkdir(parents=True, exist_ok=True)
     image = ensure_image("lammps", CONTAINERFILE, context, base_image, log=log)
@@ -133,18 +145,36 @@ def prepare(base_image: str, work: Path, storage: PrivateStorage, log: Callable[
 
 def describe(problem: Problem) -> str:
     version = package_version("lammps")
-    return (f"LJ melt (in.melt), {problem}, strong scaling over nodes x {TASKS_PER_NODE} task per node; "
-            f"Debian lammps {version} on the host and in the image; Open MPI over TCP on loopback, idle ranks "
-            "yielding (4 nodes share the machine's 2 cores). "
-            "loop seconds: LAMMPS's own \"Loop time\"; step seconds: wall time of the whole srun.")
+    return (
+        f"LJ melt (in.melt), {problem}, strong scaling over nodes x {TASKS_PER_NODE} task per node; "
+        f"Debian lammps {version} on the host and in the image; Open MPI over TCP on loopback, idle ranks "
+        "yielding (4 nodes share the machine's 2 cores). "
+        'loop seconds: LAMMPS\'s own "Loop time"; step seconds: wall time of the whole srun.'
+    )
 
 
 def command(setup: Setup, config: str, nodes: int, problem: Problem, out: str) -> list[str]:
     srun = ["srun", f"-N{nodes}", f"--ntasks-per-node={TASKS_PER_NODE}", "--mpi=pmix"]
     directory = str(setup.work)
-    app = ["lmp", "-in", "in.melt", "-log", f"{out}.log", "-var", "cells", str(problem.cells),
-           "-var", "steps", str(problem.steps), "-var", "dump_every", str(max(problem.steps // 4, 1)),
-           "-var", "out", out]
+    app = [
+        "lmp",
+        "-in",
+        "in.melt",
+        "-log",
+        f"{out}.log",
+        "-var",
+        "cells",
+        str(problem.cells),
+        "-var",
+        "steps",
+        str(problem.steps),
+        "-var",
+        "dump_every",
+        str(max(problem.steps // 4, 1)),
+        "-var",
+        "out",
+        out,
+    ]
     mount = ["--openmpi-pmix", "-v", f"{directory}:{directory}", "-w", directory]
     if config == "bare":
         return [*srun, setup.lmp, *app[1:]]
@@ -161,25 +191,34 @@ def run_once(setup: Setup, config: str, nodes: int, problem: Problem, tag: str) 
     """(wall seconds of the step, LAMMPS's loop time) of one run, which must complete."""
     out = f"run-{tag}"
     try:
-        seconds, result = timed(command(setup, config, nodes, problem, out), setup.env, timeout=1800,
-                                cwd=str(setup.work))
+        seconds, result = timed(
+            command(setup, config, nodes, problem, out), setup.env, timeout=1800, cwd=str(setup.work)
+        )
         found = LOOP_TIME.search(result.stdout)
         if found is None:
             tail = " | ".join(result.stdout.strip().splitlines()[-3:])
             raise BenchError(f"lammps {config} on {nodes} nodes printed no loop time: {tail}")
-        loop, procs, steps, atoms = float(found.group(1)), int(found.group(2)), int(found.group(3)), \
-            int(found.group(4))
+        loop, procs, steps, atoms = float(found.group(1)), int(found.group(2)), int(found.group(3)), int(found.group(4))
         if (procs, steps, atoms) != (nodes * TASKS_PER_NODE, problem.steps, problem.atoms):
-            raise BenchError(f"lammps {config} on {nodes} nodes ran {procs} procs, {steps} steps, {atoms} atoms; "
-                             f"expected {nodes * TASKS_PER_NODE}, {problem.steps}, {problem.atoms}")
+            raise BenchError(
+                f"lammps {config} on {nodes} nodes ran {procs} procs, {steps} steps, {atoms} atoms; "
+                f"expected {nodes * TASKS_PER_NODE}, {problem.steps}, {problem.atoms}"
+            )
         return seconds, loop
     finally:
         for suffix in (".log", ".dump"):
             (setup.work / f"{out}{suffix}").unlink(missing_ok=True)
 
 
-def measure(setup: Setup, configs: Sequence[str], nodes_list: Sequence[int], problem: Problem, repetitions: int,
-            failures: list[Failure], log: Callable[[str], None] = print) -> list[Sample]:
+def measure(
+    setup: Setup,
+    configs: Sequence[str],
+    nodes_list: Sequence[int],
+    problem: Problem,
+    repetitions: int,
+    failures: list[Failure],
+    log: Callable[[str], None] = print,
+) -> list[Sample]:
     for config in configs:  # warm up: the page cache with the image and lmp, every node's storage
         try:
             run_once(setup, config, max(nodes_list), WARM_UP, f"warm-{config.replace(' ', '')}")

@@ -62,8 +62,10 @@ def configurations(setup: Setup, names: Sequence[str]) -> dict[str, Callable[[in
     table = {
         "bare": lambda n, k: ([*srun(n, k), "true"], setup.ours_env),
         "podman-exec": lambda n, k: ([*srun(n, k), "podman-hpc", "shared-run", image, "true"], setup.ours_env),
-        "podman-exec --no-join": lambda n, k: ([*srun(n, k), "podman-hpc", "shared-run", "--no-join", image,
-                                                "true"], setup.ours_env),
+        "podman-exec --no-join": lambda n, k: (
+            [*srun(n, k), "podman-hpc", "shared-run", "--no-join", image, "true"],
+            setup.ours_env,
+        ),
         "per-process": lambda n, k: ([*srun(n, k), "podman-hpc", "run", "--rm", image, "true"], setup.ours_env),
     }
     if setup.peer_bin:
@@ -76,8 +78,13 @@ def configurations(setup: Setup, names: Sequence[str]) -> dict[str, Callable[[in
     return {name: table[name] for name in names}
 
 
-def measure(setup: Setup, configs: Sequence[str], sizes: Sequence[tuple[int, int]], repetitions: int,
-            log: Callable[[str], None] = print) -> list[Sample]:
+def measure(
+    setup: Setup,
+    configs: Sequence[str],
+    sizes: Sequence[tuple[int, int]],
+    repetitions: int,
+    log: Callable[[str], None] = print,
+) -> list[Sample]:
     commands = configurations(setup, configs)
     for name, command in commands.items():  # warm up every node's storage once
         argv, env = command(4 if (4, 1) in sizes else sizes[0][0], 1)

@@ -32,12 +32,14 @@ from pathlib import Path
 
 EVENTS = ["sched:sched_process_exec", "sched:sched_process_fork", "sched:sched_process_exit"]
 STACK_RUN = Path("/var/lib/jph-stack/run")
-LINE = re.compile(r"^\s*(?P<comm>.+?)\s+(?P<pid>\d+)/(?P<tid>\d+)\s+(?P<time>[\d.]+):\s+sched:(?P<event>\w+):\s+(?P<rest>.*)$")
+LINE = re.compile(
+    r"^\s*(?P<comm>.+?)\s+(?P<pid>\d+)/(?P<tid>\d+)\s+(?P<time>[\d.]+):\s+sched:(?P<event>\w+):\s+(?P<rest>.*)$"
+)
 
 
 @dataclass
 class Program:
-    name: str      # what was exec'd
+    name: str  # what was exec'd
     pid: int
     start: float
     end: float | None = None
@@ -46,15 +48,20 @@ class Program:
 def record(command: list[str], data: Path) -> int:
     """Run ``command`` under perf record; the pid perf gave it is the first exec of the trace's tree."""
     events = [arg for event in EVENTS for arg in ("-e", event)]
-    result = subprocess.run(["perf", "record", "-q", "-a", "-o", str(data), *events, "--", *command],
-                            stdout=subprocess.DEVNULL)
+    result = subprocess.run(
+        ["perf", "record", "-q", "-a", "-o", str(data), *events, "--", *command], stdout=subprocess.DEVNULL
+    )
     return result.returncode
 
 
 def timeline(data: Path, roots: set[int]) -> list[Program]:
     """The programs of the recording ``data`` (see ``parse``)."""
-    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "comm,pid,tid,time,event,trace"],
-                            capture_output=True, text=True, check=True).stdout
+    script = subprocess.run(
+        ["perf", "script", "-i", str(data), "-F", "comm,pid,tid,time,event,trace"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return parse(script, roots)
 
 
@@ -63,7 +70,7 @@ def parse(script: str, roots: set[int]) -> list[Program]:
     text); the first exec of the trace is the command perf ran, and the first program."""
     ours = set(roots)
     programs: list[Program] = []
-    running: dict[int, Program] = {}   # by process (thread group): the program it runs, exec'd or forked into
+    running: dict[int, Program] = {}  # by process (thread group): the program it runs, exec'd or forked into
     first_exec = None
     for line in script.splitlines():
         match = LINE.match(line)
@@ -72,12 +79,12 @@ def parse(script: str, roots: set[int]) -> list[Program]:
         event, rest, time = match["event"], match["rest"], float(match["time"])
         pid = int(match["pid"])
         if event == "sched_process_exec":
-            if first_exec is None:   # perf's own child, exec'ing the command
+            if first_exec is None:  # perf's own child, exec'ing the command
                 first_exec = pid
                 ours.add(pid)
             if pid in ours:
                 before = running.get(pid)
-                if before is not None and before.pid == pid:   # the pid ran a program of its own: it ends
+                if before is not None and before.pid == pid:  # the pid ran a program of its own: it ends
                     before.end = time
                 running[pid] = Program(_name(re.search(r"filename=(\S+)", rest)[1]), pid, time)
                 programs.append(running[pid])
@@ -86,9 +93,9 @@ def parse(script: str, roots: set[int]) -> list[Program]:
             if pid in ours:
                 ours.add(child)
                 if pid in running:
-                    running.setdefault(child, running[pid])   # a forked process runs on in its parent's program
+                    running.setdefault(child, running[pid])  # a forked process runs on in its parent's program
         elif event == "sched_process_exit" and "group_dead=true" in rest and pid in running:
-            program = running.pop(pid)   # a program ends with the last process that runs it
+            program = running.pop(pid)  # a program ends with the last process that runs it
             program.end = max(program.end or time, time)
     return programs
 
@@ -142,7 +149,7 @@ def main(argv: list[str]) -> int:
             if record(command, data) != 0:
                 print(f"the command failed (repetition {repetition})", file=sys.stderr)
                 return 1
-            if repetition:   # the first run warms the caches
+            if repetition:  # the first run warms the caches
                 runs.append(timeline(data, roots))
     print(table(runs))
     return 0

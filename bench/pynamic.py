@@ -55,8 +55,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from common import (FRESH_NODE, BenchError, Failure, PrivateStorage, Sample, alternating, bench_root, content_key,
-                    ensure_image, forget_unpacked, locked, timed)
+from common import (
+    FRESH_NODE,
+    BenchError,
+    Failure,
+    PrivateStorage,
+    Sample,
+    alternating,
+    bench_root,
+    content_key,
+    ensure_image,
+    forget_unpacked,
+    locked,
+    timed,
+)
 
 BENCHMARK = "pynamic"
 CONFIGS = ["bare", "podman-exec", FRESH_NODE, "podman-exec --no-join", "per-process"]
@@ -80,9 +92,11 @@ class Workload:
     util_functions: int
 
     def __str__(self) -> str:
-        return (f"{self.modules} Python modules x {self.functions} functions, {self.extensions} C extension "
-                f"modules x {self.ext_functions} functions, {self.utils} shared libraries x "
-                f"{self.util_functions} functions")
+        return (
+            f"{self.modules} Python modules x {self.functions} functions, {self.extensions} C extension "
+            f"modules x {self.ext_functions} functions, {self.utils} shared libraries x "
+            f"{self.util_functions} functions"
+        )
 
 
 # Several seconds per rank on bare metal here (one rank, quiet machine).
@@ -94,8 +108,10 @@ SMOKE = Workload(modules=60, functions=10, extensions=6, ext_functions=20, utils
 
 
 def _util_source(u: int, w: Workload) -> str:
-    return "".join(f"long pynutil_{u}_{h}(long x) {{ return x * {h % 13 + 3} + {u} - (x >> {h % 5 + 1}); }}\n"
-                   for h in range(w.util_functions))
+    return "".join(
+        f"long pynutil_{u}_{h}(long x) {{ return x * {h % 13 + 3} + {u} - (x >> {h % 5 + 1}); }}\n"
+        for h in range(w.util_functions)
+    )
 
 
 def _extension_source(e: int, w: Workload) -> str:
@@ -103,24 +119,39 @@ def _extension_source(e: int, w: Workload) -> str:
     lines = ["#define PY_SSIZE_T_CLEAN", "#include <Python.h>", ""]
     lines += [f"long pynutil_{u}_{h}(long x);" for h in range(w.util_functions)]
     for g in range(w.ext_functions):
-        lines.append(f"static PyObject *e_{g}(PyObject *self, PyObject *arg) {{\n"
-                     f"    long y = PyLong_AsLong(arg);\n"
-                     f"    for (int i = 0; i < {g % 7 + 1}; i++) y = y * 31 + i + {g};\n"
-                     f"    return PyLong_FromLong(pynutil_{u}_{g % w.util_functions}(y) & 0xffff);\n}}")
+        lines.append(
+            f"static PyObject *e_{g}(PyObject *self, PyObject *arg) {{\n"
+            f"    long y = PyLong_AsLong(arg);\n"
+            f"    for (int i = 0; i < {g % 7 + 1}; i++) y = y * 31 + i + {g};\n"
+            f"    return PyLong_FromLong(pynutil_{u}_{g % w.util_functions}(y) & 0xffff);\n}}"
+        )
     lines.append("static PyMethodDef methods[] = {")
     lines += [f'    {{"e_{g}", e_{g}, METH_O, NULL}},' for g in range(w.ext_functions)]
-    lines += ["    {NULL, NULL, 0, NULL}};",
-              f'static struct PyModuleDef module = {{PyModuleDef_HEAD_INIT, "pyn_ext_{e}", NULL, -1, methods}};',
-              f"PyMODINIT_FUNC PyInit_pyn_ext_{e}(void) {{ return PyModule_Create(&module); }}", ""]
+    lines += [
+        "    {NULL, NULL, 0, NULL}};",
+        f'static struct PyModuleDef module = {{PyModuleDef_HEAD_INIT, "pyn_ext_{e}", NULL, -1, methods}};',
+        f"PyMODINIT_FUNC PyInit_pyn_ext_{e}(void) {{ return PyModule_Create(&module); }}",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def _module_source(n: int, w: Workload) -> str:
-    lines = [f'"""Generated module {n} of the Pynamic-like benchmark."""', "",
-             f"import pyn_ext_{n % w.extensions} as _ext", ""]
+    lines = [
+        f'"""Generated module {n} of the Pynamic-like benchmark."""',
+        "",
+        f"import pyn_ext_{n % w.extensions} as _ext",
+        "",
+    ]
     for f in range(w.functions):
-        lines += [f"def f_{f}(x):", f"    y = x + {n + f}", f"    for i in range({f % 3 + 1}):",
-                  "        y = (y * 7 + i) % 100003", f"    return _ext.e_{(7 * n + f) % w.ext_functions}(y)", ""]
+        lines += [
+            f"def f_{f}(x):",
+            f"    y = x + {n + f}",
+            f"    for i in range({f % 3 + 1}):",
+            "        y = (y * 7 + i) % 100003",
+            f"    return _ext.e_{(7 * n + f) % w.ext_functions}(y)",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -170,15 +201,39 @@ def generate(w: Workload, payload: Path, build: Path, jobs: int | None = None) -
 
     cc = ["gcc", "-shared", "-fPIC", "-O1"]
     with ThreadPoolExecutor(jobs or os.cpu_count() or 2) as pool:
-        list(pool.map(compile_, [[*cc, "-o", str(lib / f"libpynutil_{u}.so"), str(build / f"util_{u}.c")]
-                                 for u in range(w.utils)]))
-        list(pool.map(compile_, [[*cc, "-I", include, "-o", str(lib / f"pyn_ext_{e}.so"), str(build / f"ext_{e}.c"),
-                                  "-L", str(lib), f"-lpynutil_{e % w.utils}", "-Wl,-rpath,$ORIGIN"]
-                                 for e in range(w.extensions)]))
+        list(
+            pool.map(
+                compile_,
+                [[*cc, "-o", str(lib / f"libpynutil_{u}.so"), str(build / f"util_{u}.c")] for u in range(w.utils)],
+            )
+        )
+        list(
+            pool.map(
+                compile_,
+                [
+                    [
+                        *cc,
+                        "-I",
+                        include,
+                        "-o",
+                        str(lib / f"pyn_ext_{e}.so"),
+                        str(build / f"ext_{e}.c"),
+                        "-L",
+                        str(lib),
+                        f"-lpynutil_{e % w.utils}",
+                        "-Wl,-rpath,$ORIGIN",
+                    ]
+                    for e in range(w.extensions)
+                ],
+            )
+        )
     # byte code that is used whatever the files' times (a copy into an image keeps it valid)
     # (-E: beside the sources, whatever PYTHONPYCACHEPREFIX says)
-    subprocess.run([PYTHON, "-E", "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
-                    str(lib)], check=True, capture_output=True)
+    subprocess.run(
+        [PYTHON, "-E", "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash", str(lib)],
+        check=True,
+        capture_output=True,
+    )
     compiled = len(list((lib / "__pycache__").glob("pyn_mod_*.pyc")))
     if compiled != w.modules:
         raise BenchError(f"byte-compiling the workload gave {compiled} of {w.modules} .pyc files in {lib}")
@@ -213,13 +268,12 @@ def workload_dir(w: Workload, log: Callable[[str], None] = print) -> Path:
 @dataclass
 class Setup:
     workload: Workload
-    payload: Path       # on the shared scratch
-    image: str          # the base image plus the payload in IMAGE_DIR
+    payload: Path  # on the shared scratch
+    image: str  # the base image plus the payload in IMAGE_DIR
     env: dict[str, str]
 
 
-def prepare(base_image: str, workload: Workload, storage: PrivateStorage,
-            log: Callable[[str], None] = print) -> Setup:
+def prepare(base_image: str, workload: Workload, storage: PrivateStorage, log: Callable[[str], None] = print) -> Setup:
     """The workload on the scratch and in its image (built from ``base_image``); containers run with
     the nodes' ``storage``."""
     payload = workload_dir(workload, log) / "payload"
@@ -229,10 +283,12 @@ def prepare(base_image: str, workload: Workload, storage: PrivateStorage,
 
 
 def describe(setup: Setup) -> str:
-    return (f"Generated workload: {setup.workload}; every rank runs `python3 -E -B driver.py`. "
-            "Rows \"in image\": containers import from the image (squashed store), bare metal from the "
-            "shared scratch; rows \"bind-mounted\": everyone imports the same files on the scratch. "
-            "import/visit seconds: the slowest rank's; step seconds: wall time of the whole srun.")
+    return (
+        f"Generated workload: {setup.workload}; every rank runs `python3 -E -B driver.py`. "
+        'Rows "in image": containers import from the image (squashed store), bare metal from the '
+        'shared scratch; rows "bind-mounted": everyone imports the same files on the scratch. '
+        "import/visit seconds: the slowest rank's; step seconds: wall time of the whole srun."
+    )
 
 
 def command(setup: Setup, config: str, variant: str, nodes: int, per_node: int) -> list[str]:
@@ -270,8 +326,15 @@ def run_once(setup: Setup, config: str, variant: str, nodes: int, per_node: int)
     return seconds, max(float(r[1]) for r in ranks), max(float(r[2]) for r in ranks)
 
 
-def measure(setup: Setup, configs: Sequence[str], variants: Sequence[str], sizes: Sequence[tuple[int, int]],
-            repetitions: int, failures: list[Failure], log: Callable[[str], None] = print) -> list[Sample]:
+def measure(
+    setup: Setup,
+    configs: Sequence[str],
+    variants: Sequence[str],
+    sizes: Sequence[tuple[int, int]],
+    repetitions: int,
+    failures: list[Failure],
+    log: Callable[[str], None] = print,
+) -> list[Sample]:
     nodes = max(n for n, _ in sizes)
     for variant in variants:  # warm up the page cache and every node's storage
         for config in configs:
@@ -291,11 +354,16 @@ def measure(setup: Setup, configs: Sequence[str], variants: Sequence[str], sizes
                         failures.append(Failure(BENCHMARK, config, size, repetition, str(err)))
                         log(f"pynamic {config:<20} {size} rep {repetition}: FAILED {err}")
                         continue
-                    for metric, value in (("step_seconds", seconds), ("import_seconds", imported),
-                                          ("visit_seconds", visited)):
+                    for metric, value in (
+                        ("step_seconds", seconds),
+                        ("import_seconds", imported),
+                        ("visit_seconds", visited),
+                    ):
                         samples.append(Sample(BENCHMARK, config, size, repetition, metric, value))
-                    log(f"pynamic {config:<20} {size} rep {repetition}: step {seconds:.2f} s, "
-                        f"import {imported:.2f} s, visit {visited:.2f} s")
+                    log(
+                        f"pynamic {config:<20} {size} rep {repetition}: step {seconds:.2f} s, "
+                        f"import {imported:.2f} s, visit {visited:.2f} s"
+                    )
     return samples
 
 

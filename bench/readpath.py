@@ -31,11 +31,20 @@ from pathlib import Path
 from typing import Callable
 
 BENCHMARK = "readpath"
-IMPORTS = ("import asyncio, email.mime.multipart, http.server, unittest, json, decimal, "
-           "xml.dom.minidom, sqlite3, argparse, ipykernel.kernelapp")
+IMPORTS = (
+    "import asyncio, email.mime.multipart, http.server, unittest, json, decimal, "
+    "xml.dom.minidom, sqlite3, argparse, ipykernel.kernelapp"
+)
 BASELINE = "plain directory"
-CANDIDATES = [BASELINE, "squashfuse_ll", "kernel overlay, read-only", "kernel overlay / squashfuse",
-              "fuse-overlayfs / squashfuse", "kernel overlay / tmpfs copy", "fuse-overlayfs / tmpfs copy"]
+CANDIDATES = [
+    BASELINE,
+    "squashfuse_ll",
+    "kernel overlay, read-only",
+    "kernel overlay / squashfuse",
+    "fuse-overlayfs / squashfuse",
+    "kernel overlay / tmpfs copy",
+    "fuse-overlayfs / tmpfs copy",
+]
 
 
 def measure(base: str, work: Path, repetitions: int, log: Callable[[str], None] = print) -> list:
@@ -44,11 +53,14 @@ def measure(base: str, work: Path, repetitions: int, log: Callable[[str], None] 
     ensure_pulled(base, log)
     squash = squash_file(pulled_store(), base)
     work.mkdir(parents=True, exist_ok=True)
-    _, result = timed(["podman", "unshare", sys.executable, __file__, str(squash), str(work),
-                       str(repetitions + 1)], timeout=1800)
+    _, result = timed(
+        ["podman", "unshare", sys.executable, __file__, str(squash), str(work), str(repetitions + 1)], timeout=1800
+    )
     raw = json.loads(result.stdout.strip().splitlines()[-1])
-    samples = [Sample(BENCHMARK, "unsquashfs to tmpfs", "base", rep, "unpack_seconds", seconds)
-               for rep, seconds in enumerate(raw.pop("unpack"))]
+    samples = [
+        Sample(BENCHMARK, "unsquashfs to tmpfs", "base", rep, "unpack_seconds", seconds)
+        for rep, seconds in enumerate(raw.pop("unpack"))
+    ]
     for name, values in raw.items():
         for rep, seconds in enumerate(values[1:]):  # the first one warms the cache
             samples.append(Sample(BENCHMARK, name, "base", rep, "import_seconds", seconds))
@@ -80,8 +92,7 @@ def _mount_all(squash: Path, work: Path) -> dict[str, Path]:
     _sh("mount", "-t", "overlay", "overlay", "-o", f"lowerdir={d['sq']}:{d['empty']}", str(d["ro"]))
     _sh("mount", "-t", "overlay", "overlay", "-o", f"lowerdir={d['sq']},{upper('ksq')},userxattr", str(d["ksq"]))
     _sh("fuse-overlayfs", "-o", f"lowerdir={d['sq']},{upper('fsq')}", str(d["fsq"]))
-    _sh("mount", "-t", "overlay", "overlay", "-o", f"lowerdir={d['copy']}/root,{upper('kcp')},userxattr",
-        str(d["kcp"]))
+    _sh("mount", "-t", "overlay", "overlay", "-o", f"lowerdir={d['copy']}/root,{upper('kcp')},userxattr", str(d["kcp"]))
     _sh("fuse-overlayfs", "-o", f"lowerdir={d['copy']}/root,{upper('fcp')}", str(d["fcp"]))
     roots = dict(zip(CANDIDATES, [d["plain"], d["sq"], d["ro"], d["ksq"], d["fsq"], d["kcp"], d["fcp"]]))
     for root in roots.values():
@@ -118,9 +129,21 @@ def _inside(squash: Path, work: Path, runs: int) -> dict[str, list[float]]:
             order = list(roots) if repetition % 2 == 0 else list(reversed(roots))
             for name in order:
                 start = time.perf_counter()
-                subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", "/usr/sbin/chroot", str(roots[name]),
-                                "/usr/bin/python3", "-c", IMPORTS], check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run(
+                    [
+                        "env",
+                        "-i",
+                        "PATH=/usr/bin:/bin",
+                        "/usr/sbin/chroot",
+                        str(roots[name]),
+                        "/usr/bin/python3",
+                        "-c",
+                        IMPORTS,
+                    ],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 results[name].append(time.perf_counter() - start)
             if repetition:
                 results_unpack.append(_unpack_seconds(squash, work))

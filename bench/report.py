@@ -9,9 +9,19 @@ import deepcam
 from common import Failure, Sample, markdown_table, summarize, write_csv
 
 # The configuration each benchmark's other configurations are compared with (same run, same size).
-BASELINES = {"launch": "bare", "steps": "bare", "scale": "bare", "scale-reads": "unpacked", "squash": "plain mksquashfs",
-             "lammps": "bare", "pynamic": "bare", "kernel": "local ipykernel", "deepcam": "bare",
-             "readpath": "plain directory", "cluster": "bare srun"}
+BASELINES = {
+    "launch": "bare",
+    "steps": "bare",
+    "scale": "bare",
+    "scale-reads": "unpacked",
+    "squash": "plain mksquashfs",
+    "lammps": "bare",
+    "pynamic": "bare",
+    "kernel": "local ipykernel",
+    "deepcam": "bare",
+    "readpath": "plain directory",
+    "cluster": "bare srun",
+}
 # Benchmarks whose metrics include consecutive phases of one run: also a stacked bar per size.
 PHASES = {deepcam.BENCHMARK: deepcam.PHASES}
 
@@ -26,6 +36,7 @@ def _order(sizes):
     def key(size: str):
         parts = size.split("x")
         return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (size,)
+
     return sorted(sizes, key=key)
 
 
@@ -50,17 +61,22 @@ def table(samples: Sequence[Sample], benchmark: str, metric: str) -> str:
             for c in configs:
                 if c != baseline:
                     other = stats.get((benchmark, metric, size, c))
-                    row.append(f"{other['median'] - base['median']:+.2f} {unit(metric)} "
-                               f"({other['median'] / base['median']:.2f}x)"
-                               if other and base["median"] else "—")  # a CPU time may be 0 ticks
+                    row.append(
+                        f"{other['median'] - base['median']:+.2f} {unit(metric)} "
+                        f"({other['median'] / base['median']:.2f}x)"
+                        if other and base["median"]
+                        else "—"
+                    )  # a CPU time may be 0 ticks
         rows.append(row)
     return markdown_table(header, rows)
 
 
 def _pyplot():
     import matplotlib  # on first use: importing it takes a good part of a second
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -74,8 +90,10 @@ def plot(samples: Sequence[Sample], benchmark: str, metric: str, path: Path) -> 
     for i, config in enumerate(configs):
         found = [stats.get((benchmark, metric, size, config)) for size in sizes]
         values = [s["median"] if s else 0 for s in found]
-        spread = [[s["median"] - s["min"] if s else 0 for s in found],
-                  [s["max"] - s["median"] if s else 0 for s in found]]
+        spread = [
+            [s["median"] - s["min"] if s else 0 for s in found],
+            [s["max"] - s["median"] if s else 0 for s in found],
+        ]
         axes.bar([x + i * width for x in range(len(sizes))], values, width, label=config, yerr=spread, capsize=2)
     axes.set_xticks([x + width * (len(configs) - 1) / 2 for x in range(len(sizes))], sizes)
     axes.set_ylabel(f"{metric.replace('_', ' ')} (median, min–max)")
@@ -97,12 +115,20 @@ def phase_table(samples: Sequence[Sample], benchmark: str, phases: Sequence[str]
     configs = list(dict.fromkeys(s.config for s in samples if s.benchmark == benchmark))
     baseline = BASELINES.get(benchmark)
     start = " + ".join(_phase_name(m) for m in phases[:-1])
-    header = ["size", "configuration", *[f"{_phase_name(m)} (s)" for m in phases], "sum (s)", f"{start} (s)",
-              f"{start} vs {baseline}"]
+    header = [
+        "size",
+        "configuration",
+        *[f"{_phase_name(m)} (s)" for m in phases],
+        "sum (s)",
+        f"{start} (s)",
+        f"{start} vs {baseline}",
+    ]
     rows = []
     for size in _order({size for (_, _, size, _) in stats}):
-        medians = {c: [stats[(benchmark, m, size, c)]["median"] if (benchmark, m, size, c) in stats else None
-                       for m in phases] for c in configs}
+        medians = {
+            c: [stats[(benchmark, m, size, c)]["median"] if (benchmark, m, size, c) in stats else None for m in phases]
+            for c in configs
+        }
         base = medians.get(baseline)
         base_start = sum(base[:-1]) if base and None not in base else None
         for config in configs:
@@ -112,8 +138,7 @@ def phase_table(samples: Sequence[Sample], benchmark: str, phases: Sequence[str]
                 continue
             own_start = sum(values[:-1])
             versus = f"{own_start - base_start:+.2f} s ({own_start / base_start:.2f}x)" if base_start else "—"
-            rows.append([size, config, *[f"{v:.2f}" for v in values], f"{sum(values):.2f}", f"{own_start:.2f}",
-                         versus])
+            rows.append([size, config, *[f"{v:.2f}" for v in values], f"{sum(values):.2f}", f"{own_start:.2f}", versus])
     return markdown_table(header, rows)
 
 
@@ -125,8 +150,10 @@ def plot_phases(samples: Sequence[Sample], benchmark: str, phases: Sequence[str]
     figure, axes = plt.subplots(figsize=(7.5, 4.5))
     bottoms = [0.0] * len(configs)
     for metric in phases:
-        values = [stats[(benchmark, metric, size, c)]["median"] if (benchmark, metric, size, c) in stats else 0
-                  for c in configs]
+        values = [
+            stats[(benchmark, metric, size, c)]["median"] if (benchmark, metric, size, c) in stats else 0
+            for c in configs
+        ]
         axes.bar(range(len(configs)), values, 0.6, bottom=bottoms, label=_phase_name(metric))
         bottoms = [b + v for b, v in zip(bottoms, values)]
     axes.set_xticks(range(len(configs)), configs)
@@ -139,8 +166,15 @@ def plot_phases(samples: Sequence[Sample], benchmark: str, phases: Sequence[str]
     plt.close(figure)
 
 
-def write(samples: Sequence[Sample], machine: dict[str, str], directory: Path, stem: str, smoke: bool,
-          notes: Mapping[str, str] | None = None, failures: Sequence[Failure] = ()) -> Path:
+def write(
+    samples: Sequence[Sample],
+    machine: dict[str, str],
+    directory: Path,
+    stem: str,
+    smoke: bool,
+    notes: Mapping[str, str] | None = None,
+    failures: Sequence[Failure] = (),
+) -> Path:
     """``<stem>.md`` (machine, one table and plot per benchmark and metric, failures), ``<stem>.csv``
     (every sample) and ``<stem>-<benchmark>-<metric>.png``; ``notes`` describe a benchmark's set-up."""
     notes = notes or {}
@@ -150,8 +184,11 @@ def write(samples: Sequence[Sample], machine: dict[str, str], directory: Path, s
     if smoke:
         lines += ["Smoke run: one repetition at the smallest sizes; it checks the code, not the numbers.", ""]
     lines += ["## Machine", "", markdown_table(["", ""], machine.items()), ""]
-    lines += ["Cells: median (min–max) over the repetitions, in seconds; the last columns give the",
-              "difference and ratio of each configuration's median to the baseline measured in the same run.", ""]
+    lines += [
+        "Cells: median (min–max) over the repetitions, in seconds; the last columns give the",
+        "difference and ratio of each configuration's median to the baseline measured in the same run.",
+        "",
+    ]
     described: set[str] = set()
     for benchmark, metric in dict.fromkeys((s.benchmark, s.metric) for s in samples):
         lines += [f"## {benchmark}: {metric.replace('_', ' ')}", ""]
@@ -173,9 +210,22 @@ def write(samples: Sequence[Sample], machine: dict[str, str], directory: Path, s
             lines += [f"![{benchmark} {size}]({image})", ""]
     if failures:
         lines += ["## Failures", "", "Runs that gave no number (they are missing from the tables above):", ""]
-        lines += [markdown_table(["benchmark", "configuration", "size", "repetition", "error"],
-                                 [(f.benchmark, f.config, f.size, f.repetition if f.repetition >= 0 else "—",
-                                   f.message.replace("|", "/").replace("\n", " ")) for f in failures]), ""]
+        lines += [
+            markdown_table(
+                ["benchmark", "configuration", "size", "repetition", "error"],
+                [
+                    (
+                        f.benchmark,
+                        f.config,
+                        f.size,
+                        f.repetition if f.repetition >= 0 else "—",
+                        f.message.replace("|", "/").replace("\n", " "),
+                    )
+                    for f in failures
+                ],
+            ),
+            "",
+        ]
     lines += [f"Raw samples: [{stem}.csv]({stem}.csv)", ""]
     path = directory / f"{stem}.md"
     path.write_text("\n".join(lines))

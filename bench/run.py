@@ -96,38 +96,57 @@ def main(argv: list[str] | None = None) -> int:
 
         def run_launch() -> None:
             setup = launch_setup()
-            notes["launch"] = (f"`{image}` running `true` under `srun -N<nodes> --ntasks-per-node=<tasks>`; "
-                               "step seconds: wall time of the whole srun.")
+            notes["launch"] = (
+                f"`{image}` running `true` under `srun -N<nodes> --ntasks-per-node=<tasks>`; "
+                "step seconds: wall time of the whole srun."
+            )
             samples.extend(launch.measure(setup, LAUNCH_CONFIGS, sizes, repetitions))
 
         def run_steps() -> None:
             setup = launch_setup()
-            notes["steps"] = (f"`{image}` running `true` as a step of one allocation (`srun --jobid J --overlap "
-                              "-N<nodes> --ntasks-per-node=<tasks>`); `--reuse` steps run in the containers the "
-                              "job's earlier steps left. Step seconds: wall time of the whole srun.")
-            samples.extend(steps.measure(image, setup.ours_env, steps.SMOKE_SIZES if args.smoke else steps.FULL_SIZES,
-                                         repetitions))
+            notes["steps"] = (
+                f"`{image}` running `true` as a step of one allocation (`srun --jobid J --overlap "
+                "-N<nodes> --ntasks-per-node=<tasks>`); `--reuse` steps run in the containers the "
+                "job's earlier steps left. Step seconds: wall time of the whole srun."
+            )
+            samples.extend(
+                steps.measure(image, setup.ours_env, steps.SMOKE_SIZES if args.smoke else steps.FULL_SIZES, repetitions)
+            )
 
         def run_scale() -> None:
             setup = launch_setup()
             counts = scale.node_counts(len(os.environ["STACK_NODES"].split()), args.smoke)
             tasks = scale.SMOKE_TASKS if args.smoke else scale.TASKS
-            notes["scale"] = (f"`{image}` running `true` as steps of one allocation, on n1..nN; the stack had "
-                              f"{len(os.environ['STACK_NODES'].split())} nodes. Node CPU: everything the step ran "
-                              "on a node (its cpuacct cgroup), mean over the step's nodes; login CPU: srun's; "
-                              "ctld CPU: slurmctld's during the step. In `podman-exec, nodes in turn`, node i starts "
-                              f"{scale.TURN_SECONDS} s x i after node 0 (`sleep` in `sh`), so no two nodes' work "
-                              "shares the cores.")
-            samples.extend(scale.measure(scale.configurations(launch.configurations(setup, scale.LAUNCH_CONFIGS)),
-                                         setup.ours_env, counts, tasks, repetitions))
+            notes["scale"] = (
+                f"`{image}` running `true` as steps of one allocation, on n1..nN; the stack had "
+                f"{len(os.environ['STACK_NODES'].split())} nodes. Node CPU: everything the step ran "
+                "on a node (its cpuacct cgroup), mean over the step's nodes; login CPU: srun's; "
+                "ctld CPU: slurmctld's during the step. In `podman-exec, nodes in turn`, node i starts "
+                f"{scale.TURN_SECONDS} s x i after node 0 (`sleep` in `sh`), so no two nodes' work "
+                "shares the cores."
+            )
+            samples.extend(
+                scale.measure(
+                    scale.configurations(launch.configurations(setup, scale.LAUNCH_CONFIGS)),
+                    setup.ours_env,
+                    counts,
+                    tasks,
+                    repetitions,
+                )
+            )
             readings = [scale.kernel_reading(base)]
             if not args.smoke:
-                readings.append(scale.Reading("import torch", deepcam.prepare(base, work, storage).image,
-                                              image_store(), "import torch"))
-            notes["scale-reads"] = ("A job's first step on a fresh node, then on a node that checked the squash "
-                                    "file before (its copy gone), per read path and workload: MiB of the squash "
-                                    "file the node read, and the step's seconds. Workloads: "
-                                    + "; ".join(f"{r.name}: `{r.image}`, python3 -c '{r.code}'" for r in readings))
+                readings.append(
+                    scale.Reading(
+                        "import torch", deepcam.prepare(base, work, storage).image, image_store(), "import torch"
+                    )
+                )
+            notes["scale-reads"] = (
+                "A job's first step on a fresh node, then on a node that checked the squash "
+                "file before (its copy gone), per read path and workload: MiB of the squash "
+                "file the node read, and the step's seconds. Workloads: "
+                + "; ".join(f"{r.name}: `{r.image}`, python3 -c '{r.code}'" for r in readings)
+            )
             samples.extend(scale.measure_reads(readings, repetitions))
 
         def run_lammps() -> None:
@@ -141,21 +160,37 @@ def main(argv: list[str] | None = None) -> int:
             workload = pynamic.SMOKE if args.smoke else pynamic.FULL
             pynamic_setup = pynamic.prepare(base, workload, storage)
             notes["pynamic"] = pynamic.describe(pynamic_setup)
-            samples.extend(pynamic.measure(pynamic_setup, pynamic.CONFIGS, pynamic.VARIANTS,
-                                           pynamic.SMOKE_SIZES if args.smoke else pynamic.FULL_SIZES,
-                                           repetitions, failures))
+            samples.extend(
+                pynamic.measure(
+                    pynamic_setup,
+                    pynamic.CONFIGS,
+                    pynamic.VARIANTS,
+                    pynamic.SMOKE_SIZES if args.smoke else pynamic.FULL_SIZES,
+                    repetitions,
+                    failures,
+                )
+            )
 
         def run_deepcam() -> None:
             problem = deepcam.SMOKE if args.smoke else deepcam.FULL
             deepcam_setup = deepcam.prepare(base, work, storage)
             notes["deepcam"] = deepcam.describe(problem)
-            samples.extend(deepcam.measure(deepcam_setup, deepcam.CONFIGS,
-                                           deepcam.SMOKE_SIZES if args.smoke else deepcam.FULL_SIZES,
-                                           problem, repetitions, failures))
+            samples.extend(
+                deepcam.measure(
+                    deepcam_setup,
+                    deepcam.CONFIGS,
+                    deepcam.SMOKE_SIZES if args.smoke else deepcam.FULL_SIZES,
+                    problem,
+                    repetitions,
+                    failures,
+                )
+            )
 
         def run_readpath() -> None:
-            notes["readpath"] = ("The base image's python3, chrooted, importing what a kernel needs through each "
-                                 "read path; baseline: the same files as a plain directory on the node's disk.")
+            notes["readpath"] = (
+                "The base image's python3, chrooted, importing what a kernel needs through each "
+                "read path; baseline: the same files as a plain directory on the node's disk."
+            )
             samples.extend(readpath.measure(base, work / "readpath", repetitions))
 
         def run_squash() -> None:
@@ -164,20 +199,33 @@ def main(argv: list[str] | None = None) -> int:
             samples.extend(squash.measure(setup, work / "squash", repetitions))
 
         def run_kernel() -> None:
-            notes["kernel"] = (f"Launch to the first kernel_info reply; the container kernel runs `{base}` "
-                               "from the squashed store with a node-local storage that never pulled it, and (login row) "
-                               "after a pull on the same host.")
+            notes["kernel"] = (
+                f"Launch to the first kernel_info reply; the container kernel runs `{base}` "
+                "from the squashed store with a node-local storage that never pulled it, and (login row) "
+                "after a pull on the same host."
+            )
             samples.extend(kernel.measure(base, work, repetitions, failures))
 
         def run_cluster() -> None:
-            notes["cluster"] = (f"An interactive cluster of {cluster.NODES} x {cluster.TASKS} IPython Parallel engines "
-                                f"in `{base}` (openmpi-pmix): from the start call to all engines registered, "
-                                "against the same job's bare srun and the same engines bare.")
+            notes["cluster"] = (
+                f"An interactive cluster of {cluster.NODES} x {cluster.TASKS} IPython Parallel engines "
+                f"in `{base}` (openmpi-pmix): from the start call to all engines registered, "
+                "against the same job's bare srun and the same engines bare."
+            )
             samples.extend(cluster.measure(base, work, repetitions, failures))
 
-        for name, run in (("launch", run_launch), ("steps", run_steps), ("scale", run_scale), ("lammps", run_lammps),
-                          ("pynamic", run_pynamic), ("deepcam", run_deepcam), ("readpath", run_readpath),
-                          ("squash", run_squash), ("kernel", run_kernel), ("cluster", run_cluster)):
+        for name, run in (
+            ("launch", run_launch),
+            ("steps", run_steps),
+            ("scale", run_scale),
+            ("lammps", run_lammps),
+            ("pynamic", run_pynamic),
+            ("deepcam", run_deepcam),
+            ("readpath", run_readpath),
+            ("squash", run_squash),
+            ("kernel", run_kernel),
+            ("cluster", run_cluster),
+        ):
             attempt(name, run)
     finally:
         if {"lammps", "pynamic", "deepcam"} & set(args.only):

@@ -38,15 +38,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from common import (BenchError, PrivateStorage, Sample, alternating, ensure_pulled, pulled_store, squash_file,
-                    store_env, timed)
+from common import (
+    BenchError,
+    PrivateStorage,
+    Sample,
+    alternating,
+    ensure_pulled,
+    pulled_store,
+    squash_file,
+    store_env,
+    timed,
+)
 
 BENCHMARK = "scale"
 READS = "scale-reads"
 IN_TURN = "podman-exec, nodes in turn"
-LAUNCH_CONFIGS = ["bare", "podman-exec", "per-process", "1.2.2 shared-run"]   # the launch benchmark's
+LAUNCH_CONFIGS = ["bare", "podman-exec", "per-process", "1.2.2 shared-run"]  # the launch benchmark's
 CONFIGS = [*LAUNCH_CONFIGS[:2], IN_TURN, *LAUNCH_CONFIGS[2:]]
-TURN_SECONDS = 2   # between two nodes' starts in IN_TURN: more than a podman-exec node's whole work here
+TURN_SECONDS = 2  # between two nodes' starts in IN_TURN: more than a podman-exec node's whole work here
 NODE_COUNTS = (1, 2, 4, 8, 16)
 TASKS = (1, 8)
 SMOKE_NODE_COUNTS, SMOKE_TASKS = (1, 2), (1,)
@@ -64,8 +73,9 @@ def node_counts(available: int, smoke: bool) -> list[int]:
     return counts
 
 
-def configurations(launch: Mapping[str, Callable[[int, int], tuple[list[str], dict]]]
-                   ) -> dict[str, Callable[[int, int], tuple[list[str], dict]]]:
+def configurations(
+    launch: Mapping[str, Callable[[int, int], tuple[list[str], dict]]],
+) -> dict[str, Callable[[int, int], tuple[list[str], dict]]]:
     """The launch benchmark's configurations (``LAUNCH_CONFIGS``), and podman-exec with its nodes in turn."""
     table = dict(launch)
     table[IN_TURN] = in_turn(launch["podman-exec"])
@@ -77,10 +87,12 @@ def in_turn(command: Callable[[int, int], tuple[list[str], dict]]) -> Callable[[
     alone on this machine's 2 cores, as on a cluster where every node has its own. Beside ``command``'s
     figure at the same size, it separates the CPU that the node count adds in our design from the CPU that
     16 nodes' processes sharing 2 cores cost each other."""
+
     def step(nodes: int, per_node: int) -> tuple[list[str], dict]:
         argv, env = command(nodes, per_node)
         wait = f'sleep "$((SLURM_NODEID * {TURN_SECONDS}))"; exec "$@"'
         return [*argv[:3], "sh", "-c", wait, "sh", *argv[3:]], env
+
     return step
 
 
@@ -93,8 +105,10 @@ class NodeCpu:
 
     def __init__(self, root: str):
         if not root or not Path(root, "n1", "cpuacct.usage").exists():
-            raise BenchError("the stack's nodes have no cpuacct cgroups (STACK_NODE_CGROUPS): per-node CPU "
-                             "needs cgroup v1's cpuacct hierarchy, as on these machines (host-notes)")
+            raise BenchError(
+                "the stack's nodes have no cpuacct cgroups (STACK_NODE_CGROUPS): per-node CPU "
+                "needs cgroup v1's cpuacct hierarchy, as on these machines (host-notes)"
+            )
         self.root = Path(root)
 
     def seconds(self, node: str) -> float:
@@ -115,6 +129,7 @@ class NodeCpu:
 
 def slurmctld_seconds() -> float:
     import psutil
+
     for process in psutil.process_iter(["name", "cpu_times"]):
         if process.info["name"] == "slurmctld" and process.info["cpu_times"]:
             times = process.info["cpu_times"]
@@ -127,24 +142,30 @@ def children_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def command(config: str, table: Mapping[str, Callable[[int, int], tuple[list[str], dict]]], job: str,
-            nodes: int, per_node: int) -> tuple[list[str], dict]:
+def command(
+    config: str, table: Mapping[str, Callable[[int, int], tuple[list[str], dict]]], job: str, nodes: int, per_node: int
+) -> tuple[list[str], dict]:
     """``config``'s step on n1..n``nodes`` of allocation ``job`` (the launch benchmark's command)."""
     argv, env = table[config](nodes, per_node)
     assert argv[:3] == ["srun", f"-N{nodes}", f"--ntasks-per-node={per_node}"]
     return ["srun", "--jobid", job, "--overlap", "-w", host_list(nodes), *argv[1:]], env
 
 
-def measure(table: Mapping[str, Callable[[int, int], tuple[list[str], dict]]], env: Mapping[str, str],
-            counts: Sequence[int], tasks: Sequence[int], repetitions: int,
-            log: Callable[[str], None] = print) -> list[Sample]:
+def measure(
+    table: Mapping[str, Callable[[int, int], tuple[list[str], dict]]],
+    env: Mapping[str, str],
+    counts: Sequence[int],
+    tasks: Sequence[int],
+    repetitions: int,
+    log: Callable[[str], None] = print,
+) -> list[Sample]:
     """Wall, per-node, login and controller CPU of every configuration's step at every size."""
     from steps import allocate
 
     cpu = NodeCpu(os.environ.get("STACK_NODE_CGROUPS", ""))
     job = allocate(max(counts), env)
     try:
-        for config in table:   # warm up: every node's storage
+        for config in table:  # warm up: every node's storage
             argv, step_env = command(config, table, job, max(counts), 1)
             timed(argv, step_env)
         samples = []
@@ -159,8 +180,16 @@ def measure(table: Mapping[str, Callable[[int, int], tuple[list[str], dict]]], e
         subprocess.run(["scancel", job], env=env, capture_output=True)
 
 
-def _step(cpu: NodeCpu, config: str, argv: list[str], env: Mapping[str, str], nodes: int, per_node: int,
-          repetition: int, log: Callable[[str], None]) -> list[Sample]:
+def _step(
+    cpu: NodeCpu,
+    config: str,
+    argv: list[str],
+    env: Mapping[str, str],
+    nodes: int,
+    per_node: int,
+    repetition: int,
+    log: Callable[[str], None],
+) -> list[Sample]:
     names = [f"n{number}" for number in range(1, nodes + 1)]
     before = {node: cpu.processes(node) for node in names}
     node_cpu = {node: cpu.seconds(node) for node in names}
@@ -168,17 +197,23 @@ def _step(cpu: NodeCpu, config: str, argv: list[str], env: Mapping[str, str], no
     seconds, _ = timed(argv, env)
     login = children_seconds() - login
     if not cpu.wait_quiet(before):
-        log(f"scale {config} {nodes}x{per_node}: the nodes still ran the step's processes "
-            f"{QUIET_TIMEOUT:.0f} s after it ended; their CPU so far is counted")
+        log(
+            f"scale {config} {nodes}x{per_node}: the nodes still ran the step's processes "
+            f"{QUIET_TIMEOUT:.0f} s after it ended; their CPU so far is counted"
+        )
     per_node_cpu = statistics.mean(cpu.seconds(node) - node_cpu[node] for node in names)
     ctld = slurmctld_seconds() - ctld
     size = f"{nodes}x{per_node}"
-    log(f"scale {config:<18} {size:>5} rep {repetition}: {seconds:.2f} s, {per_node_cpu:.3f} CPU-s a node, "
-        f"srun {login:.3f}, slurmctld {ctld:.3f}")
-    return [Sample(BENCHMARK, config, size, repetition, "step_seconds", seconds),
-            Sample(BENCHMARK, config, size, repetition, "node_cpu_seconds", per_node_cpu),
-            Sample(BENCHMARK, config, size, repetition, "login_cpu_seconds", login),
-            Sample(BENCHMARK, config, size, repetition, "ctld_cpu_seconds", ctld)]
+    log(
+        f"scale {config:<18} {size:>5} rep {repetition}: {seconds:.2f} s, {per_node_cpu:.3f} CPU-s a node, "
+        f"srun {login:.3f}, slurmctld {ctld:.3f}"
+    )
+    return [
+        Sample(BENCHMARK, config, size, repetition, "step_seconds", seconds),
+        Sample(BENCHMARK, config, size, repetition, "node_cpu_seconds", per_node_cpu),
+        Sample(BENCHMARK, config, size, repetition, "login_cpu_seconds", login),
+        Sample(BENCHMARK, config, size, repetition, "ctld_cpu_seconds", ctld),
+    ]
 
 
 # --- bytes each read path reads from the shared store ----------------------------------
@@ -186,8 +221,12 @@ def _step(cpu: NodeCpu, config: str, argv: list[str], env: Mapping[str, str], no
 
 def resident_bytes(path: Path) -> int:
     """The bytes of ``path`` in the page cache (util-linux's fincore)."""
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(out.split()[0])
 
 
@@ -206,8 +245,8 @@ class Reading:
 
     name: str
     image: str
-    store: Path     # the squashed store that holds ``image``
-    code: str       # what python3 runs in the container
+    store: Path  # the squashed store that holds ``image``
+    code: str  # what python3 runs in the container
 
 
 def kernel_reading(base: str) -> Reading:
@@ -226,10 +265,14 @@ def measure_reads(readings: Sequence[Reading], repetitions: int, log: Callable[[
         for repetition in range(repetitions):
             for mode in alternating(list(READ_PATHS), repetition):
                 for state, (read, seconds) in _first_steps(reading, squash, mode).items():
-                    log(f"scale-reads {reading.name} {mode:<9} {state:<7} rep {repetition}: {read:.1f} of "
-                        f"{size:.0f} MiB read, step {seconds:.2f} s")
-                    samples += [Sample(READS, mode, reading.name, repetition, f"{state}_store_mib", read),
-                                Sample(READS, mode, reading.name, repetition, f"{state}_step_seconds", seconds)]
+                    log(
+                        f"scale-reads {reading.name} {mode:<9} {state:<7} rep {repetition}: {read:.1f} of "
+                        f"{size:.0f} MiB read, step {seconds:.2f} s"
+                    )
+                    samples += [
+                        Sample(READS, mode, reading.name, repetition, f"{state}_store_mib", read),
+                        Sample(READS, mode, reading.name, repetition, f"{state}_step_seconds", seconds),
+                    ]
     return samples
 
 
@@ -275,16 +318,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with_peer = "1.2.2 shared-run" in args.configs
         setup = launch.prepare(args.image, work, with_peer=with_peer)
-        launch_table = launch.configurations(setup, [name for name in LAUNCH_CONFIGS
-                                                     if with_peer or not name.startswith("1.2.2")])
+        launch_table = launch.configurations(
+            setup, [name for name in LAUNCH_CONFIGS if with_peer or not name.startswith("1.2.2")]
+        )
         table = {name: command for name, command in configurations(launch_table).items() if name in args.configs}
         medians = summarize(measure(table, setup.ours_env, args.nodes, args.tasks, args.repetitions))
         for config in table:
             for nodes in args.nodes:
                 for per_node in args.tasks:
                     stats = medians[(BENCHMARK, "node_cpu_seconds", f"{nodes}x{per_node}", config)]
-                    print(f"{config:<28} {nodes:>2}x{per_node}: median {stats['median']:.3f} CPU-s a node "
-                          f"({stats['min']:.3f}-{stats['max']:.3f})")
+                    print(
+                        f"{config:<28} {nodes:>2}x{per_node}: median {stats['median']:.3f} CPU-s a node "
+                        f"({stats['min']:.3f}-{stats['max']:.3f})"
+                    )
     finally:
         remove_tree(work)
     return 0

@@ -21,12 +21,16 @@ def _flatten(setup: Setup, work: Path) -> Path:
     if rootfs.exists():
         return rootfs
     env = setup.ours_env
-    container = subprocess.run(["podman-hpc", "create", setup.image, "true"], env=env, check=True,
-                               capture_output=True, text=True).stdout.strip()
+    container = subprocess.run(
+        ["podman-hpc", "create", setup.image, "true"], env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
     try:
         export = subprocess.Popen(["podman-hpc", "export", container], env=env, stdout=subprocess.PIPE)
-        subprocess.run(["podman", "unshare", "sh", "-c", 'mkdir -p "$1" && tar -C "$1" -xf -', "sh", str(rootfs)],
-                       stdin=export.stdout, check=True)
+        subprocess.run(
+            ["podman", "unshare", "sh", "-c", 'mkdir -p "$1" && tar -C "$1" -xf -', "sh", str(rootfs)],
+            stdin=export.stdout,
+            check=True,
+        )
         export.wait()
     finally:
         subprocess.run(["podman-hpc", "rm", "-f", container], env=env, capture_output=True)
@@ -35,20 +39,39 @@ def _flatten(setup: Setup, work: Path) -> Path:
 
 def measure(setup: Setup, work: Path, repetitions: int, log: Callable[[str], None] = print) -> list[Sample]:
     image = setup.image
-    subprocess.run(["podman-hpc", "pull", "-q", image], env={**setup.ours_env, "SQUASH_DIR": str(work / "warm")},
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["podman-hpc", "pull", "-q", image],
+        env={**setup.ours_env, "SQUASH_DIR": str(work / "warm")},
+        check=True,
+        capture_output=True,
+    )
     rootfs = _flatten(setup, work)
     size = setup.image.rsplit("/", 1)[-1]
     samples = []
     for repetition in range(repetitions):
         runs: list[tuple[str, list[str], dict]] = [
-            ("plain mksquashfs", ["podman", "unshare", "mksquashfs", str(rootfs), str(work / "plain.squash"),
-                                  "-comp", "lz4", "-noappend", "-quiet", "-no-progress"], dict(os.environ)),
+            (
+                "plain mksquashfs",
+                [
+                    "podman",
+                    "unshare",
+                    "mksquashfs",
+                    str(rootfs),
+                    str(work / "plain.squash"),
+                    "-comp",
+                    "lz4",
+                    "-noappend",
+                    "-quiet",
+                    "-no-progress",
+                ],
+                dict(os.environ),
+            ),
             ("ours", ["podman-hpc", "migrate", image], {**setup.ours_env, "SQUASH_DIR": str(work / "sq-ours")}),
         ]
         if setup.peer_bin:
-            runs.append(("1.2.2", [setup.peer_bin, "--squash-dir", str(work / "sq-peer"), "migrate", image],
-                         setup.peer_env))
+            runs.append(
+                ("1.2.2", [setup.peer_bin, "--squash-dir", str(work / "sq-peer"), "migrate", image], setup.peer_env)
+            )
         if repetition % 2:
             runs.reverse()
         for name, argv, env in runs:

@@ -35,13 +35,18 @@ def command(config: str, image: str, job: str, nodes: int, per_node: int) -> lis
     return [*step, "podman-hpc", "shared-run", *reuse, image, "true"]
 
 
-def measure(image: str, env: Mapping[str, str], sizes: Sequence[tuple[int, int]], repetitions: int,
-            log: Callable[[str], None] = print) -> list[Sample]:
+def measure(
+    image: str,
+    env: Mapping[str, str],
+    sizes: Sequence[tuple[int, int]],
+    repetitions: int,
+    log: Callable[[str], None] = print,
+) -> list[Sample]:
     """Step seconds of every configuration and size, in one allocation of the largest node count."""
     env = {**env, "PODMANHPC_SHARED_RUN_REUSE_LINGER": str(LINGER)}
     job = allocate(max(nodes for nodes, _ in sizes), env)
     try:
-        for nodes, per_node in sizes:   # warm up: every node's storage, and the containers to reuse
+        for nodes, per_node in sizes:  # warm up: every node's storage, and the containers to reuse
             for config in CONFIGS:
                 timed(command(config, image, job, nodes, per_node), env)
         samples = []
@@ -49,24 +54,41 @@ def measure(image: str, env: Mapping[str, str], sizes: Sequence[tuple[int, int]]
             for nodes, per_node in sizes:
                 for config in alternating(CONFIGS, repetition):
                     seconds, _ = timed(command(config, image, job, nodes, per_node), env)
-                    samples.append(Sample(BENCHMARK, config, f"{nodes}x{per_node}", repetition, "step_seconds",
-                                          seconds))
+                    samples.append(
+                        Sample(BENCHMARK, config, f"{nodes}x{per_node}", repetition, "step_seconds", seconds)
+                    )
                     log(f"steps {config:<20} {nodes}x{per_node} rep {repetition}: {seconds:.2f} s")
         return samples
     finally:
         subprocess.run(["scancel", job], env=env, capture_output=True)
-        time.sleep(LINGER + 5)   # the reused containers go after the linger, before their store does
+        time.sleep(LINGER + 5)  # the reused containers go after the linger, before their store does
 
 
 def allocate(nodes: int, env: Mapping[str, str], timeout: float = 300) -> str:
     """A running job holding ``nodes`` whole nodes, for steps to run in; its id."""
-    _, submitted = timed(["sbatch", "--parsable", f"-N{nodes}", "--exclusive", "-t", "60", "-J", "bench-steps",
-                          "-o", "/dev/null", "--wrap", "sleep 3600"], env)
+    _, submitted = timed(
+        [
+            "sbatch",
+            "--parsable",
+            f"-N{nodes}",
+            "--exclusive",
+            "-t",
+            "60",
+            "-J",
+            "bench-steps",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 3600",
+        ],
+        env,
+    )
     job = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True,
-                               text=True).stdout.strip()
+        state = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True
+        ).stdout.strip()
         if state == "RUNNING":
             return job
         time.sleep(0.5)

@@ -115,8 +115,12 @@ class Cli:
 
     def __init__(self, options: Options, environ: dict[str, str]):
         self.environ = environ
-        self.site = Site.load(environ, squash_dir=options.squash_dir,
-                              additional_stores=options.additional_stores, log_level=options.log_level)
+        self.site = Site.load(
+            environ,
+            squash_dir=options.squash_dir,
+            additional_stores=options.additional_stores,
+            log_level=options.log_level,
+        )
         self.config, self.podman, self.modules = self.site.config, self.site.podman, self.site.modules
 
     # --- our commands -------------------------------------------------------
@@ -126,6 +130,7 @@ class Cli:
         stores, the read path and the modules as this node sees them; with ``--release-job`` (a job's
         last step), remove the unpacked copies the job left unused instead. Exit code 0."""
         from .engine import info
+
         if args == ["--release-job"]:
             # The end of a job on this node (its last step: ``srun --ntasks-per-node=1 podman-hpc
             # infohpc --release-job``): the unpacked copies this job made or used, if no container
@@ -143,6 +148,7 @@ class Cli:
         """``podman-hpc images``: print the table of the user's images, local and squashed; with podman's
         own options, podman's answer instead."""
         from .engine.images.catalog import list_images
+
         if args:  # podman's own options (--format, -q, filters): podman answers
             return self.exec(self.podman.command("images", *args))
         print(text_table(image_rows(list_images(self.podman))))
@@ -154,6 +160,7 @@ class Cli:
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError("usage: podman-hpc migrate IMAGE")
         from .engine.images.migrate import migrate
+
         bar = TerminalProgress()
         try:
             result = migrate(self.podman, args[0], bar)
@@ -169,6 +176,7 @@ class Cli:
         if len(args) != 1 or args[0].startswith("-"):
             raise UsageError("usage: podman-hpc rmsqi IMAGE")
         from .engine.images.migrate import remove_squashed
+
         image, deleted = remove_squashed(self.podman, args[0])
         what = f"removed {image.short_id}" if deleted else f"untagged {args[0]} ({image.short_id})"
         print(f"{what} from {self.config.squash_dir}")
@@ -180,6 +188,7 @@ class Cli:
         if not args or args[-1].startswith("-"):
             raise UsageError("usage: podman-hpc pull [podman pull options] IMAGE")
         from .engine.images.pull import podman_pull
+
         quiet = not sys.stderr.isatty()
         bar = TerminalProgress()
         try:
@@ -207,13 +216,20 @@ class Cli:
         from .engine.run.launcher import shared_run
         from .engine.run.perprocess import per_process_run
         from .engine.run.stepcontext import in_slurm_step, pmi_fd_passthrough
+
         if shared or plan.shared:
-            return shared_run(self.podman, plan.options, plan.module_args, plan.image, plan.command, self.environ,
-                              join=wants_join(plan.flags, self.config.shared_run_exec_mode),
-                              reuse=wants_reuse(plan.flags, self.config.shared_run_reuse))
+            return shared_run(
+                self.podman,
+                plan.options,
+                plan.module_args,
+                plan.image,
+                plan.command,
+                self.environ,
+                join=wants_join(plan.flags, self.config.shared_run_exec_mode),
+                reuse=wants_reuse(plan.flags, self.config.shared_run_reuse),
+            )
         if in_slurm_step(self.environ):
-            return per_process_run(self.podman, plan.options, plan.module_args, plan.image, plan.command,
-                                   self.environ)
+            return per_process_run(self.podman, plan.options, plan.module_args, plan.image, plan.command, self.environ)
         passthrough = pmi_fd_passthrough(self.environ)
         return self.exec(self.site.run_argv(plan, passthrough.run_args), passthrough.env)
 
@@ -231,8 +247,10 @@ class Cli:
             if subcommand == "shared-run":
                 print(f"  {'--join':<22} enter the container by joining its namespaces (the default)")
                 print(f"  {'--no-join':<22} enter it with podman exec (shared_run_exec_mode: podman)")
-                print(f"  {'--reuse':<22} the job's later steps with the same image and options use this "
-                      f"container (shared_run_reuse: true)")
+                print(
+                    f"  {'--reuse':<22} the job's later steps with the same image and options use this "
+                    f"container (shared_run_reuse: true)"
+                )
                 print(f"  {'--no-reuse':<22} a container for this step alone (the default)")
             for module in self.modules:
                 if module.cli_arg and not module.hidden:
@@ -259,8 +277,14 @@ class Cli:
 
 
 COMMANDS = {
-    "infohpc": Cli.infohpc, "images": Cli.images, "migrate": Cli.migrate, "squash": Cli.migrate,
-    "rmsqi": Cli.rmsqi, "pull": Cli.pull, "build": Cli.build, "run": Cli.run,
+    "infohpc": Cli.infohpc,
+    "images": Cli.images,
+    "migrate": Cli.migrate,
+    "squash": Cli.migrate,
+    "rmsqi": Cli.rmsqi,
+    "pull": Cli.pull,
+    "build": Cli.build,
+    "run": Cli.run,
     "shared-run": lambda cli, args: cli.run(args, shared=True),
 }
 

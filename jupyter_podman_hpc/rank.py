@@ -19,15 +19,33 @@ a process that is in a container (``engine.run.join``).
 import os
 import sys
 
-from .stepsocket import Refused, address_of, container_name, environ_step_key, keep_listener, receive, \
-    rendezvous, reused_by_step, run_plan, send
+from .stepsocket import (
+    Refused,
+    address_of,
+    container_name,
+    environ_step_key,
+    keep_listener,
+    receive,
+    rendezvous,
+    reused_by_step,
+    run_plan,
+    send,
+)
 
 CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"  # engine.site.config's DEFAULT_CONFIG_FILE
 # what the monitor may change in the environment podman exec runs with (SiteConfig.podman_env)
-PODMAN_ENV_SET = frozenset(("XDG_CONFIG_HOME", "PODMANHPC_SQUASH_READ_PATH", "PODMANHPC_SQUASH_UNPACK_DIR",
-                            "PODMANHPC_SQUASH_UNPACK_MAX_MB", "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES",
-                            "PODMANHPC_SQUASH_JOB", "PODMANHPC_SQUASH_JOB_NODES",
-                            "PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB"))
+PODMAN_ENV_SET = frozenset(
+    (
+        "XDG_CONFIG_HOME",
+        "PODMANHPC_SQUASH_READ_PATH",
+        "PODMANHPC_SQUASH_UNPACK_DIR",
+        "PODMANHPC_SQUASH_UNPACK_MAX_MB",
+        "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES",
+        "PODMANHPC_SQUASH_JOB",
+        "PODMANHPC_SQUASH_JOB_NODES",
+        "PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB",
+    )
+)
 PODMAN_ENV_UNSET = frozenset(("XDG_RUNTIME_DIR",))
 PLAN_KEYS = frozenset(("join", "command", "env", "workdir", "argv", "podman_env"))
 REFUSED = 125  # podman's code for errors of the tool itself
@@ -60,9 +78,13 @@ def _check_shape(plan) -> None:
     that are None or what they should be."""
     if type(plan) is not dict or set(plan) != PLAN_KEYS:
         raise Refused("the step monitor's plan is malformed: nothing was run")
-    if not (type(plan["join"]) is bool and _strings(plan["command"]) and plan["command"] and
-            (plan["env"] is None or _mapping(plan["env"])) and
-            (plan["workdir"] is None or type(plan["workdir"]) is str)):
+    if not (
+        type(plan["join"]) is bool
+        and _strings(plan["command"])
+        and plan["command"]
+        and (plan["env"] is None or _mapping(plan["env"]))
+        and (plan["workdir"] is None or type(plan["workdir"]) is str)
+    ):
         raise Refused("the step monitor's plan is malformed: nothing was run")
 
 
@@ -72,19 +94,28 @@ def _check_exec(argv, command: list[str], key: str, environ) -> None:
     tail = [container_name(os.getuid(), key), *command]
     if _strings(argv) and len(argv) > len(tail) and reused_by_step(argv[-len(tail)], os.getuid(), environ):
         tail[0] = argv[-len(tail)]
-    if not (_strings(argv) and len(argv) > len(tail) + 1 and argv[-len(tail):] == tail
-            and "exec" in argv[1:-len(tail)]):
-        raise Refused(f"the step monitor's plan does not podman exec in this step's container: "
-                      f"refusing {' '.join(argv[:1]) if _strings(argv) else 'it'}, nothing was run")
+    if not (
+        _strings(argv) and len(argv) > len(tail) + 1 and argv[-len(tail) :] == tail and "exec" in argv[1 : -len(tail)]
+    ):
+        raise Refused(
+            f"the step monitor's plan does not podman exec in this step's container: "
+            f"refusing {' '.join(argv[:1]) if _strings(argv) else 'it'}, nothing was run"
+        )
 
 
 def _check_podman_env(podman_env) -> None:
     """Refused unless the plan sets and unsets only what podman-hpc changes in podman's environment."""
-    if not (type(podman_env) is dict and set(podman_env) == {"set", "unset"} and _mapping(podman_env["set"])
-            and set(podman_env["set"]) <= PODMAN_ENV_SET and _strings(podman_env["unset"])
-            and set(podman_env["unset"]) <= PODMAN_ENV_UNSET):
-        raise Refused("the step monitor's plan changes more of podman's environment than podman-hpc "
-                      "does: nothing was run")
+    if not (
+        type(podman_env) is dict
+        and set(podman_env) == {"set", "unset"}
+        and _mapping(podman_env["set"])
+        and set(podman_env["set"]) <= PODMAN_ENV_SET
+        and _strings(podman_env["unset"])
+        and set(podman_env["unset"]) <= PODMAN_ENV_UNSET
+    ):
+        raise Refused(
+            "the step monitor's plan changes more of podman's environment than podman-hpc does: nothing was run"
+        )
 
 
 def configured_podman(environ) -> str:
@@ -108,7 +139,7 @@ def _file_setting(environ, key: str) -> str | None:
         return None
     for line in lines:
         if line.startswith(f"{key}:"):
-            value = line[len(key) + 1:].split(" #")[0].strip()
+            value = line[len(key) + 1 :].split(" #")[0].strip()
             return value[1:-1] if value[:1] in "\"'" and value[-1:] == value[:1] and len(value) > 1 else value
     return None
 
@@ -121,8 +152,9 @@ def check_podman(path: str, environ) -> None:
     except OSError:
         same = False
     if not same:
-        raise Refused(f"the step monitor's plan runs {path}, not the configured podman ({expected}): "
-                      f"refusing it, nothing was run")
+        raise Refused(
+            f"the step monitor's plan runs {path}, not the configured podman ({expected}): refusing it, nothing was run"
+        )
 
 
 def _error_reply(reply) -> tuple[str, int]:
@@ -164,6 +196,7 @@ def shared_run_task(argv: list[str]) -> int | None:
 
 def _join(pidfd: int, command, env, workdir) -> int | None:
     from .engine.run.join import run_joined  # ctypes, resource: loaded only by a task that joins
+
     return run_joined(pidfd, command, env, workdir)
 
 
@@ -181,6 +214,7 @@ def main() -> int:
         if code is not None:
             return code
     from .cli import main as cli_main
+
     return cli_main(argv)
 
 

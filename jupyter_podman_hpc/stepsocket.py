@@ -87,8 +87,12 @@ def reused_by_step(name: str, uid: int, environ) -> bool:
     """Whether ``name`` is a container this task's job shares on this node (``reuse_key``)."""
     ids = step_ids(environ)
     digest = name.rpartition(".reuse-")[2][:DIGEST_SIZE]
-    return (ids is not None and len(digest) == DIGEST_SIZE and all(c in "0123456789abcdef" for c in digest)
-            and name == container_name(uid, reuse_key(ids[0], ids[2], digest)))
+    return (
+        ids is not None
+        and len(digest) == DIGEST_SIZE
+        and all(c in "0123456789abcdef" for c in digest)
+        and name == container_name(uid, reuse_key(ids[0], ids[2], digest))
+    )
 
 
 def node_name(environ) -> str:
@@ -137,6 +141,7 @@ def key_path(environ) -> str:
 
 def _home() -> str:
     import pwd  # built in
+
     return pwd.getpwuid(os.getuid()).pw_dir
 
 
@@ -167,14 +172,20 @@ def _private_dir(directory: str) -> None:
         os.makedirs(directory, 0o700, exist_ok=True)
         st = os.lstat(directory)
     if st.st_mode & 0o170000 != 0o040000:
-        raise Refused(f"refusing the rendezvous key's directory {directory}: it is not a directory "
-                      f"(a symbolic link?); remove it and run again")
+        raise Refused(
+            f"refusing the rendezvous key's directory {directory}: it is not a directory "
+            f"(a symbolic link?); remove it and run again"
+        )
     if st.st_uid != os.getuid():
-        raise Refused(f"refusing the rendezvous key's directory {directory}: it belongs to uid {st.st_uid}; "
-                      f"remove it and run again")
+        raise Refused(
+            f"refusing the rendezvous key's directory {directory}: it belongs to uid {st.st_uid}; "
+            f"remove it and run again"
+        )
     if st.st_mode & 0o022:
-        raise Refused(f"refusing the rendezvous key's directory {directory}: mode {st.st_mode & 0o777:o} lets "
-                      f"others write into it; remove it (rm -rf {directory}) and run again")
+        raise Refused(
+            f"refusing the rendezvous key's directory {directory}: mode {st.st_mode & 0o777:o} lets "
+            f"others write into it; remove it (rm -rf {directory}) and run again"
+        )
     if st.st_mode & 0o077:
         os.chmod(directory, 0o700)
 
@@ -184,14 +195,17 @@ def _read_key(path: str) -> bytes:
     try:
         st = os.fstat(fd)
         if st.st_mode & 0o170000 != 0o100000 or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise Refused(f"refusing the rendezvous key {path}: not a private file of this user "
-                          f"(uid {st.st_uid}, mode {st.st_mode & 0o777:o}); remove it and run again")
+            raise Refused(
+                f"refusing the rendezvous key {path}: not a private file of this user "
+                f"(uid {st.st_uid}, mode {st.st_mode & 0o777:o}); remove it and run again"
+            )
         data = os.read(fd, KEY_SIZE + 1)
     finally:
         os.close(fd)
     if len(data) != KEY_SIZE:
-        raise Refused(f"refusing the rendezvous key {path}: it has {len(data)} bytes, not {KEY_SIZE}; "
-                      f"remove it and run again")
+        raise Refused(
+            f"refusing the rendezvous key {path}: it has {len(data)} bytes, not {KEY_SIZE}; remove it and run again"
+        )
     return data
 
 
@@ -290,8 +304,8 @@ def unframe(buffer: bytes) -> tuple[list, bytes]:
     messages = []
     while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:4], "big"):
         size = int.from_bytes(buffer[:4], "big")
-        messages.append(marshal.loads(buffer[4:4 + size]))
-        buffer = buffer[4 + size:]
+        messages.append(marshal.loads(buffer[4 : 4 + size]))
+        buffer = buffer[4 + size :]
     return messages, buffer
 
 
@@ -322,11 +336,12 @@ def _read(connection, size: int, fds: list | None) -> bytes | None:
         if fds is None:
             chunk = connection.recv(size - len(data))
         else:
-            chunk, ancillary, _, _ = connection.recvmsg(size - len(data), _socket.CMSG_SPACE(16),
-                                                        _socket.MSG_CMSG_CLOEXEC)
+            chunk, ancillary, _, _ = connection.recvmsg(
+                size - len(data), _socket.CMSG_SPACE(16), _socket.MSG_CMSG_CLOEXEC
+            )
             for level, kind, payload in ancillary:
                 if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                    fds += [int.from_bytes(payload[i:i + 4], sys.byteorder) for i in range(0, len(payload) - 3, 4)]
+                    fds += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, len(payload) - 3, 4)]
         if not chunk:
             return None
         data += chunk
@@ -340,8 +355,9 @@ def _high(sock):
     """The socket on a descriptor >= 10: a task moves PMI_FD to 3, which must not be this one."""
     if sock.fileno() >= 10:
         return sock
-    moved = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0,
-                           fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, 10))
+    moved = _socket.socket(
+        _socket.AF_UNIX, _socket.SOCK_STREAM, 0, fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
+    )
     sock.close()
     return moved
 
@@ -357,8 +373,10 @@ def _connect(address: str):
     except OSError as err:
         connection.close()
         if err.errno == errno.EAGAIN:  # the timeout
-            raise Refused(f"this step's rendezvous accepted no connection within {CONNECT_TIMEOUT} s: "
-                          f"a process that is not the step monitor holds it")
+            raise Refused(
+                f"this step's rendezvous accepted no connection within {CONNECT_TIMEOUT} s: "
+                f"a process that is not the step monitor holds it"
+            )
         if err.errno not in (errno.ECONNREFUSED, errno.ENOENT):  # bound, not listening yet (or just gone)
             raise
         return None
@@ -389,8 +407,9 @@ def rendezvous(address: str):
         connection.close()
         if problem is not GONE:
             raise Refused(f"{problem} holds this step's rendezvous: refusing it, nothing was run")
-    raise Refused("a process that does not listen holds this step's rendezvous: it is not the step "
-                  "monitor; nothing was run")
+    raise Refused(
+        "a process that does not listen holds this step's rendezvous: it is not the step monitor; nothing was run"
+    )
 
 
 def keep_listener(listener) -> None:
@@ -442,6 +461,7 @@ def forward_signals(child: int) -> list[int]:
             os.kill(child, signum)
         except ProcessLookupError:
             pass  # it has exited; its wait status is on its way
+
     for signum in FORWARDED:
         _signal.signal(signum, forward)
     return passed

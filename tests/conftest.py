@@ -39,13 +39,18 @@ def stack() -> Stack:
 def configurable_http_proxy() -> str:
     """The configurable-http-proxy command a test's JupyterHub runs: $JPH_CHP, the stack's npm
     prefix, or PATH."""
-    candidates = [os.environ.get("JPH_CHP", ""), str(CHP_PREFIX / "node_modules" / ".bin" / "configurable-http-proxy"),
-                  shutil.which("configurable-http-proxy") or ""]
+    candidates = [
+        os.environ.get("JPH_CHP", ""),
+        str(CHP_PREFIX / "node_modules" / ".bin" / "configurable-http-proxy"),
+        shutil.which("configurable-http-proxy") or "",
+    ]
     for candidate in candidates:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
-    unavailable(f"configurable-http-proxy is not installed: as root, run `{CHP_INSTALL}` "
-                "(dev/stack up should), or point JPH_CHP at it")
+    unavailable(
+        f"configurable-http-proxy is not installed: as root, run `{CHP_INSTALL}` "
+        "(dev/stack up should), or point JPH_CHP at it"
+    )
 
 
 # --- podman-hpc with private storage, and squashed stores (tests/helpers/hpc.py) ----------------------
@@ -138,6 +143,7 @@ def job_root(stack):
 @pytest.fixture
 def api(jp_fetch):
     """Call the podman-hpc API: (status, JSON body); errors do not raise."""
+
     async def call(method, *path, body=None, params=None, headers=None):
         kwargs = {"method": method, "raise_error": False, "params": params, "headers": headers}
         if body is not None:
@@ -149,6 +155,7 @@ def api(jp_fetch):
         if response.headers.get("Content-Type", "").startswith("text/event-stream"):
             return response.code, text
         return response.code, (json.loads(text) if text else None)
+
     return call
 
 
@@ -161,8 +168,9 @@ def stack_lab(tmp_path_factory, stack, squashed_base) -> StackLab:
     job_root = stack.work_dir("browser-jobs")
     env = {name: squashed_base.env[name] for name in ENGINE_VARIABLES}
     try:
-        with running_lab(tmp_path_factory.mktemp("stack-lab"), env=env,
-                         args=[f"--PodmanHPC.job_root={job_root}"]) as lab:
+        with running_lab(
+            tmp_path_factory.mktemp("stack-lab"), env=env, args=[f"--PodmanHPC.job_root={job_root}"]
+        ) as lab:
             yield StackLab(lab=lab, stack=stack, hpc=squashed_base, job_root=job_root)
     finally:
         shutil.rmtree(job_root, ignore_errors=True)

@@ -12,27 +12,61 @@ from .proc import run, say, succeeds, write_if_changed
 
 PACKAGES = [
     # containers
-    "podman", "buildah", "skopeo", "runc", "conmon", "fuse-overlayfs",
-    "squashfuse", "squashfs-tools", "uidmap", "catatonit", "containernetworking-plugins",
+    "podman",
+    "buildah",
+    "skopeo",
+    "runc",
+    "conmon",
+    "fuse-overlayfs",
+    "squashfuse",
+    "squashfs-tools",
+    "uidmap",
+    "catatonit",
+    "containernetworking-plugins",
     # Slurm and its accounting database
-    "slurm-wlm", "slurmctld", "slurmd", "slurmdbd", "slurm-client", "munge",
+    "slurm-wlm",
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "slurm-client",
+    "munge",
     "mariadb-server",
     # MPI
-    "openmpi-bin", "libopenmpi-dev", "libpmix-dev", "python3-mpi4py",
+    "openmpi-bin",
+    "libopenmpi-dev",
+    "libpmix-dev",
+    "python3-mpi4py",
     # registry, base image, browser tests, build tools
-    "docker-registry", "debootstrap", "busybox-static", "chromium", "python3-venv", "python3-pip-whl", "python3-dev",
-    "gcc", "libc6-dev", "iproute2", "procps", "psmisc", "curl",
+    "docker-registry",
+    "debootstrap",
+    "busybox-static",
+    "chromium",
+    "python3-venv",
+    "python3-pip-whl",
+    "python3-dev",
+    "gcc",
+    "libc6-dev",
+    "iproute2",
+    "procps",
+    "psmisc",
+    "curl",
     # tests act as the project's second member and as an outsider through sudo
     "sudo",
     # tests/faults: a small ext4 store the stack user mounts itself, so that a migrate fills it (ENOSPC)
     "fuse2fs",
     # the podman-hpc 1.2.2 peer: its fuse-overlayfs-wrap waits with inotifywait;
     # a static mksquashfs is built from a Debian source package
-    "inotify-tools", "make", "dpkg-dev", "xz-utils", "liblz4-dev", "zlib1g-dev",
+    "inotify-tools",
+    "make",
+    "dpkg-dev",
+    "xz-utils",
+    "liblz4-dev",
+    "zlib1g-dev",
     # bare-metal LAMMPS for the EXAALT-like benchmark
     "lammps",
     # bare-metal PyTorch for the DeepCAM-like benchmark (about 150 MB to fetch, 640 MB installed)
-    "python3-torch", "python3-numpy",
+    "python3-torch",
+    "python3-numpy",
 ]
 
 # podman reads drop-ins from here; our file only says what this host needs.
@@ -82,10 +116,13 @@ def configure_podman() -> None:
         if lines:
             text += f"[{section}]\n" + "".join(f"{line}\n" for line in lines)
     write_if_changed(CONTAINERS_DROPIN, text)
-    write_if_changed(REGISTRIES_DROPIN, (
-        "# The stack's local registry speaks plain HTTP on loopback.\n"
-        f'[[registry]]\nlocation = "{layout.REGISTRY}"\ninsecure = true\n'
-    ))
+    write_if_changed(
+        REGISTRIES_DROPIN,
+        (
+            "# The stack's local registry speaks plain HTTP on loopback.\n"
+            f'[[registry]]\nlocation = "{layout.REGISTRY}"\ninsecure = true\n'
+        ),
+    )
     if not STORAGE_CONF.exists():
         # Without it rootless podman may pick vfs, which refuses a mount_program.
         write_if_changed(STORAGE_CONF, '[storage]\ndriver = "overlay"\n')
@@ -106,14 +143,19 @@ def _root_is_shared() -> bool:
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         if fields[4] == "/":
-            return any(f.startswith("shared:") for f in fields[6:fields.index("-")])
+            return any(f.startswith("shared:") for f in fields[6 : fields.index("-")])
     return False
 
 
 def podman_configured() -> bool:
     fuse_ok = (Path("/dev/fuse").stat().st_mode & 0o666) == 0o666
-    return CONTAINERS_DROPIN.exists() and REGISTRIES_DROPIN.exists() and fuse_ok \
-        and os.path.ismount("/dev/mqueue") and _root_is_shared()
+    return (
+        CONTAINERS_DROPIN.exists()
+        and REGISTRIES_DROPIN.exists()
+        and fuse_ok
+        and os.path.ismount("/dev/mqueue")
+        and _root_is_shared()
+    )
 
 
 def _free_subid_start(path: Path) -> int:
@@ -151,16 +193,21 @@ def _in_group(user: str, group: str) -> bool:
 
 def _sudoers() -> str:
     others = ",".join((layout.USER2, layout.OUTSIDER))
-    text = ("# Written by jupyter-podman-hpc's dev/stack: the stack user's tests act as the\n"
-            "# project's second member and as an outsider: it can become them.\n"
-            f"{layout.USER} ALL=({others}) NOPASSWD: ALL\n")
+    text = (
+        "# Written by jupyter-podman-hpc's dev/stack: the stack user's tests act as the\n"
+        "# project's second member and as an outsider: it can become them.\n"
+        f"{layout.USER} ALL=({others}) NOPASSWD: ALL\n"
+    )
     stack = _root_only_stack()
     if stack:
-        commands = ", ".join(f"{stack} {command} {node}" for command in ("node-kill", "node-boot")
-                             for node in layout.NODES)
-        text += ("# As root it may run exactly these: a Slurm node's power loss and its boot\n"
-                 "# (tests/faults/test_node_death.py).\n"
-                 f"{layout.USER} ALL=(root) NOPASSWD: {commands}\n")
+        commands = ", ".join(
+            f"{stack} {command} {node}" for command in ("node-kill", "node-boot") for node in layout.NODES
+        )
+        text += (
+            "# As root it may run exactly these: a Slurm node's power loss and its boot\n"
+            "# (tests/faults/test_node_death.py).\n"
+            f"{layout.USER} ALL=(root) NOPASSWD: {commands}\n"
+        )
     return text
 
 
@@ -213,11 +260,13 @@ def user_ready() -> bool:
             pwd.getpwnam(user)
     except KeyError:
         return False
-    return all(_has_subids(user, Path("/etc/subuid")) and _has_subids(user, Path("/etc/subgid"))
-               for user in users) \
-        and _in_group(layout.USER, layout.PROJECT_GROUP) and _in_group(layout.USER2, layout.PROJECT_GROUP) \
-        and not _in_group(layout.OUTSIDER, layout.PROJECT_GROUP) \
+    return (
+        all(_has_subids(user, Path("/etc/subuid")) and _has_subids(user, Path("/etc/subgid")) for user in users)
+        and _in_group(layout.USER, layout.PROJECT_GROUP)
+        and _in_group(layout.USER2, layout.PROJECT_GROUP)
+        and not _in_group(layout.OUTSIDER, layout.PROJECT_GROUP)
         and _sudoers_ready()
+    )
 
 
 def _sudoers_ready() -> bool:
@@ -289,9 +338,13 @@ def scratch() -> None:
     layout.PROJECT_DIR.chmod(0o2770)
     # Screenshots and logs the tests leave for people to look at, benchmark results (make bench),
     # the docs site (make docs) and the checks' caches (make lint).
-    for output in (layout.CHECKOUT / "tests" / "artifacts", layout.CHECKOUT / "bench" / "results",
-                   layout.CHECKOUT / "docs" / "build", layout.CHECKOUT / ".ruff_cache",
-                   layout.CHECKOUT / ".mypy_cache"):
+    for output in (
+        layout.CHECKOUT / "tests" / "artifacts",
+        layout.CHECKOUT / "bench" / "results",
+        layout.CHECKOUT / "docs" / "build",
+        layout.CHECKOUT / ".ruff_cache",
+        layout.CHECKOUT / ".mypy_cache",
+    ):
         output.mkdir(exist_ok=True)
         os.chown(output, entry.pw_uid, entry.pw_gid)
 

@@ -15,6 +15,7 @@ from .host import user_env
 from .proc import as_user, run, say
 from .registry import answers
 
+
 def apt_mirror() -> tuple[str, str]:
     """The Debian mirror and suite apt already uses on this machine."""
     sources = Path("/etc/apt/sources.list.d/debian.sources")
@@ -50,11 +51,28 @@ def build_rootfs() -> None:
     wheels = root / "tmp" / "wheels"
     wheels.mkdir()
     shutil.copy(pip_wheel, wheels / pip_wheel.name)
-    run(["/usr/bin/python3", str(pip_wheel / "pip"), "download", "--no-deps", "--quiet",
-         "--dest", str(wheels), *layout.BASE_WHEELS])
+    run(
+        [
+            "/usr/bin/python3",
+            str(pip_wheel / "pip"),
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--dest",
+            str(wheels),
+            *layout.BASE_WHEELS,
+        ]
+    )
     pip = f"/tmp/wheels/{pip_wheel.name}/pip"
     # A private mount namespace: /proc and /dev vanish with it, even after a kill.
-    run(["unshare", "--mount", "--fork", "sh", "-c", f"""
+    run(
+        [
+            "unshare",
+            "--mount",
+            "--fork",
+            "sh",
+            "-c",
+            f"""
         set -e
         mount -t proc proc "$1/proc"
         mount --rbind /dev "$1/dev"
@@ -64,7 +82,11 @@ def build_rootfs() -> None:
         chroot "$1" sh -c 'python3 {pip} install --no-index --no-deps --ignore-installed \
             --break-system-packages --root-user-action=ignore --disable-pip-version-check --quiet \
             $(ls /tmp/wheels/*.whl | grep -v /pip-)'
-    """, "sh", str(root)])
+    """,
+            "sh",
+            str(root),
+        ]
+    )
     shutil.rmtree(wheels)
     shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
     (root / "etc/resolv.conf").unlink(missing_ok=True)
@@ -110,8 +132,7 @@ def import_and_push(name: str, rootfs: Path, reference: str, key: str) -> None:
     podman = ["podman", "--root", f"{storage}/root", "--runroot", f"{storage}/run"]
     env = user_env()
     try:
-        run(as_user(layout.USER, [*podman, "import", "--change", "CMD=/bin/sh",
-                                  str(rootfs), reference], env), cwd="/")
+        run(as_user(layout.USER, [*podman, "import", "--change", "CMD=/bin/sh", str(rootfs), reference], env), cwd="/")
         run(as_user(layout.USER, [*podman, "push", reference], env), cwd="/")
     finally:
         run(as_user(layout.USER, ["podman", "unshare", "rm", "-rf", str(storage)], env), check=False, cwd="/")
@@ -128,8 +149,28 @@ def build_tiny_rootfs() -> None:
     for directory in ("bin", "etc", "tmp", "proc", "sys", "dev", "root"):
         (root / directory).mkdir(parents=True)
     shutil.copy("/bin/busybox", root / "bin" / "busybox")
-    for applet in ("sh", "cat", "echo", "ls", "sleep", "true", "false", "test", "rm", "mkdir",
-                   "touch", "id", "env", "head", "stat", "readlink", "grep", "wc", "uname", "hostname"):
+    for applet in (
+        "sh",
+        "cat",
+        "echo",
+        "ls",
+        "sleep",
+        "true",
+        "false",
+        "test",
+        "rm",
+        "mkdir",
+        "touch",
+        "id",
+        "env",
+        "head",
+        "stat",
+        "readlink",
+        "grep",
+        "wc",
+        "uname",
+        "hostname",
+    ):
         (root / "bin" / applet).symlink_to("busybox")
     (root / "etc" / "os-release").write_text('NAME="jph tiny"\nID=tiny\nVERSION_CODENAME=tiny\n')
     (root / "tmp").chmod(0o1777)
@@ -149,5 +190,7 @@ def up() -> None:
 
 
 def status() -> dict[str, bool]:
-    return {"base image": pushed("base-image", layout.BASE_IMAGE, layout.BASE_ROOTFS_KEY),
-            "tiny image": pushed("tiny-image", layout.TINY_IMAGE, layout.TINY_ROOTFS_KEY)}
+    return {
+        "base image": pushed("base-image", layout.BASE_IMAGE, layout.BASE_ROOTFS_KEY),
+        "tiny image": pushed("tiny-image", layout.TINY_IMAGE, layout.TINY_ROOTFS_KEY),
+    }

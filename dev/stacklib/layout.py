@@ -54,10 +54,17 @@ SCRATCH = STATE / "scratch"
 VENV = STATE / "venv"
 
 BASE_IMAGE = f"{REGISTRY}/jph/base:bookworm"
-BASE_PACKAGES = ["python3-ipykernel", "openmpi-bin", "python3-mpi4py", "procps",
-                 # ipyparallel's dependencies that bookworm has (its python3-ipyparallel, 7.1, is
-                 # older than the controller the stack's venv runs)
-                 "python3-decorator", "python3-dateutil", "python3-tqdm"]
+BASE_PACKAGES = [
+    "python3-ipykernel",
+    "openmpi-bin",
+    "python3-mpi4py",
+    "procps",
+    # ipyparallel's dependencies that bookworm has (its python3-ipyparallel, 7.1, is
+    # older than the controller the stack's venv runs)
+    "python3-decorator",
+    "python3-dateutil",
+    "python3-tqdm",
+]
 # Wheels installed over Debian's packages without resolving dependencies: IPython Parallel
 # engines at the version pyproject.toml pins for the controller, and the pyzmq it needs
 # (bookworm has 24).
@@ -99,8 +106,7 @@ def requested_node_count(value: str | None) -> int:
     text = value.strip()
     count = int(text) if text.isdigit() else len(text.split())
     if not 1 <= count <= MAX_NODE_COUNT or (not text.isdigit() and text.split() != node_names(count)):
-        raise ValueError(f"STACK_NODES must be a node count from 1 to {MAX_NODE_COUNT} (or n1 ... nN), "
-                         f"not {value!r}")
+        raise ValueError(f"STACK_NODES must be a node count from 1 to {MAX_NODE_COUNT} (or n1 ... nN), not {value!r}")
     return count
 
 

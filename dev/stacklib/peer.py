@@ -56,6 +56,7 @@ def status() -> dict[str, bool]:
 
 # --- a static mksquashfs ----------------------------------------------------
 
+
 def mksquashfs_ready(path: Path) -> bool:
     """``path`` is a statically linked mksquashfs of the wanted version."""
     if not (path.is_file() and os.access(path, os.X_OK)):
@@ -63,16 +64,17 @@ def mksquashfs_ready(path: Path) -> bool:
     if run(["ldd", str(path)], check=False, quiet=True).returncode == 0:
         return False  # ldd succeeds only on dynamic executables
     version = run([str(path), "-version"], check=False, quiet=True)
-    return version.returncode == 0 and \
-        version.stdout.startswith(f"mksquashfs version {layout.MKSQUASHFS_VERSION} ")
+    return version.returncode == 0 and version.stdout.startswith(f"mksquashfs version {layout.MKSQUASHFS_VERSION} ")
 
 
 def build_mksquashfs() -> None:
     target = layout.MKSQUASHFS_STATIC
     if mksquashfs_ready(target):
         return
-    say(f"building a static mksquashfs {layout.MKSQUASHFS_VERSION} from Debian trixie's source "
-        f"package; cached as {target}")
+    say(
+        f"building a static mksquashfs {layout.MKSQUASHFS_VERSION} from Debian trixie's source "
+        f"package; cached as {target}"
+    )
     started = time.monotonic()
     build = MKSQUASHFS_BUILD
     shutil.rmtree(build, ignore_errors=True)  # whatever a killed attempt left
@@ -87,11 +89,16 @@ def build_mksquashfs() -> None:
     # caches stay as they are (its proxy and other settings still apply).
     apt = [
         "apt-get",
-        "-o", "Dir::Etc::SourceList=/dev/null",
-        "-o", f"Dir::Etc::SourceParts={apt_dir / 'sources.list.d'}",
-        "-o", f"Dir::State::Lists={apt_dir / 'lists'}",
-        "-o", f"Dir::Cache={apt_dir / 'cache'}",
-        "-o", "APT::Sandbox::User=root",
+        "-o",
+        "Dir::Etc::SourceList=/dev/null",
+        "-o",
+        f"Dir::Etc::SourceParts={apt_dir / 'sources.list.d'}",
+        "-o",
+        f"Dir::State::Lists={apt_dir / 'lists'}",
+        "-o",
+        f"Dir::Cache={apt_dir / 'cache'}",
+        "-o",
+        "APT::Sandbox::User=root",
     ]
     run([*apt, "update"])
     download = build / "download"
@@ -100,13 +107,26 @@ def build_mksquashfs() -> None:
     dsc = next(download.glob("squashfs-tools_*.dsc"))
     upstream = dsc.stem.split("_", 1)[1].rsplit("-", 1)[0]
     if upstream != layout.MKSQUASHFS_VERSION:
-        raise SystemExit(f"[stack] trixie's squashfs-tools is {upstream}, not {layout.MKSQUASHFS_VERSION}: "
-                         "update MKSQUASHFS_VERSION in dev/stacklib/layout.py")
+        raise SystemExit(
+            f"[stack] trixie's squashfs-tools is {upstream}, not {layout.MKSQUASHFS_VERSION}: "
+            "update MKSQUASHFS_VERSION in dev/stacklib/layout.py"
+        )
     tree = build / "squashfs-tools"
     run(["dpkg-source", "-x", str(dsc), str(tree)], cwd=build)
     sources = tree / "squashfs-tools"
-    run(["make", f"-j{os.cpu_count() or 1}", "LZ4_SUPPORT=1", "XZ_SUPPORT=0", "LZO_SUPPORT=0",
-         "ZSTD_SUPPORT=0", "EXTRA_LDFLAGS=-static", "mksquashfs"], cwd=sources)
+    run(
+        [
+            "make",
+            f"-j{os.cpu_count() or 1}",
+            "LZ4_SUPPORT=1",
+            "XZ_SUPPORT=0",
+            "LZO_SUPPORT=0",
+            "ZSTD_SUPPORT=0",
+            "EXTRA_LDFLAGS=-static",
+            "mksquashfs",
+        ],
+        cwd=sources,
+    )
     built = sources / "mksquashfs"
     if not mksquashfs_ready(built):
         raise SystemExit(f"[stack] {built} is not a static mksquashfs {layout.MKSQUASHFS_VERSION}")
@@ -120,9 +140,9 @@ def build_mksquashfs() -> None:
 
 # --- the virtual environment -------------------------------------------------
 
+
 def venv_ready() -> bool:
-    return VENV_STAMP.exists() and VENV_STAMP.read_text() == REQUIREMENT + "\n" \
-        and layout.PEER_BIN.exists()
+    return VENV_STAMP.exists() and VENV_STAMP.read_text() == REQUIREMENT + "\n" and layout.PEER_BIN.exists()
 
 
 def venv_up() -> None:
@@ -157,6 +177,7 @@ def shipped_config_dir() -> Path | None:
 
 # --- its configuration ---------------------------------------------------------
 
+
 def _settings(data: Path) -> dict[str, str]:
     return {
         "podman_bin": "/usr/bin/podman",
@@ -174,8 +195,7 @@ def wanted_config() -> str | None:
         return None
     settings = _settings(data)
     lines = [
-        "# Written by jupyter-podman-hpc's dev/stack: podman-hpc "
-        f"{layout.PEER_VERSION}'s shipped podman_hpc.yaml,",
+        f"# Written by jupyter-podman-hpc's dev/stack: podman-hpc {layout.PEER_VERSION}'s shipped podman_hpc.yaml,",
         "# paths fixed for this host. Use it with PODMANHPC_CONFIG_FILE.",
     ]
     for line in (data / "podman_hpc.yaml").read_text().splitlines():
@@ -197,8 +217,12 @@ def _hooks_ready(hooks_dir: Path) -> bool:
 
 def config_ready() -> bool:
     wanted = wanted_config()
-    return wanted is not None and layout.PEER_CONFIG.exists() \
-        and layout.PEER_CONFIG.read_text() == wanted and _hooks_ready(layout.PEER_HOOKS_DIR)
+    return (
+        wanted is not None
+        and layout.PEER_CONFIG.exists()
+        and layout.PEER_CONFIG.read_text() == wanted
+        and _hooks_ready(layout.PEER_HOOKS_DIR)
+    )
 
 
 def config_up() -> None:
@@ -218,9 +242,16 @@ def config_up() -> None:
     if not _hooks_ready(hooks):
         raise SystemExit(f"[stack] podman_hpc.configure_hooks did not write {HOOK_FILE} as expected")
     # Read it back with the YAML loader podman-hpc itself uses.
-    loaded = json.loads(run([str(PYTHON), "-c", "import json, sys, yaml; "
-                             "print(json.dumps(yaml.load(open(sys.argv[1]), Loader=yaml.FullLoader)))",
-                             str(config)]).stdout)
+    loaded = json.loads(
+        run(
+            [
+                str(PYTHON),
+                "-c",
+                "import json, sys, yaml; print(json.dumps(yaml.load(open(sys.argv[1]), Loader=yaml.FullLoader)))",
+                str(config),
+            ]
+        ).stdout
+    )
     wanted = _settings(shipped_config_dir())
     if {key: loaded.get(key) for key in wanted} != wanted:
         raise SystemExit(f"[stack] {config} does not read back as written")

@@ -21,13 +21,17 @@ def say(message: str) -> None:
     print(f"[stack] {message}", flush=True)
 
 
-def run(args: Sequence[str], *, check: bool = True, quiet: bool = False,
-        env: Mapping[str, str] | None = None, input: str | None = None,
-        cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+def run(
+    args: Sequence[str],
+    *,
+    check: bool = True,
+    quiet: bool = False,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess:
     """Run a command; on failure show its output and raise."""
-    result = subprocess.run(
-        list(args), text=True, capture_output=True, env=env, input=input, cwd=cwd
-    )
+    result = subprocess.run(list(args), text=True, capture_output=True, env=env, input=input, cwd=cwd)
     if check and result.returncode != 0:
         sys.stderr.write(result.stdout + result.stderr)
         raise SystemExit(f"[stack] command failed ({result.returncode}): {' '.join(args)}")
@@ -76,8 +80,13 @@ def running_pid(name: str) -> int | None:
     return pid if _start_time(pid) == start and not exited(pid) else None
 
 
-def start_daemon(name: str, args: Sequence[str], env: Mapping[str, str] | None = None,
-                 ready: Callable[[], bool] | None = None, timeout: float = 60) -> None:
+def start_daemon(
+    name: str,
+    args: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    ready: Callable[[], bool] | None = None,
+    timeout: float = 60,
+) -> None:
     """Start ``args`` (a process that stays in the foreground) in its own session.
 
     Its output goes to the stack's log directory. Waits until ``ready()``
@@ -87,8 +96,12 @@ def start_daemon(name: str, args: Sequence[str], env: Mapping[str, str] | None =
     LOG.mkdir(parents=True, exist_ok=True)
     log = open(LOG / f"{name}.out", "ab")
     proc = subprocess.Popen(
-        list(args), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-        env=dict(env) if env is not None else None, start_new_session=True,
+        list(args),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        env=dict(env) if env is not None else None,
+        start_new_session=True,
     )
     log.close()
     start = None

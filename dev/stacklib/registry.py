@@ -11,8 +11,9 @@ CONFIG = layout.REGISTRY_DIR / "config.yml"
 
 def answers(path: str = "/v2/", method: str = "GET") -> bool:
     request = urllib.request.Request(f"http://{layout.REGISTRY}{path}", method=method)
-    request.add_header("Accept", "application/vnd.oci.image.manifest.v1+json, "
-                                 "application/vnd.docker.distribution.manifest.v2+json")
+    request.add_header(
+        "Accept", "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
+    )
     try:
         with urllib.request.urlopen(request, timeout=2) as response:
             return response.status == 200
@@ -27,7 +28,9 @@ def up() -> None:
     data = layout.REGISTRY_DIR / "data"
     data.mkdir(parents=True, exist_ok=True)
     # Debian's default config points at a missing htpasswd and listens everywhere.
-    write_if_changed(CONFIG, f"""\
+    write_if_changed(
+        CONFIG,
+        f"""\
 version: 0.1
 log:
   level: warn
@@ -38,7 +41,8 @@ storage:
     enabled: true
 http:
   addr: {layout.REGISTRY}
-""")
+""",
+    )
     say(f"starting the registry on {layout.REGISTRY}")
     start_daemon("registry", ["docker-registry", "serve", str(CONFIG)], ready=answers)
 

@@ -42,16 +42,37 @@ STAMP = SITE_VENV / ".jph-stamp"
 REQUIREMENTS = ["jupyterhub>=5,<6", "batchspawner==1.3.0", "wrapspawner==1.0.1"]
 
 # What the wheel is built from (pyproject.toml's wheel target, its hook and shared data).
-WHEEL_SOURCES = ["pyproject.toml", "hatch_build.py", "README.md", "jupyter_podman_hpc", "kernels",
-                 "labextension", "jupyter-config"]
+WHEEL_SOURCES = [
+    "pyproject.toml",
+    "hatch_build.py",
+    "README.md",
+    "jupyter_podman_hpc",
+    "kernels",
+    "labextension",
+    "jupyter-config",
+]
 
 
 def wheel_key() -> str:
     """A digest of the checkout's files that go into the wheel (tracked and new, as on disk)."""
     listed = subprocess.run(
-        ["git", "-C", str(layout.CHECKOUT), "-c", f"safe.directory={layout.CHECKOUT}", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
-         "--", *WHEEL_SOURCES],
-        capture_output=True, check=True).stdout.split(b"\0")
+        [
+            "git",
+            "-C",
+            str(layout.CHECKOUT),
+            "-c",
+            f"safe.directory={layout.CHECKOUT}",
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "--",
+            *WHEEL_SOURCES,
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
     digest = hashlib.sha256()
     for name in sorted(set(filter(None, listed))):
         path = layout.CHECKOUT / os.fsdecode(name)
@@ -101,8 +122,7 @@ def build_wheel(key: str) -> Path:
     partial = WHEELS / f".{key}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    run(_pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(partial), str(layout.CHECKOUT)),
-        cwd=layout.CHECKOUT)
+    run(_pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(partial), str(layout.CHECKOUT)), cwd=layout.CHECKOUT)
     # old keys go: only the current checkout's wheel is worth keeping
     for old in WHEELS.iterdir():
         if old != partial:
@@ -118,13 +138,24 @@ def fill_wheelhouse(wheel: Path) -> None:
     for old in SITE_WHEELHOUSE.glob("jupyter_podman_hpc-*.whl"):
         old.unlink()
     shutil.copy2(wheel, SITE_WHEELHOUSE / wheel.name)
-    run(_pip("wheel", "--quiet", "--wheel-dir", str(SITE_WHEELHOUSE), "--find-links", str(SITE_WHEELHOUSE),
-             str(SITE_WHEELHOUSE / wheel.name), *REQUIREMENTS))
+    run(
+        _pip(
+            "wheel",
+            "--quiet",
+            "--wheel-dir",
+            str(SITE_WHEELHOUSE),
+            "--find-links",
+            str(SITE_WHEELHOUSE),
+            str(SITE_WHEELHOUSE / wheel.name),
+            *REQUIREMENTS,
+        )
+    )
 
 
 def _usable() -> bool:
-    return PYTHON.exists() and subprocess.run([str(PYTHON), "-m", "pip", "--version"],
-                                              capture_output=True).returncode == 0
+    return (
+        PYTHON.exists() and subprocess.run([str(PYTHON), "-m", "pip", "--version"], capture_output=True).returncode == 0
+    )
 
 
 def up() -> None:

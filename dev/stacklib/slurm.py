@@ -39,6 +39,7 @@ def _port_open(port: int) -> bool:
 
 # --- munge -----------------------------------------------------------------
 
+
 def munge_works() -> bool:
     return succeeds(["sh", "-c", "munge -n | unmunge"])
 
@@ -56,11 +57,13 @@ def munge_up() -> None:
         run(["runuser", "-u", "munge", "--", "mungekey", "--create"])
     say("starting munged")
     # --force: a socket left by a killed munged must not stop us.
-    start_daemon("munged", ["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--foreground", "--force"],
-                 ready=munge_works)
+    start_daemon(
+        "munged", ["runuser", "-u", "munge", "--", "/usr/sbin/munged", "--foreground", "--force"], ready=munge_works
+    )
 
 
 # --- accounting database ---------------------------------------------------
+
 
 def _db_password() -> str:
     """slurmdbd's database password, made once. The file is created 0600 (O_EXCL: never through a
@@ -69,7 +72,7 @@ def _db_password() -> str:
     if not path.exists():
         layout.MARIADB_DIR.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)     # what a killed first start left
+        tmp.unlink(missing_ok=True)  # what a killed first start left
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(secrets.token_hex(16))
@@ -96,8 +99,16 @@ def mariadb_up() -> None:
         shutil.rmtree(fresh, ignore_errors=True)
         fresh.mkdir(parents=True)
         os.chown(fresh, mysql.pw_uid, mysql.pw_gid)
-        run(["mariadb-install-db", "--no-defaults", f"--datadir={fresh}", "--user=mysql",
-             "--auth-root-authentication-method=socket", "--skip-test-db"])
+        run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={fresh}",
+                "--user=mysql",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ]
+        )
         shutil.rmtree(data, ignore_errors=True)
         os.replace(fresh, data)
     run_dir = _mariadb_socket().parent
@@ -105,12 +116,22 @@ def mariadb_up() -> None:
     os.chown(run_dir, mysql.pw_uid, mysql.pw_gid)
     _mariadb_socket().unlink(missing_ok=True)
     say("starting mariadb")
-    start_daemon("mariadb", [
-        "mariadbd", "--no-defaults", f"--datadir={data}", "--user=mysql",
-        f"--socket={_mariadb_socket()}", f"--port={layout.MARIADB_PORT}",
-        "--bind-address=127.0.0.1", f"--pid-file={run_dir / 'mariadbd.pid'}",
-        "--innodb-buffer-pool-size=64M", "--skip-name-resolve",
-    ], ready=lambda: succeeds(["mariadb-admin", "--no-defaults", f"--socket={_mariadb_socket()}", "ping"]))
+    start_daemon(
+        "mariadb",
+        [
+            "mariadbd",
+            "--no-defaults",
+            f"--datadir={data}",
+            "--user=mysql",
+            f"--socket={_mariadb_socket()}",
+            f"--port={layout.MARIADB_PORT}",
+            "--bind-address=127.0.0.1",
+            f"--pid-file={run_dir / 'mariadbd.pid'}",
+            "--innodb-buffer-pool-size=64M",
+            "--skip-name-resolve",
+        ],
+        ready=lambda: succeeds(["mariadb-admin", "--no-defaults", f"--socket={_mariadb_socket()}", "ping"]),
+    )
     password = _db_password()
     _sql(
         f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
@@ -120,6 +141,7 @@ def mariadb_up() -> None:
 
 
 # --- Slurm configuration ---------------------------------------------------
+
 
 def _slurm_conf() -> str:
     d = layout.SLURM_DIR
@@ -194,12 +216,12 @@ def write_slurm_config() -> bool:
 
 # --- daemons ---------------------------------------------------------------
 
+
 def slurmdbd_up() -> None:
     if running_pid("slurmdbd"):
         return
     say("starting slurmdbd")
-    start_daemon("slurmdbd", ["slurmdbd", "-D"], env=_daemon_env(),
-                 ready=lambda: _port_open(layout.SLURMDBD_PORT))
+    start_daemon("slurmdbd", ["slurmdbd", "-D"], env=_daemon_env(), ready=lambda: _port_open(layout.SLURMDBD_PORT))
     env = _daemon_env()
     clusters = run(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], env=env).stdout.split()
     if layout.CLUSTER not in clusters:
@@ -219,8 +241,12 @@ def slurmctld_up() -> None:
     if running_pid("slurmctld"):
         return
     say("starting slurmctld")
-    start_daemon("slurmctld", ["slurmctld", "-D"], env=_daemon_env(),
-                 ready=lambda: succeeds(["scontrol", "ping"], env=_daemon_env()))
+    start_daemon(
+        "slurmctld",
+        ["slurmctld", "-D"],
+        env=_daemon_env(),
+        ready=lambda: succeeds(["scontrol", "ping"], env=_daemon_env()),
+    )
 
 
 def _identity(path: str) -> str:
@@ -350,8 +376,11 @@ def boot_node(node: str, timeout: float = 180) -> None:
     it (/tmp emptied, slurmd started), and is back in service: resumed if slurmctld set it down
     meanwhile, and idle once slurmctld has finished what it ended there (a job completing)."""
     slurmd_up(node)  # a node that runs is left as it is
-    wait_for(lambda: (resume_nodes([node]), _usable(_sinfo_states().get(node, "")))[1],
-             f"node {node} to be idle again", timeout=timeout)
+    wait_for(
+        lambda: (resume_nodes([node]), _usable(_sinfo_states().get(node, "")))[1],
+        f"node {node} to be idle again",
+        timeout=timeout,
+    )
     say(f"node {node} is up and idle")
 
 
@@ -378,10 +407,26 @@ def slurmd_up(node: str) -> None:
     if cgroup:
         cgroup.mkdir(parents=True, exist_ok=True)
     say(f"starting slurmd {node}")
-    start_daemon(name, ["unshare", "--mount", "--propagation", "private", "sh", "-c", _NODE_NAMESPACE,
-                        "sh", str(tmp), node, checkout, str(layout.NODE_ROOT / node / "checkout-aside"),
-                        str(cgroup or "")],
-                 env=_daemon_env(), ready=lambda: _port_open(layout.node_port(node)))
+    start_daemon(
+        name,
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _NODE_NAMESPACE,
+            "sh",
+            str(tmp),
+            node,
+            checkout,
+            str(layout.NODE_ROOT / node / "checkout-aside"),
+            str(cgroup or ""),
+        ],
+        env=_daemon_env(),
+        ready=lambda: _port_open(layout.node_port(node)),
+    )
 
 
 def _usable(state: str) -> bool:
@@ -392,8 +437,11 @@ def _usable(state: str) -> bool:
 def _responding(state: str) -> bool:
     """slurmctld hears from the node and may give it work: busy finishing a job ("comp"),
     held for a pending one ("plnd") or reserved counts; down, drained or failed does not."""
-    return bool(state) and "*" not in state and \
-        state.rstrip("~#!%$@^-") not in ("down", "drain", "drng", "fail", "failg", "unk", "inval")
+    return (
+        bool(state)
+        and "*" not in state
+        and state.rstrip("~#!%$@^-") not in ("down", "drain", "drng", "fail", "failg", "unk", "inval")
+    )
 
 
 def nodes_idle() -> bool:
@@ -407,8 +455,7 @@ def resume_nodes(nodes: Sequence[str] = ()) -> None:
     states = _sinfo_states()
     stuck = [n for n in nodes if states.get(n, "").rstrip("*~#") in ("down", "drain", "drng", "fail")]
     if stuck:
-        run(["scontrol", "update", f"nodename={','.join(stuck)}", "state=resume"],
-            check=False, env=_daemon_env())
+        run(["scontrol", "update", f"nodename={','.join(stuck)}", "state=resume"], check=False, env=_daemon_env())
 
 
 def _nodes_with_state() -> list[str]:
@@ -445,8 +492,11 @@ def up() -> None:
     _retire_extra_nodes()
     for node in layout.NODES:
         slurmd_up(node)
-    wait_for(lambda: (resume_nodes(), nodes_idle())[1], f"{len(layout.NODES)} idle Slurm nodes",
-             timeout=90 + 5 * len(layout.NODES))
+    wait_for(
+        lambda: (resume_nodes(), nodes_idle())[1],
+        f"{len(layout.NODES)} idle Slurm nodes",
+        timeout=90 + 5 * len(layout.NODES),
+    )
 
 
 def _stop_slurm() -> None:
@@ -471,6 +521,5 @@ def status() -> dict[str, bool]:
         "slurmctld": running_pid("slurmctld") is not None and bool(states),
     }
     for node in layout.NODES:
-        result[f"slurmd {node}"] = running_pid(f"slurmd-{node}") is not None and \
-            _responding(states.get(node, ""))
+        result[f"slurmd {node}"] = running_pid(f"slurmd-{node}") is not None and _responding(states.get(node, ""))
     return result

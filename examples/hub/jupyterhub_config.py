@@ -101,15 +101,18 @@ if NODE_IP:
     c.SlurmSpawner.state_exechost_exp = NODE_IP
 
 # --- the login-node profile ------------------------------------------------------------
-LOCAL_SPAWNER = "jupyterhub.spawner.LocalProcessSpawner" if AS_ROOT \
-    else "jupyterhub.spawner.SimpleLocalProcessSpawner"
+LOCAL_SPAWNER = "jupyterhub.spawner.LocalProcessSpawner" if AS_ROOT else "jupyterhub.spawner.SimpleLocalProcessSpawner"
 if not AS_ROOT:
     c.SimpleLocalProcessSpawner.home_dir_template = "/home/{username}"
 
 c.JupyterHub.spawner_class = "wrapspawner.ProfilesSpawner"
 c.ProfilesSpawner.profiles = [
     # (what the spawn page shows, key, spawner class, that spawner's settings)
-    ("Compute node (a Slurm job on one whole node)", "node", "batchspawner.SlurmSpawner",
-     {"args": [f"--ip={NODE_IP}"]} if NODE_IP else {}),
+    (
+        "Compute node (a Slurm job on one whole node)",
+        "node",
+        "batchspawner.SlurmSpawner",
+        {"args": [f"--ip={NODE_IP}"]} if NODE_IP else {},
+    ),
     ("Login node (shared, no Slurm job)", "login", LOCAL_SPAWNER, {}),
 ]

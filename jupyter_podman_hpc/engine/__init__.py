@@ -24,8 +24,19 @@ command lines); ``service`` (the REST service) and ``info``; ``images`` (pull, b
 - ``hook``: the old path of ``site.hook``'s ``main``, which console scripts of an earlier editable install name
 """
 
-from .errors import (Conflict, ConfigError, EngineError, ImageNotFound, InvalidInput, InvalidReference,
-                     ModuleError, NotFound, PermissionDenied, PodmanError, ToolFailed)
+from .errors import (
+    Conflict,
+    ConfigError,
+    EngineError,
+    ImageNotFound,
+    InvalidInput,
+    InvalidReference,
+    ModuleError,
+    NotFound,
+    PermissionDenied,
+    PodmanError,
+    ToolFailed,
+)
 
 
 def __getattr__(name: str):
@@ -33,12 +44,23 @@ def __getattr__(name: str):
     (jupyter_podman_hpc.rank) imports engine.run.join and must not load it."""
     if name in ("SiteConfig", "load_config"):
         from .site import config
+
         return getattr(config, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    "SiteConfig", "load_config",
-    "EngineError", "InvalidInput", "NotFound", "Conflict", "PermissionDenied",
-    "ConfigError", "ModuleError", "ImageNotFound", "InvalidReference", "PodmanError", "ToolFailed",
+    "SiteConfig",
+    "load_config",
+    "EngineError",
+    "InvalidInput",
+    "NotFound",
+    "Conflict",
+    "PermissionDenied",
+    "ConfigError",
+    "ModuleError",
+    "ImageNotFound",
+    "InvalidReference",
+    "PodmanError",
+    "ToolFailed",
 ]

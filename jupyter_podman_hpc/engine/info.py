@@ -55,17 +55,23 @@ def read_path(site) -> Iterator[str]:
     if settings.unpacks:
         free = shutil.disk_usage(cache if cache.is_dir() else cache.anchor).free
         key, value = c.budget_key
-        yield (f" unpacks into {cache} ({where}): budget {settings.unpack_max_mb:g} MiB "
-               f"({key} {value}), {free >> 20} MiB free; unused copies "
-               f"removed after {c.squash_unpack_idle_minutes:g} min or when their job has ended")
+        yield (
+            f" unpacks into {cache} ({where}): budget {settings.unpack_max_mb:g} MiB "
+            f"({key} {value}), {free >> 20} MiB free; unused copies "
+            f"removed after {c.squash_unpack_idle_minutes:g} min or when their job has ended"
+        )
     elif c.squash_read_path == "auto" and settings.login_node:
-        yield (f" no unpacking on {where}: kernel overlayfs over squashfuse "
-               f"(squash_read_path: unpacked to unpack here)")
+        yield (
+            f" no unpacking on {where}: kernel overlayfs over squashfuse (squash_read_path: unpacked to unpack here)"
+        )
     yield from unpacked_copies(site)
     if settings.kernel_overlay:
-        probe = podman.run(podman.command("unshare", sys.executable, "-m",
-                                          "jupyter_podman_hpc.engine.mount.kerneloverlay", c.run_root),
-                           check=False)
+        probe = podman.run(
+            podman.command(
+                "unshare", sys.executable, "-m", "jupyter_podman_hpc.engine.mount.kerneloverlay", c.run_root
+            ),
+            check=False,
+        )
         verdict = "yes" if probe.returncode == 0 else f"no ({probe.stdout.strip() or probe.stderr.strip()})"
         yield f" kernel overlayfs in podman's user namespace: {verdict}"
     for line in fallbacks(Path(c.graph_root) / "squash-mounts"):
@@ -81,9 +87,17 @@ def unpacked_copies(site, release_job: bool = False) -> Iterator[str]:
     if not cache.is_dir() or not any(cache.glob("*.ref")):
         yield f" unpacked copies: none in {cache}"
         return
-    result = podman.run(podman.command("unshare", sys.executable, "-m", "jupyter_podman_hpc.engine.mount.cache",
-                                       "sweep", *(["--release-job"] if release_job else [])),
-                        check=False)
+    result = podman.run(
+        podman.command(
+            "unshare",
+            sys.executable,
+            "-m",
+            "jupyter_podman_hpc.engine.mount.cache",
+            "sweep",
+            *(["--release-job"] if release_job else []),
+        ),
+        check=False,
+    )
     try:
         swept = json.loads(result.stdout)
     except ValueError:
@@ -98,8 +112,10 @@ def unpacked_copies(site, release_job: bool = False) -> Iterator[str]:
         state = "in use" if copy["in_use"] else "unused"
         job = f", job {copy['job']}" if copy["job"] else ""
         node = f" on {copy['node']}" if copy["node"] else ""
-        yield (f"  - {copy['key']} {copy['bytes'] >> 20} MiB, {state}, last used "
-               f"{(now - copy['last_use']) / 60:.0f} min ago{job}{node}: {copy['squash'] or '?'}")
+        yield (
+            f"  - {copy['key']} {copy['bytes'] >> 20} MiB, {state}, last used "
+            f"{(now - copy['last_use']) / 60:.0f} min ago{job}{node}: {copy['squash'] or '?'}"
+        )
 
 
 __all__ = ["report", "read_path", "unpacked_copies"]

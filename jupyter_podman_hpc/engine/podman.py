@@ -28,9 +28,30 @@ HOOK_FILE = "02-hook_tool.json"
 
 # Subcommands that must not see the squashed store: they write images, or
 # read layer contents that the store keeps only inside its squash files.
-WITHOUT_SQUASHED = {"build", "buildx", "pull", "push", "save", "load", "import", "commit",
-                    "tag", "untag", "rmi", "manifest", "login", "logout", "unshare", "mount",
-                    "umount", "unmount", "system reset", "image rm", "image prune", "image tag"}
+WITHOUT_SQUASHED = {
+    "build",
+    "buildx",
+    "pull",
+    "push",
+    "save",
+    "load",
+    "import",
+    "commit",
+    "tag",
+    "untag",
+    "rmi",
+    "manifest",
+    "login",
+    "logout",
+    "unshare",
+    "mount",
+    "umount",
+    "unmount",
+    "system reset",
+    "image rm",
+    "image prune",
+    "image tag",
+}
 CONTAINER_STARTERS = {"run", "create"}
 # subcommands whose containers may be given binds and --ipc=host: the engine's state is kept out of them
 STATE_GUARDED = CONTAINER_STARTERS | {"build"}
@@ -55,8 +76,14 @@ class Podman:
             squashed = subcommand not in WITHOUT_SQUASHED and pair not in WITHOUT_SQUASHED
         args: list[str] = []
         if c.use_default_args:
-            args += ["--root", c.graph_root, "--runroot", c.run_root,
-                     "--storage-opt", f"mount_program={c.mount_program}"]
+            args += [
+                "--root",
+                c.graph_root,
+                "--runroot",
+                c.run_root,
+                "--storage-opt",
+                f"mount_program={c.mount_program}",
+            ]
             if c.cgroup_manager:
                 args += ["--cgroup-manager", c.cgroup_manager]
             # podman refuses to start with a missing store: the user's own squashed
@@ -112,8 +139,7 @@ class Podman:
         options = split_at_image(words[at:], table)[0]
         return [*words[:at], *guard(self.config, option_values(options, table), self.env), *words[at:]]
 
-    def run_command(self, args: Sequence[str], module_args: Sequence[str] = (),
-                    subcommand: str = "run") -> list[str]:
+    def run_command(self, args: Sequence[str], module_args: Sequence[str] = (), subcommand: str = "run") -> list[str]:
         """``podman run`` with the site defaults and modules before the user's options."""
         self.ensure_hooks()
         return self.command(subcommand, *self.run_defaults(), *module_args, *args)
@@ -132,19 +158,34 @@ class Podman:
 
     # --- running ----------------------------------------------------------
 
-    def run(self, argv: Sequence[str], *, check: bool = True, input: str | None = None,
-            timeout: float | None = None, capture: bool = True) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        input: str | None = None,
+        timeout: float | None = None,
+        capture: bool = True,
+    ) -> subprocess.CompletedProcess:
         """Run a podman command line; a failure raises PodmanError with podman's message."""
         try:
             result = commands.run(
-                argv, env=self.env, input=input, timeout=timeout, text=True,
-                stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
+                argv,
+                env=self.env,
+                input=input,
+                timeout=timeout,
+                text=True,
+                stdout=subprocess.PIPE if capture else None,
+                stderr=subprocess.PIPE if capture else None,
             )
         except FileNotFoundError:
             raise PodmanError(f"podman not found: {argv[0]} (set podman_bin in the site configuration)", 127)
         if check and result.returncode != 0:
-            raise PodmanError(error_message(result.stderr or "", argv), result.returncode,
-                              (result.stdout or "") + (result.stderr or ""))
+            raise PodmanError(
+                error_message(result.stderr or "", argv),
+                result.returncode,
+                (result.stdout or "") + (result.stderr or ""),
+            )
         return result
 
     def __call__(self, subcommand: str | Sequence[str], *args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -231,8 +272,9 @@ def parse_options(help_text: str) -> dict[str, bool]:
     return options
 
 
-def split_at_image(args: Sequence[str], options: Mapping[str, bool],
-                   flags: Iterable[str] = ()) -> tuple[list[str], str | None, list[str]]:
+def split_at_image(
+    args: Sequence[str], options: Mapping[str, bool], flags: Iterable[str] = ()
+) -> tuple[list[str], str | None, list[str]]:
     """Split ``[options] IMAGE [COMMAND...]`` into (options, image, command).
 
     ``options`` is podman's option table; ``flags`` are extra boolean flags
@@ -253,7 +295,7 @@ def split_at_image(args: Sequence[str], options: Mapping[str, bool],
         before.pop()
     if i >= len(args):
         return before, None, []
-    return before, args[i], list(args[i + 1:])
+    return before, args[i], list(args[i + 1 :])
 
 
 def takes_next_word(arg: str, options: Mapping[str, bool]) -> bool:
@@ -263,8 +305,12 @@ def takes_next_word(arg: str, options: Mapping[str, bool]) -> bool:
         return False
     if options.get(arg):
         return True
-    return (not arg.startswith("--") and len(arg) > 2 and bool(options.get(f"-{arg[-1]}"))
-            and not any(options.get(f"-{letter}") for letter in arg[1:-1]))
+    return (
+        not arg.startswith("--")
+        and len(arg) > 2
+        and bool(options.get(f"-{arg[-1]}"))
+        and not any(options.get(f"-{letter}") for letter in arg[1:-1])
+    )
 
 
 def group_options(args: Sequence[str], options: Mapping[str, bool]) -> list[list[str]]:
@@ -294,7 +340,7 @@ def split_short_flags(groups: list[list[str]], table: Mapping[str, bool]) -> lis
         letters = word[1:]
         for i, letter in enumerate(letters):
             if table.get(f"-{letter}") and i + 1 < len(letters):
-                split.append([f"-{letter}", letters[i + 1:].removeprefix("=")])  # -v=A:B is -v A:B
+                split.append([f"-{letter}", letters[i + 1 :].removeprefix("=")])  # -v=A:B is -v A:B
                 break
             split.append([f"-{letter}"])
         else:

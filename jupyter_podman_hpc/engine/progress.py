@@ -12,12 +12,12 @@ from typing import Callable, Optional
 
 @dataclass(frozen=True)
 class Progress:
-    stage: str                  # "pull", "squash", "build", "job", ...
-    message: str = ""           # a human-readable line: a build step, a layer, a state
+    stage: str  # "pull", "squash", "build", "job", ...
+    message: str = ""  # a human-readable line: a build step, a layer, a state
     current: Optional[int] = None
     total: Optional[int] = None
-    item: str = ""              # what ``current``/``total`` count for: a layer digest, a step
-    log: str = ""               # a raw output line, when there is one
+    item: str = ""  # what ``current``/``total`` count for: a layer digest, a step
+    log: str = ""  # a raw output line, when there is one
 
     @property
     def fraction(self) -> Optional[float]:

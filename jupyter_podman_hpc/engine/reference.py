@@ -47,7 +47,7 @@ def normalize(text: str) -> str:
     """
     for prefix in _TRANSPORTS:
         if isinstance(text, str) and text.startswith(prefix):
-            return text[len(prefix):]
+            return text[len(prefix) :]
     return text
 
 

@@ -90,8 +90,11 @@ def reached_state(source: str, state_dirs: Sequence[str]) -> str:
     """The outermost state directory that a bind of ``source`` would reach ('' for none): the
     source is it, contains it or lies inside it (links resolved, as podman resolves them)."""
     where = Path(os.path.realpath(source))
-    reached = [state for state in map(os.path.realpath, state_dirs)
-               if where == Path(state) or Path(state).is_relative_to(where) or where.is_relative_to(state)]
+    reached = [
+        state
+        for state in map(os.path.realpath, state_dirs)
+        if where == Path(state) or Path(state).is_relative_to(where) or where.is_relative_to(state)
+    ]
     return min(reached, key=len, default="")
 
 
@@ -105,8 +108,13 @@ def protected(config: SiteConfig) -> list[str]:
 def _capabilities(options: Sequence[tuple[str, str]], flag: str) -> set[str]:
     """The capabilities named by every ``flag`` option (``--cap-add``/``--cap-drop``), as podman reads
     them: comma-separated, any case, with or without ``CAP_``."""
-    return {name.strip().upper().removeprefix("CAP_") for given, value in options if given == flag
-            for name in value.split(",") if name.strip()}
+    return {
+        name.strip().upper().removeprefix("CAP_")
+        for given, value in options
+        if given == flag
+        for name in value.split(",")
+        if name.strip()
+    }
 
 
 def host_pid_with_ptrace(options: Sequence[tuple[str, str]]) -> bool:
@@ -131,14 +139,18 @@ def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mappi
         extra = ["-v", f"{private_shm(environ)}:{HOST_SHM}"]
         wanted += binds([("-v", extra[1])])
     if host_pid_with_ptrace(options):
-        raise InvalidInput("--pid=host with SYS_PTRACE (--privileged or --cap-add) would let the container read "
-                           "and trace your processes on the host, their environment included: drop one of them "
-                           "(add --cap-drop=SYS_PTRACE to keep the other capabilities, as the MPI modules do)")
+        raise InvalidInput(
+            "--pid=host with SYS_PTRACE (--privileged or --cap-add) would let the container read "
+            "and trace your processes on the host, their environment included: drop one of them "
+            "(add --cap-drop=SYS_PTRACE to keep the other capabilities, as the MPI modules do)"
+        )
     state_dirs = protected(config)
     for bind in wanted:
         state = bind.source and reached_state(bind.source, state_dirs)
         if state:
-            raise InvalidInput(f"{bind.option} would give the container podman-hpc's own state ({state}): "
-                               f"bind a directory of your own (--ipc=host alone shares /dev/shm between your "
-                               f"containers)")
+            raise InvalidInput(
+                f"{bind.option} would give the container podman-hpc's own state ({state}): "
+                f"bind a directory of your own (--ipc=host alone shares /dev/shm between your "
+                f"containers)"
+            )
     return extra

@@ -20,8 +20,7 @@ def human_bytes(size: int | float | None) -> str:
 def text_table(rows: Sequence[Sequence[object]]) -> str:
     """Rows (the first a header) as left-aligned columns two spaces apart, without trailing blanks."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-                     for row in rows)
+    return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
 
 
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -44,8 +43,16 @@ def image_rows(images: Iterable) -> list[tuple[str, ...]]:
     for image in images:
         for name in image.names or ["<none>"]:
             where = image.stores + (" (shadowed)" if name in image.shadowed else "")
-            rows.append((name, image.short_id, image.created[:19].replace("T", " "),
-                         human_bytes(image.size), "yes" if image.squashed else "no", where))
+            rows.append(
+                (
+                    name,
+                    image.short_id,
+                    image.created[:19].replace("T", " "),
+                    human_bytes(image.size),
+                    "yes" if image.squashed else "no",
+                    where,
+                )
+            )
     return rows
 
 

@@ -71,13 +71,16 @@ def guard_load_ext(shell) -> None:
         name = line.strip()
         if name.split(".")[0] == EXTENSION:
             import importlib
+
             try:
                 importlib.import_module(name)
             except ImportError as err:
                 missing = getattr(err, "name", None) or name
-                print(f"%load_ext {name}: the image has no module named '{missing}': install "
-                      f"jupyter-podman-hpc in the image ({INSTALL}) to use the podman-hpc magics in this kernel",
-                      file=sys.stderr)
+                print(
+                    f"%load_ext {name}: the image has no module named '{missing}': install "
+                    f"jupyter-podman-hpc in the image ({INSTALL}) to use the podman-hpc magics in this kernel",
+                    file=sys.stderr,
+                )
                 return None
         return original(line)
 

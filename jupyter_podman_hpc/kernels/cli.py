@@ -49,22 +49,43 @@ def build_parser() -> argparse.ArgumentParser:
     kernel = commands.add_parser("kernel", help="install, list and remove container kernels")
     actions = kernel.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
 
-    install = actions.add_parser("install", help="install a kernelspec that runs IMAGE's ipykernel",
-                                 description="Install a kernelspec whose kernel runs in a podman-hpc "
-                                             "container of IMAGE (which needs python3 and ipykernel).")
+    install = actions.add_parser(
+        "install",
+        help="install a kernelspec that runs IMAGE's ipykernel",
+        description="Install a kernelspec whose kernel runs in a podman-hpc "
+        "container of IMAGE (which needs python3 and ipykernel).",
+    )
     install.add_argument("image", metavar="IMAGE", help="image reference, e.g. registry/name:tag")
     install.add_argument("--name", help="kernel name (default: podman-hpc-<image>)")
     install.add_argument("--display-name", help="name shown in the launcher (default: 'Python (podman-hpc: IMAGE)')")
-    install.add_argument("--module", action="append", default=[], metavar="NAME",
-                         help="site module to enable (repeatable), e.g. --module gpu")
-    install.add_argument("--podman-arg", action="append", default=[], metavar="ARG",
-                         help="extra `podman run` option (repeatable), e.g. --podman-arg=--shm-size=1g")
+    install.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="site module to enable (repeatable), e.g. --module gpu",
+    )
+    install.add_argument(
+        "--podman-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra `podman run` option (repeatable), e.g. --podman-arg=--shm-size=1g",
+    )
     install.add_argument("--python", default="python3", help="python command inside the image (default: python3)")
-    install.add_argument("--pool", type=int, metavar="N",
-                         help=f"keep N kernels started ahead of need in each Jupyter server (0-{kernelspec.MAX_POOL}; "
-                              "default: the server's c.PodmanHPC.kernel_pool, 1 unless the site set another)")
-    install.add_argument("--no-slurm", dest="slurm", action="store_false",
-                         help="without the host's Slurm inside the kernel (the slurm module)")
+    install.add_argument(
+        "--pool",
+        type=int,
+        metavar="N",
+        help=f"keep N kernels started ahead of need in each Jupyter server (0-{kernelspec.MAX_POOL}; "
+        "default: the server's c.PodmanHPC.kernel_pool, 1 unless the site set another)",
+    )
+    install.add_argument(
+        "--no-slurm",
+        dest="slurm",
+        action="store_false",
+        help="without the host's Slurm inside the kernel (the slurm module)",
+    )
     where = install.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="the user's Jupyter data dir (the default)")
     where.add_argument("--sys-prefix", action="store_true", help=f"this environment ({sys.prefix})")
@@ -88,9 +109,17 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0 if args.command is None else 2
     if args.action == "install":
         kernel = kernelspec.install(
-            args.image, name=args.name, display_name=args.display_name, modules=args.module,
-            prefix=args.prefix, sys_prefix=args.sys_prefix, podman_args=args.podman_arg, python=args.python,
-            pool=args.pool, slurm=args.slurm)
+            args.image,
+            name=args.name,
+            display_name=args.display_name,
+            modules=args.module,
+            prefix=args.prefix,
+            sys_prefix=args.sys_prefix,
+            podman_args=args.podman_arg,
+            python=args.python,
+            pool=args.pool,
+            slurm=args.slurm,
+        )
         print(f"installed kernel {kernel.name} ({kernel.display_name}) in {kernel.path}")
         return 0
     if args.action == "list":
@@ -102,8 +131,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(json.dumps([k.as_dict() for k in kernels], indent=1))
             return 0
         rows = [("NAME", "IMAGE", "MODULES", "POOL", "PATH")]
-        rows += [(k.name, k.image, ",".join(k.modules) or "-", "-" if k.pool is None else str(k.pool), k.path)
-                 for k in kernels]
+        rows += [
+            (k.name, k.image, ",".join(k.modules) or "-", "-" if k.pool is None else str(k.pool), k.path)
+            for k in kernels
+        ]
         print(text_table(rows))
         return 0
     if args.action == "remove":

@@ -139,18 +139,27 @@ class KernelContainer:
             options += ["--label", f"{key}={value}"]
         named = networks([*self.podman.run_defaults(), *self.module_args, *self.podman_args])
         if any(n != "host" for n in named):
-            raise KernelStartError(f"a kernel needs the host network (its ZeroMQ ports), but --network "
-                                   f"{next(n for n in named if n != 'host')} is set by the site "
-                                   "configuration, a module or podman_args")
+            raise KernelStartError(
+                f"a kernel needs the host network (its ZeroMQ ports), but --network "
+                f"{next(n for n in named if n != 'host')} is set by the site "
+                "configuration, a module or podman_args"
+            )
         if not named:
             options += ["--network", "host"]
         if self.use_keep_id():
             options += ["--userns", "keep-id"]
         return options
 
-    def kernel_command(self, name: str, labels: dict[str, str], cmd: Sequence[str], env: dict[str, str],
-                       cwd: str | None, connection_file: str = "",
-                       transport: str = "tcp") -> tuple[list[str], dict[str, str]]:
+    def kernel_command(
+        self,
+        name: str,
+        labels: dict[str, str],
+        cmd: Sequence[str],
+        env: dict[str, str],
+        cwd: str | None,
+        connection_file: str = "",
+        transport: str = "tcp",
+    ) -> tuple[list[str], dict[str, str]]:
         """``podman run`` of a kernel started on demand, and podman's environment."""
         options = self.run_options(name, labels) + self.mounts(cwd, connection_file, transport)
         workdir = os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else home()
@@ -160,19 +169,22 @@ class KernelContainer:
         if self.boots(kernel_argv):
             options += volumes([str(BOOT)], BOOT_IN_CONTAINER)
             kernel_argv = [kernel_argv[0], BOOT_IN_CONTAINER, *kernel_argv[3:]]
-        return self.podman.run_command([*options, *self.podman_args, self.image, *kernel_argv],
-                                       self.module_args), podman_env
+        return self.podman.run_command(
+            [*options, *self.podman_args, self.image, *kernel_argv], self.module_args
+        ), podman_env
 
-    def pool_command(self, name: str, labels: dict[str, str], env: dict[str, str],
-                     dirs: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    def pool_command(
+        self, name: str, labels: dict[str, str], env: dict[str, str], dirs: Sequence[str]
+    ) -> tuple[list[str], dict[str, str]]:
         """``podman run`` of a pooled container: boot.py waiting for its kernel (see pool.py)."""
         options = self.run_options(name, labels)
         options += ["--interactive", *volumes(outermost([home(), *dirs])), "--workdir", home()]
         env_args, podman_env = self.environment(env)
         options += env_args + volumes([str(BOOT)], BOOT_IN_CONTAINER)
         python = self.argv_in_image(self.spec_argv)[0]
-        return self.podman.run_command([*options, *self.podman_args, self.image, python, BOOT_IN_CONTAINER,
-                                        "--pool"], self.module_args), podman_env
+        return self.podman.run_command(
+            [*options, *self.podman_args, self.image, python, BOOT_IN_CONTAINER, "--pool"], self.module_args
+        ), podman_env
 
 
 def mountable(path: str) -> bool:
@@ -195,8 +207,9 @@ def volumes(paths: Sequence[str], target: str | None = None) -> list[str]:
     args: list[str] = []
     for path in paths:
         if not mountable(path):
-            raise KernelStartError(f"cannot mount {path} into the kernel container: ':' and ',' "
-                                   "are not allowed in its path")
+            raise KernelStartError(
+                f"cannot mount {path} into the kernel container: ':' and ',' are not allowed in its path"
+            )
         args += ["--volume", f"{path}:{target}:ro" if target else f"{path}:{path}"]
     return args
 

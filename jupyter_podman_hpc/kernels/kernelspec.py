@@ -79,7 +79,8 @@ def validate_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name) or len(name) > MAX_NAME:
         raise KernelSpecError(
             f"invalid kernel name {name!r}: use lower-case letters, digits, '.', '_' and '-' "
-            f"(starting with a letter or digit, at most {MAX_NAME} characters)")
+            f"(starting with a letter or digit, at most {MAX_NAME} characters)"
+        )
     return name
 
 
@@ -136,9 +137,17 @@ def logo_files() -> dict[str, bytes]:
 # --- kernel.json -----------------------------------------------------------------
 
 
-def kernel_json(image: str, *, display_name: str | None = None, modules: Sequence[str] = (),
-                podman_args: Sequence[str] = (), python: str = "python3",
-                interrupt_mode: str = "message", pool: int | None = None, slurm: bool = True) -> dict:
+def kernel_json(
+    image: str,
+    *,
+    display_name: str | None = None,
+    modules: Sequence[str] = (),
+    podman_args: Sequence[str] = (),
+    python: str = "python3",
+    interrupt_mode: str = "message",
+    pool: int | None = None,
+    slurm: bool = True,
+) -> dict:
     """The kernel.json of a container kernel."""
     config: dict = {"image": image}
     if modules:
@@ -188,13 +197,19 @@ def _read(directory: Path) -> ContainerKernel | None:
     config = provisioner.get("config") or {}
     problem = _config_problem(config)
     if problem:
-        raise BrokenKernelSpec(f"kernelspec {path}: {problem}: install it again "
-                               f"(jupyter podman-hpc kernel install) or remove it")
+        raise BrokenKernelSpec(
+            f"kernelspec {path}: {problem}: install it again (jupyter podman-hpc kernel install) or remove it"
+        )
     return ContainerKernel(
-        name=directory.name, display_name=str(spec.get("display_name", "")), image=config["image"],
+        name=directory.name,
+        display_name=str(spec.get("display_name", "")),
+        image=config["image"],
         modules=[str(m) for m in config.get("modules") or []],
-        podman_args=[str(a) for a in config.get("podman_args") or []], path=str(directory),
-        pool=config["pool"] if isinstance(config.get("pool"), int) else None, slurm=config.get("slurm") is not False)
+        podman_args=[str(a) for a in config.get("podman_args") or []],
+        path=str(directory),
+        pool=config["pool"] if isinstance(config.get("pool"), int) else None,
+        slurm=config.get("slurm") is not False,
+    )
 
 
 def _config_problem(config) -> str:
@@ -279,15 +294,26 @@ def _check_modules(modules: Sequence[str]) -> None:
         return
     from ..engine.site.config import load_config
     from ..engine.site.modules import ModuleSet
+
     config = load_config(os.environ)
     ModuleSet.load(config.modules_dir).select(modules)
 
 
-def install(image: str, name: str | None = None, display_name: str | None = None,
-            modules: Iterable[str] = (), *, user: bool = True, sys_prefix: bool = False,
-            prefix: str | os.PathLike | None = None, podman_args: Iterable[str] = (),
-            python: str = "python3", interrupt_mode: str = "message", pool: int | None = None,
-            slurm: bool = True) -> ContainerKernel:
+def install(
+    image: str,
+    name: str | None = None,
+    display_name: str | None = None,
+    modules: Iterable[str] = (),
+    *,
+    user: bool = True,
+    sys_prefix: bool = False,
+    prefix: str | os.PathLike | None = None,
+    podman_args: Iterable[str] = (),
+    python: str = "python3",
+    interrupt_mode: str = "message",
+    pool: int | None = None,
+    slurm: bool = True,
+) -> ContainerKernel:
     """Write (or replace) the kernelspec of a container kernel; returns it as installed.
 
     A kernelspec of the same name that is not a podman-hpc kernel is never replaced.
@@ -300,8 +326,16 @@ def install(image: str, name: str | None = None, display_name: str | None = None
     podman_args = [str(a) for a in podman_args]
     _check_options(display_name=display_name, interrupt_mode=interrupt_mode, python=python, pool=pool)
     _check_modules(modules)
-    spec = kernel_json(image, display_name=display_name, modules=modules, podman_args=podman_args,
-                       python=python, interrupt_mode=interrupt_mode, pool=pool, slurm=slurm)
+    spec = kernel_json(
+        image,
+        display_name=display_name,
+        modules=modules,
+        podman_args=podman_args,
+        python=python,
+        interrupt_mode=interrupt_mode,
+        pool=pool,
+        slurm=slurm,
+    )
     files = {"kernel.json": (json.dumps(spec, indent=1) + "\n").encode(), **logo_files()}
     kernels = kernels_dir(user=user, sys_prefix=sys_prefix, prefix=prefix)
     installed = _read(_write(kernels, name, files))
@@ -312,15 +346,24 @@ def install(image: str, name: str | None = None, display_name: str | None = None
 # install's options: (name, message, whether a value is refused), checked in this order. A message
 # may name the value ({!r}).
 _OPTION_CHECKS = (
-    ("display_name", "the display name must be one non-empty line of at most 200 characters",
-     lambda value: value is not None and (not value.strip() or "\n" in value or len(value) > 200)),
-    ("interrupt_mode", "interrupt mode must be 'message' or 'signal', not {!r}",
-     lambda value: value not in ("message", "signal")),
-    ("python", "invalid python command {!r} for the image",
-     lambda value: not value or any(c.isspace() for c in value)),
-    ("pool", f"the pool size must be a whole number from 0 to {MAX_POOL}, not {{!r}}",
-     lambda value: value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                          or not 0 <= value <= MAX_POOL)),
+    (
+        "display_name",
+        "the display name must be one non-empty line of at most 200 characters",
+        lambda value: value is not None and (not value.strip() or "\n" in value or len(value) > 200),
+    ),
+    (
+        "interrupt_mode",
+        "interrupt mode must be 'message' or 'signal', not {!r}",
+        lambda value: value not in ("message", "signal"),
+    ),
+    ("python", "invalid python command {!r} for the image", lambda value: not value or any(c.isspace() for c in value)),
+    (
+        "pool",
+        f"the pool size must be a whole number from 0 to {MAX_POOL}, not {{!r}}",
+        lambda value: (
+            value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_POOL)
+        ),
+    ),
 )
 
 
@@ -338,8 +381,9 @@ def _write(kernels: Path, name: str, files: dict[str, bytes]) -> Path:
         kernels.mkdir(parents=True, exist_ok=True)
         with _locked(kernels):
             if target.exists() and not _ours(target):
-                raise KernelSpecError(f"a kernel named {name} that is not a podman-hpc kernel exists in "
-                                      f"{kernels}: choose another --name")
+                raise KernelSpecError(
+                    f"a kernel named {name} that is not a podman-hpc kernel exists in {kernels}: choose another --name"
+                )
             staging = _stage(kernels, name, files)
             try:
                 _put(staging, target)
@@ -351,8 +395,7 @@ def _write(kernels: Path, name: str, files: dict[str, bytes]) -> Path:
     return target
 
 
-def list_kernels(prefix: str | os.PathLike | None = None,
-                 problems: list[str] | None = None) -> list[ContainerKernel]:
+def list_kernels(prefix: str | os.PathLike | None = None, problems: list[str] | None = None) -> list[ContainerKernel]:
     """The podman-hpc kernelspecs Jupyter sees, one per name (the one Jupyter would use).
 
     A kernel.json that cannot be read (or one of ours with malformed fields) does not stop the
@@ -397,8 +440,9 @@ def check_trusted(directory: str | os.PathLike) -> Path:
     except UnsafeDirectory as err:
         raise UntrustedKernelSpec(f"kernelspec {spec_file} starts only when picked: {err}")
     except OSError as err:
-        raise UntrustedKernelSpec(f"kernelspec {spec_file} starts only when picked: "
-                                  f"{err.filename or spec_file}: {err.strerror or err}")
+        raise UntrustedKernelSpec(
+            f"kernelspec {spec_file} starts only when picked: {err.filename or spec_file}: {err.strerror or err}"
+        )
 
 
 def find(name: str, prefix: str | os.PathLike | None = None) -> ContainerKernel:

@@ -99,6 +99,7 @@ def sweep_environment(environ=None) -> list[str]:
     for fronts that start no kernel themselves (a server extension at load, a CLI)."""
     from ..engine.site.config import load_config
     from ..engine.podman import Podman
+
     env = dict(os.environ if environ is None else environ)
     return sweep(Podman(load_config(env), env))
 
@@ -112,8 +113,11 @@ def start_watchdog(owner: str, client_pid: int, name: str) -> subprocess.Popen:
 
     return commands.popen(
         [sys.executable, "-m", __name__, "--owner", owner, "--client", str(client_pid), "--name", name],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
     )
 
 
@@ -152,6 +156,7 @@ def watchdog(owner: str, client_pid: int, name: str) -> int:
     _leave_the_job()
     from ..engine.site.config import load_config
     from ..engine.podman import Podman
+
     remove_until_gone(Podman(load_config(os.environ)), name)
     return 0
 

@@ -100,8 +100,14 @@ class Pooled:
 class Pool:
     """``size`` pooled containers of one kernelspec, kept up by a thread."""
 
-    def __init__(self, key: str, size: int, spawn: Callable[[], Pooled],
-                 remove: Callable[[Sequence[str]], None], stamp: Callable[[], bytes | None]):
+    def __init__(
+        self,
+        key: str,
+        size: int,
+        spawn: Callable[[], Pooled],
+        remove: Callable[[Sequence[str]], None],
+        stamp: Callable[[], bytes | None],
+    ):
         self.key = key
         self.size = size
         self._spawn, self._remove, self._stamp = spawn, remove, stamp
@@ -171,8 +177,12 @@ class Pool:
         for entry in dead:
             if not entry.ready.is_set():
                 self._failures += 1
-            log.warning("podman-hpc: pooled kernel container %s ended (exit %s): %s", entry.name,
-                        entry.process.returncode, " | ".join(list(entry.tail)[-3:]) or "no output")
+            log.warning(
+                "podman-hpc: pooled kernel container %s ended (exit %s): %s",
+                entry.name,
+                entry.process.returncode,
+                " | ".join(list(entry.tail)[-3:]) or "no output",
+            )
         if dead:
             self._remove([e.name for e in dead])
 
@@ -258,6 +268,7 @@ def close_all() -> None:
 
 # --- a kernelspec's pool, and a kernel start adopting one of its containers ----------
 
+
 def spec_key(spec_file: Path) -> str | None:
     """The key of a kernelspec's pool: its name (its directory's) and a digest of its kernel.json,
     so a changed kernelspec gets a new pool; None when kernel.json cannot be read."""
@@ -268,9 +279,16 @@ def spec_key(spec_file: Path) -> str | None:
     return f"{spec_file.parent.name}:{hashlib.sha256(stamp).hexdigest()[:16]}"
 
 
-def make(key: str, size: int, container: KernelContainer, spec_file: Path, env: dict[str, str],
-         cwd: str | None, start: Callable[[list[str], dict[str, str], str, Sequence[str]], Pooled],
-         logger: logging.Logger | logging.LoggerAdapter) -> Pool:
+def make(
+    key: str,
+    size: int,
+    container: KernelContainer,
+    spec_file: Path,
+    env: dict[str, str],
+    cwd: str | None,
+    start: Callable[[list[str], dict[str, str], str, Sequence[str]], Pooled],
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> Pool:
     """A pool of ``size`` containers of the kernelspec ``spec_file`` (run as ``container`` says,
     started by ``start(argv, podman_env, name, dirs)``), mounting $HOME and the server's root
     directory (else ``cwd``)."""
@@ -292,8 +310,14 @@ def make(key: str, size: int, container: KernelContainer, spec_file: Path, env: 
     return Pool(key, size, spawn, lambda names: container.podman.remove_containers(*names), stamp)
 
 
-def adoption_request(container: KernelContainer, connection_file: str, cmd: Sequence[str], env: dict[str, str],
-                     cwd: str | None, logger: logging.Logger | logging.LoggerAdapter) -> dict | None:
+def adoption_request(
+    container: KernelContainer,
+    connection_file: str,
+    cmd: Sequence[str],
+    env: dict[str, str],
+    cwd: str | None,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> dict | None:
     """What a pooled container reads on its stdin to become the kernel ``cmd`` (``boot.py --pool``):
     the connection file (else the one in ``cmd``) and its contents, the working directory, the
     environment and the kernel's arguments; None, with a warning, when the connection file cannot
@@ -307,6 +331,10 @@ def adoption_request(container: KernelContainer, connection_file: str, cmd: Sequ
         return None
     env_args, values = container.environment(env)
     names = env_args[1::2]
-    return {"connection_file": connection_file, "connection_info": info,
-            "cwd": os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else home(),
-            "env": {name: values[name] for name in names if name in values}, "argv": argv[3:]}
+    return {
+        "connection_file": connection_file,
+        "connection_info": info,
+        "cwd": os.path.realpath(cwd) if cwd and os.path.isdir(cwd) else home(),
+        "env": {name: values[name] for name in names if name in values},
+        "argv": argv[3:],
+    }

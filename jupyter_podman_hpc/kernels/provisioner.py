@@ -65,21 +65,29 @@ class PodmanHPCProvisioner(LocalProvisioner):
     image = Unicode("", help="The image whose ipykernel runs the kernel.").tag(config=True)
     modules = List(Unicode(), help="Site modules (modules.d) to enable, by name or flag.").tag(config=True)
     podman_args = List(Unicode(), help="Extra `podman run` options, before the image.").tag(config=True)
-    keep_id = Union([Bool(), Unicode()], default_value="auto",
-                    help="--userns=keep-id: 'auto' (when the image runs from node-local layers), "
-                         "true or false.").tag(config=True)
+    keep_id = Union(
+        [Bool(), Unicode()],
+        default_value="auto",
+        help="--userns=keep-id: 'auto' (when the image runs from node-local layers), true or false.",
+    ).tag(config=True)
     watchdog = Bool(True, help="Start a watchdog that removes the container if this process dies.").tag(config=True)
     init = Bool(True, help="Run catatonit as the container's PID 1 (podman run --init).").tag(config=True)
     startup_timeout = Float(120.0, help="Seconds to wait for the kernel to open its ports.").tag(config=True)
-    pass_env = List(Unicode(), default_value=["JPY_*", "KERNEL_*", "TERM", "CLICOLOR", "FORCE_COLOR",
-                                              "PYDEVD_*", "USER", "LOGNAME"],
-                    help="Variables of the kernel's environment passed into the container "
-                         "(names or globs), besides HOME and the kernelspec's env.").tag(config=True)
-    slurm = Bool(True, help="Enable the site's `slurm` module (the host's Slurm inside the kernel) when "
-                            "this node has Slurm.").tag(config=True)
-    pool = Int(None, allow_none=True,
-               help="Kernels of this kernelspec kept started ahead of need in this process (a warm "
-                    "pool); unset: c.PodmanHPC.kernel_pool, else 0.").tag(config=True)
+    pass_env = List(
+        Unicode(),
+        default_value=["JPY_*", "KERNEL_*", "TERM", "CLICOLOR", "FORCE_COLOR", "PYDEVD_*", "USER", "LOGNAME"],
+        help="Variables of the kernel's environment passed into the container "
+        "(names or globs), besides HOME and the kernelspec's env.",
+    ).tag(config=True)
+    slurm = Bool(
+        True, help="Enable the site's `slurm` module (the host's Slurm inside the kernel) when this node has Slurm."
+    ).tag(config=True)
+    pool = Int(
+        None,
+        allow_none=True,
+        help="Kernels of this kernelspec kept started ahead of need in this process (a warm "
+        "pool); unset: c.PodmanHPC.kernel_pool, else 0.",
+    ).tag(config=True)
 
     # The first kernel of each process sweeps orphaned containers.
     _swept = False
@@ -103,7 +111,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
         if unknown:
             raise KernelStartError(
                 f"unknown key '{unknown[0]}' in the kernelspec's kernel_provisioner config "
-                f"(known keys: {', '.join(sorted(settings))})")
+                f"(known keys: {', '.join(sorted(settings))})"
+            )
         self._settings = {key: value for key, value in kwargs.items() if key in settings}
         try:
             super().__init__(**kwargs)
@@ -124,10 +133,16 @@ class PodmanHPCProvisioner(LocalProvisioner):
             if self._wants_slurm(site_modules, names):
                 names.append(hostslurm.MODULE)  # podman_args builds its uid shim
             self._container = KernelContainer(
-                self._podman, self.image, site_modules.podman_args(site_modules.select(names), os.environ),
-                list(self.podman_args), list(self.kernel_spec.argv) if self.kernel_spec else [],
-                dict(self.kernel_spec.env) if self.kernel_spec else {}, list(self.pass_env), self.init,
-                self.keep_id)
+                self._podman,
+                self.image,
+                site_modules.podman_args(site_modules.select(names), os.environ),
+                list(self.podman_args),
+                list(self.kernel_spec.argv) if self.kernel_spec else [],
+                dict(self.kernel_spec.env) if self.kernel_spec else {},
+                list(self.pass_env),
+                self.init,
+                self.keep_id,
+            )
         except EngineError as err:
             raise KernelStartError(f"cannot start a kernel in image {self.image}: {err}")
 
@@ -166,13 +181,21 @@ class PodmanHPCProvisioner(LocalProvisioner):
         self.container_name = "podman-hpc-kernel-" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(self.kernel_id))
         return await super().pre_launch(**kwargs)
 
-    def build_command(self, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> tuple[list[str], dict[str, str]]:
+    def build_command(
+        self, cmd: Sequence[str], env: dict[str, str], cwd: str | None
+    ) -> tuple[list[str], dict[str, str]]:
         """The ``podman run`` command line of the kernel container and podman's environment."""
         assert self._container is not None, "pre_launch was not called"
         connection_file = getattr(self.parent, "connection_file", "") if self.parent else ""
         argv, podman_env = self._container.kernel_command(
-            self.container_name, orphans.labels(str(self.kernel_id)), cmd, env, cwd, connection_file,
-            self.connection_info.get("transport", "tcp"))
+            self.container_name,
+            orphans.labels(str(self.kernel_id)),
+            cmd,
+            env,
+            cwd,
+            connection_file,
+            self.connection_info.get("transport", "tcp"),
+        )
         self._program = self._container.argv_in_image(cmd)[0] if cmd else ""
         return argv, podman_env
 
@@ -186,15 +209,17 @@ class PodmanHPCProvisioner(LocalProvisioner):
         pool = pools.find(pools.spec_key(spec_file) or "") if spec_file else None
         entry = pool.take(cwd or home()) if pool is not None else None
         if entry is not None and self._hand_over(entry, cmd, env, cwd):
-            self.log.info("podman-hpc: kernel %s adopts pooled container %s (image %s)", self.kernel_id,
-                          entry.name, self.image)
+            self.log.info(
+                "podman-hpc: kernel %s adopts pooled container %s (image %s)", self.kernel_id, entry.name, self.image
+            )
         else:
             if entry is not None:  # it cannot take this kernel: start on demand
                 await asyncio.to_thread(self._podman.remove_containers, entry.name)
                 entry = None
             argv, podman_env = self.build_command(cmd, env, cwd)
-            self.log.info("podman-hpc: starting kernel %s in %s (image %s)", self.kernel_id,
-                          self.container_name, self.image)
+            self.log.info(
+                "podman-hpc: starting kernel %s in %s (image %s)", self.kernel_id, self.container_name, self.image
+            )
             self._attach(self._spawn(argv, podman_env, self.container_name, ()), cwd)
         await self._wait_until_listening()
         if spec_file is not None:
@@ -204,12 +229,22 @@ class PodmanHPCProvisioner(LocalProvisioner):
                 pool.refill()
         return self.connection_info
 
-    def _spawn(self, argv: Sequence[str], podman_env: dict[str, str], name: str,
-               dirs: Sequence[str], interactive: bool = False) -> pools.Pooled:
+    def _spawn(
+        self, argv: Sequence[str], podman_env: dict[str, str], name: str, dirs: Sequence[str], interactive: bool = False
+    ) -> pools.Pooled:
         """Start a kernel container: its ``podman run``, stderr drain and watchdog (``spawn.py``)."""
         assert self._podman is not None
-        return spawn(self._podman, argv, podman_env, name, dirs, image=self.image, watchdog=self.watchdog,
-                     log=self.log, interactive=interactive)
+        return spawn(
+            self._podman,
+            argv,
+            podman_env,
+            name,
+            dirs,
+            image=self.image,
+            watchdog=self.watchdog,
+            log=self.log,
+            interactive=interactive,
+        )
 
     def _attach(self, entry: pools.Pooled, cwd: str | None) -> None:
         """Make ``entry``'s container this kernel's."""
@@ -267,16 +302,24 @@ class PodmanHPCProvisioner(LocalProvisioner):
         template.kernel_spec = self.kernel_spec
         template._prepare_engine()
         assert template._container is not None and self.kernel_spec is not None
-        return pools.make(key, size, template._container, spec_file, {**os.environ, **self.kernel_spec.env}, cwd,
-                          lambda argv, env, name, dirs: template._spawn(argv, env, name, dirs, interactive=True),
-                          self.log)
+        return pools.make(
+            key,
+            size,
+            template._container,
+            spec_file,
+            {**os.environ, **self.kernel_spec.env},
+            cwd,
+            lambda argv, env, name, dirs: template._spawn(argv, env, name, dirs, interactive=True),
+            self.log,
+        )
 
     def _hand_over(self, entry: pools.Pooled, cmd: Sequence[str], env: dict[str, str], cwd: str | None) -> bool:
         """Make a pooled container this kernel (see pool.py); False if it cannot take it (the
         kernel then starts on demand)."""
         assert self._container is not None
-        request = pools.adoption_request(self._container, getattr(self.parent, "connection_file", ""), cmd, env,
-                                         cwd, self.log)
+        request = pools.adoption_request(
+            self._container, getattr(self.parent, "connection_file", ""), cmd, env, cwd, self.log
+        )
         if request is None:
             return False
         self._attach(entry, cwd)
@@ -303,7 +346,8 @@ class PodmanHPCProvisioner(LocalProvisioner):
                 raise KernelStartError(
                     f"the kernel in image {self.image} did not open its ports within "
                     f"{self.startup_timeout:.0f} s: is its argv an ipykernel? "
-                    f"(last output: {' | '.join(list(self._stderr_tail)[-3:]) or 'none'})")
+                    f"(last output: {' | '.join(list(self._stderr_tail)[-3:]) or 'none'})"
+                )
             await asyncio.sleep(POLL_SECONDS)
 
     async def _listening(self) -> bool:
@@ -330,8 +374,10 @@ class PodmanHPCProvisioner(LocalProvisioner):
         text = "\n".join(stderr)
         image = self.image
         if re.search(r"image not known|no such image|image .* not found|unable to find", text, re.I):
-            return (f"image {image} is not on this node (neither squashed nor local): "
-                    f"pull it with `podman-hpc pull {image}` or choose another image")
+            return (
+                f"image {image} is not on this node (neither squashed nor local): "
+                f"pull it with `podman-hpc pull {image}` or choose another image"
+            )
         if re.search(r"No module named '?ipykernel", text):
             return f"image {image} has no ipykernel: install it or choose another image"
         if code == 127 or re.search(r"executable file .* not found|failed to exec pid1: No such file", text):
@@ -340,8 +386,10 @@ class PodmanHPCProvisioner(LocalProvisioner):
             what = f" ({program} is not in the image)" if program else ""
             return f"image {image} has no ipykernel: install it or choose another image{what}"
         if "/etc/mtab symlink" in text:
-            return (f"image {image} cannot run with --userns=keep-id from the squashed store on this host: "
-                    "set keep_id to false in the kernelspec")
+            return (
+                f"image {image} cannot run with --userns=keep-id from the squashed store on this host: "
+                "set keep_id to false in the kernelspec"
+            )
         detail = error_message(text) if text.strip() else f"exit code {code}"
         return f"the kernel container of image {image} exited before the kernel started: {detail}"
 
@@ -364,8 +412,9 @@ class PodmanHPCProvisioner(LocalProvisioner):
 
     def _container_running(self) -> bool:
         assert self._podman is not None
-        result = self._podman("container", "inspect", "--format", "{{.State.Running}}",
-                              self.container_name, check=False)
+        result = self._podman(
+            "container", "inspect", "--format", "{{.State.Running}}", self.container_name, check=False
+        )
         return result.returncode == 0 and result.stdout.strip() == "true"
 
     async def wait(self) -> int | None:
@@ -459,4 +508,3 @@ class PodmanHPCProvisioner(LocalProvisioner):
         await super().load_provisioner_info(provisioner_info)
         self.container_name = provisioner_info.get("container_name", "")
         self.image = provisioner_info.get("image", self.image)
-

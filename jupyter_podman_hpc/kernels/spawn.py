@@ -26,21 +26,36 @@ from .pool import Pooled
 STDERR_TAIL = 40  # lines of the container's stderr kept for error messages
 
 
-def spawn(podman: Podman, argv: Sequence[str], podman_env: dict[str, str], name: str, dirs: Sequence[str], *,
-          image: str, watchdog: bool, log: logging.Logger | logging.LoggerAdapter,
-          interactive: bool = False) -> Pooled:
+def spawn(
+    podman: Podman,
+    argv: Sequence[str],
+    podman_env: dict[str, str],
+    name: str,
+    dirs: Sequence[str],
+    *,
+    image: str,
+    watchdog: bool,
+    log: logging.Logger | logging.LoggerAdapter,
+    interactive: bool = False,
+) -> Pooled:
     """Start the kernel container ``name`` of ``image`` with ``argv``: its ``podman run``, stderr
     drain and (with ``watchdog``) watchdog; KernelStartError when podman cannot be started."""
     log.debug("podman-hpc: %s", " ".join(argv))
     try:
-        process = podman.popen(argv, env=podman_env, stdin=subprocess.PIPE if interactive else
-                               subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        process = podman.popen(
+            argv,
+            env=podman_env,
+            stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except EngineError as err:
         raise KernelStartError(f"cannot start a kernel in image {image}: {err}")
     tail: collections.deque = collections.deque(maxlen=STDERR_TAIL)
     ready = threading.Event()
-    drain = threading.Thread(target=_drain, args=(process.stderr, tail, ready),
-                             name=f"podman-hpc-kernel-stderr-{name}", daemon=True)
+    drain = threading.Thread(
+        target=_drain, args=(process.stderr, tail, ready), name=f"podman-hpc-kernel-stderr-{name}", daemon=True
+    )
     drain.start()
     guard = None
     if watchdog:

@@ -27,7 +27,7 @@ from ..engine.errors import EngineError
 from .parser import HelpRequested, MagicError, parse, subparser
 from .render import Renderer, make_renderer
 
-STDERR_TAIL = 8192   # bytes of a run's stderr kept for its error message
+STDERR_TAIL = 8192  # bytes of a run's stderr kept for its error message
 
 
 def _usage(command: str) -> str:
@@ -55,7 +55,7 @@ class PodmanHPCMagics(Magics):
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell, **kwargs)
-        self.last_renderer: Renderer | None = None   # the last progress renderer (for tests and debugging)
+        self.last_renderer: Renderer | None = None  # the last progress renderer (for tests and debugging)
 
     @line_cell_magic
     def podman_hpc(self, line: str, cell: str | None = None):
@@ -90,6 +90,7 @@ class PodmanHPCMagics(Magics):
     @staticmethod
     def _config():
         from ..engine.site.config import load_config
+
         return load_config(os.environ)
 
     def _renderer(self, title: str, **kwargs) -> Renderer:
@@ -108,27 +109,45 @@ class PodmanHPCMagics(Magics):
 
         if args.file:
             if cell is not None and cell.strip():
-                raise MagicError("give the Containerfile either as the cell body or with --file, not both",
-                                 _usage("build"))
+                raise MagicError(
+                    "give the Containerfile either as the cell body or with --file, not both", _usage("build")
+                )
             try:
                 containerfile = Path(args.file).expanduser().read_text()
             except OSError as err:
                 raise MagicError(f"cannot read {args.file}: {err.strerror}")
         elif cell is None or not cell.strip():
-            raise MagicError("build needs a Containerfile: write it in the cell body of "
-                             "%%podman_hpc build (or give --file PATH)", _usage("build"))
+            raise MagicError(
+                "build needs a Containerfile: write it in the cell body of %%podman_hpc build (or give --file PATH)",
+                _usage("build"),
+            )
         else:
             containerfile = cell
         config = self._config()
         renderer = self._renderer(f"build {args.tag}", log=args.log)
         with _rendering(renderer):
             if args.squash:
-                built = build_and_squash(config, containerfile, args.tag, args.context, dict(args.build_args),
-                                         renderer, no_cache=args.no_cache, environ=os.environ)
+                built = build_and_squash(
+                    config,
+                    containerfile,
+                    args.tag,
+                    args.context,
+                    dict(args.build_args),
+                    renderer,
+                    no_cache=args.no_cache,
+                    environ=os.environ,
+                )
                 _squashed(renderer, config, args.tag, built.squash)
             else:
-                image_id = build(config, containerfile, args.tag, args.context, dict(args.build_args),
-                                 renderer, no_cache=args.no_cache)
+                image_id = build(
+                    config,
+                    containerfile,
+                    args.tag,
+                    args.context,
+                    dict(args.build_args),
+                    renderer,
+                    no_cache=args.no_cache,
+                )
                 renderer.done(f"Built {args.tag} ({image_id[:12]})")
         return None
 
@@ -202,14 +221,17 @@ class PodmanHPCMagics(Magics):
             raise MagicError("run needs an IMAGE", _usage("run"))
         shared = [m for m in plan.modules if m.shared_run]
         if shared:
-            raise MagicError(f"module '{shared[0].name}' ({shared[0].flag}) runs one container per node "
-                             "under Slurm: use %podman_hpc submit")
+            raise MagicError(
+                f"module '{shared[0].name}' ({shared[0].flag}) runs one container per node "
+                "under Slurm: use %podman_hpc submit"
+            )
         # a cell run leaves no container behind
         keep = any(o.split("=", 1)[0] in ("--rm", "-d", "--detach") for o in plan.options)
         argv = site.run_argv(plan, [] if keep else ["--rm"])
         code, stderr = stream(argv, site.podman.env)
         if code != 0:
             from ..engine.podman import error_message
+
             podman_said = [line for line in stderr.splitlines() if line.strip().startswith("Error:")]
             if podman_said:
                 raise MagicError(f"{error_message(stderr)} (exit code {code})")
@@ -229,18 +251,35 @@ class PodmanHPCMagics(Magics):
                 value = os.environ[key]
             environment[key] = value
         return dict(
-            nodes=args.nodes, tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task,
-            gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition, account=args.account,
-            qos=args.qos, reservation=args.reservation, modules=tuple(args.modules), environment=environment,
-            extra_directives=tuple(args.directives), job_name=args.job_name)
+            nodes=args.nodes,
+            tasks_per_node=args.tasks_per_node,
+            cpus_per_task=args.cpus_per_task,
+            gpus_per_node=args.gpus_per_node,
+            time=args.time,
+            partition=args.partition,
+            account=args.account,
+            qos=args.qos,
+            reservation=args.reservation,
+            modules=tuple(args.modules),
+            environment=environment,
+            extra_directives=tuple(args.directives),
+            job_name=args.job_name,
+        )
 
     def _spec(self, args: Namespace):
         from ..slurm import JobSpec
 
         return JobSpec(
-            image=args.image, command=tuple(args.argv) if args.argv else None,
-            python_script=args.script, notebook=args.notebook, args=tuple(args.args),
-            parameters=dict(args.params), workdir=args.workdir, mode=args.mode, **self._job_fields(args))
+            image=args.image,
+            command=tuple(args.argv) if args.argv else None,
+            python_script=args.script,
+            notebook=args.notebook,
+            args=tuple(args.args),
+            parameters=dict(args.params),
+            workdir=args.workdir,
+            mode=args.mode,
+            **self._job_fields(args),
+        )
 
     def _cmd_submit(self, args: Namespace, cell: str | None):
         from ..slurm import Job as SlurmJob
@@ -258,11 +297,14 @@ class PodmanHPCMagics(Magics):
         def progress(event) -> None:
             if event.message and not event.message.startswith(("submitting", "submitted")):
                 notes.append(event.message)
+
         job = SlurmJob.submit(spec, client=SlurmClient(), config=config, progress=progress)
         for note in notes:
             print(note)
-        print(f"Submitted job {job.id} ({spec.nodes} node(s) x {spec.tasks_per_node} task(s), {spec.mode}) "
-              f"in {job.directory}")
+        print(
+            f"Submitted job {job.id} ({spec.nodes} node(s) x {spec.tasks_per_node} task(s), {spec.mode}) "
+            f"in {job.directory}"
+        )
         output = job.output_notebook()
         if output:
             print(f"Output notebook (rank 0 writes it as cells run): {output['path']}")
@@ -272,6 +314,7 @@ class PodmanHPCMagics(Magics):
     def _find(job_id: str):
         from ..slurm import Job as SlurmJob
         from ..slurm import SlurmClient
+
         return SlurmJob.find(job_id, client=SlurmClient())
 
     def _cmd_jobs(self, args: Namespace, cell: str | None):
@@ -286,6 +329,7 @@ class PodmanHPCMagics(Magics):
         output = job.output_notebook()
         if output:
             from ..slurm.notebook import describe_progress
+
             state = describe_progress(output) or ("not written yet" if not output["exists"] else "")
             print(f"Output notebook: {output['path']}" + (f" ({state})" if state else ""))
         if args.batch:
@@ -318,24 +362,33 @@ class PodmanHPCMagics(Magics):
             renderer = self._renderer(f"cluster of {args.nodes * args.tasks_per_node} engines in {args.image}")
             with _rendering(renderer):
                 cluster = clusters.Cluster.start(
-                    args.image, controller_ip=args.controller_ip, timeout=args.timeout, client=SlurmClient(),
-                    config=config, progress=renderer, **self._job_fields(args))
+                    args.image,
+                    controller_ip=args.controller_ip,
+                    timeout=args.timeout,
+                    client=SlurmClient(),
+                    config=config,
+                    progress=renderer,
+                    **self._job_fields(args),
+                )
                 if self.shell is not None:
                     view = cluster.client()[:]
-                    view.block = True                # a %%px cell ends when every engine has run it
-                    view.activate()                  # %px, %%px and %autopx now run on its engines
-                renderer.done(f"Cluster {cluster.id}: {cluster.record.engines} engines, job {cluster.job_id}; "
-                              "%%px runs on them")
+                    view.block = True  # a %%px cell ends when every engine has run it
+                    view.activate()  # %px, %%px and %autopx now run on its engines
+                renderer.done(
+                    f"Cluster {cluster.id}: {cluster.record.engines} engines, job {cluster.job_id}; %%px runs on them"
+                )
             return cluster
         if args.action == "list":
-            found = (clusters.list_clusters(client=SlurmClient()) if args.all else clusters.started_here())
+            found = clusters.list_clusters(client=SlurmClient()) if args.all else clusters.started_here()
             if not found:
                 print("No running clusters" + ("" if args.all else " started by this kernel"))
             for cluster in found:
                 data = cluster.as_dict()
                 ended = "  ended: stop it to clear it" if data["state"] == "ended" else ""
-                print(f"{data['id']}  job {data['job_id']} {data['job_state'] or ''}  {data['registered']}/"
-                      f"{data['engines']} engines  {data['nodelist']}  {data['image']}{ended}")
+                print(
+                    f"{data['id']}  job {data['job_id']} {data['job_state'] or ''}  {data['registered']}/"
+                    f"{data['engines']} engines  {data['nodelist']}  {data['image']}{ended}"
+                )
             return None
         if args.all:
             targets = clusters.started_here()
@@ -358,8 +411,9 @@ class PodmanHPCMagics(Magics):
 
         self._no_cell(args, cell)
         if args.action == "install":
-            kernel = kernelspec.install(args.image, name=args.name, display_name=args.display_name,
-                                        modules=args.modules)
+            kernel = kernelspec.install(
+                args.image, name=args.name, display_name=args.display_name, modules=args.modules
+            )
             print(f"Installed kernel {kernel.name} ({kernel.display_name}) in {kernel.path}")
             return None
         if args.action == "list":
@@ -393,8 +447,14 @@ def stream(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     after 10 s; podman passes the signal to the container) and is raised again.
     """
     try:
-        process = commands.popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, start_new_session=True)
+        process = commands.popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     except FileNotFoundError:
         raise MagicError(f"{argv[0]} not found (set podman_bin in the site configuration)")
     tail = b""

@@ -18,8 +18,10 @@ from ..engine.text import image_rows, text_table
 def html_table(rows: Sequence[Sequence[str]]) -> str:
     """``rows`` (a header, then the rows) as an HTML table, each cell escaped and left-aligned."""
     head = "".join(f"<th style='text-align:left'>{html.escape(str(cell))}</th>" for cell in rows[0])
-    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(cell))}</td>" for cell in row)
-                   + "</tr>" for row in rows[1:])
+    body = "".join(
+        "<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(cell))}</td>" for cell in row) + "</tr>"
+        for row in rows[1:]
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -54,6 +56,7 @@ class ImageList(_Table):
     def named(self, name: str):
         """The image with this name (any form podman resolves it to), or None."""
         from ..engine.reference import candidate_names
+
         wanted = set(candidate_names(name))
         return next((image for image in self if wanted & set(image.names)), None)
 

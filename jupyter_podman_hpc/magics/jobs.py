@@ -28,8 +28,15 @@ from .render import widgets_enabled
 POLL_MIN = 0.5
 POLL_MAX = 3.0
 TICK = 1.0
-_COLORS = {"PENDING": "#b58900", "RUNNING": "#268bd2", "COMPLETED": "#2e7d32", "FAILED": "#c62828",
-           "CANCELLED": "#6d4c41", "TIMEOUT": "#c62828", "UNKNOWN": "#757575"}
+_COLORS = {
+    "PENDING": "#b58900",
+    "RUNNING": "#268bd2",
+    "COMPLETED": "#2e7d32",
+    "FAILED": "#c62828",
+    "CANCELLED": "#6d4c41",
+    "TIMEOUT": "#c62828",
+    "UNKNOWN": "#757575",
+}
 
 
 def _clock(seconds: float | None) -> str:
@@ -100,12 +107,14 @@ class Job:
 
     def wait(self, timeout: float | None = None, poll_interval: float = 1.0) -> JobStatus:
         """Until the job has finished; its final status (``JobTimeout`` after ``timeout`` s)."""
+
         def seen(_event) -> None:
-            status = self.job.status(refresh=False)      # the one wait() just read, no new query
+            status = self.job.status(refresh=False)  # the one wait() just read, no new query
             if isinstance(status, JobStatus):
                 self._status, self._seen_at = status, time.monotonic()
                 if self._view is not None:
                     self._view.show(status, self._seen_at)
+
         status = self.job.wait(timeout=timeout, poll_interval=poll_interval, progress=seen)
         self._status, self._seen_at = status, time.monotonic()
         if self._view is not None:
@@ -128,6 +137,7 @@ class Job:
     def output_notebook(self):
         """The executed notebook of a notebook job (a Path; rank 0 writes it as cells run), else None."""
         from pathlib import Path
+
         info = self.job.output_notebook()
         return Path(info["path"]) if info else None
 
@@ -204,7 +214,7 @@ class _StatusView:
         delay, next_poll = POLL_MIN, 0.0
         failures = 0
         while not self.stop.is_set():
-            if getattr(self.widget, "comm", True) is None:   # the widget was closed
+            if getattr(self.widget, "comm", True) is None:  # the widget was closed
                 return
             now = time.monotonic()
             if now >= next_poll or self.wake.is_set():
@@ -212,7 +222,7 @@ class _StatusView:
                 try:
                     status = self.job.status()
                     failures = 0
-                except Exception:       # a busy slurmctld: keep the last status, try again later
+                except Exception:  # a busy slurmctld: keep the last status, try again later
                     failures += 1
                     status = self.job._status
                     if failures >= 20:
@@ -244,7 +254,7 @@ class _StatusView:
             state, color = status.state, _COLORS.get(status.state, "#757575")
             elapsed = status.elapsed
             if status.state == "RUNNING" and elapsed is not None:
-                elapsed += time.monotonic() - seen_at        # ticks between two polls
+                elapsed += time.monotonic() - seen_at  # ticks between two polls
             nodes = status.nodelist
             code = status.exit_code
             if status.reason and status.state == "PENDING":
@@ -257,8 +267,10 @@ class _StatusView:
             ("Exit code", "-" if code is None else str(code)),
             ("Directory", f"<code>{html.escape(str(job.directory))}</code>"),
         ]
-        row = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{k}</th><td style='text-align:left'>{v}</td></tr>"
-                      for k, v in cells)
+        row = "".join(
+            f"<tr><th style='text-align:left;padding-right:1em'>{k}</th><td style='text-align:left'>{v}</td></tr>"
+            for k, v in cells
+        )
         return f"<table class='podman-hpc-job'>{row}</table>"
 
 
@@ -267,6 +279,7 @@ def _output(info) -> str:
     if not info:
         return "-"
     from ..slurm.notebook import describe_progress
+
     state = describe_progress(info, short=True)
     return f"{info['name']} ({state})" if state else info["name"]
 
@@ -304,22 +317,32 @@ class JobList(list):
         for job in self:
             status = job._status
             spec = job.job.record.spec
-            rows.append((job.id, job.name, status.state if status else "?",
-                         status.nodelist if status and status.nodelist else "-",
-                         _clock(status.elapsed) if status else "-",
-                         job.job.submitted[:19].replace("T", " "), spec.get("image", ""),
-                         _output(job.job.output_notebook())))
+            rows.append(
+                (
+                    job.id,
+                    job.name,
+                    status.state if status else "?",
+                    status.nodelist if status and status.nodelist else "-",
+                    _clock(status.elapsed) if status else "-",
+                    job.job.submitted[:19].replace("T", " "),
+                    spec.get("image", ""),
+                    _output(job.job.output_notebook()),
+                )
+            )
         return rows
 
     def _repr_pretty_(self, p, cycle) -> None:
         from ..engine.text import text_table
+
         notes = "".join(f"warning: {problem}\n" for problem in self.problems)
         p.text(notes + (text_table(self.rows()) if self else "no jobs"))
 
     def _repr_html_(self) -> str:
         from .display import html_table
-        notes = "".join(f"<p class='podman-hpc-warning'>warning: {html.escape(problem)}</p>"
-                        for problem in self.problems)
+
+        notes = "".join(
+            f"<p class='podman-hpc-warning'>warning: {html.escape(problem)}</p>" for problem in self.problems
+        )
         return notes + (html_table(self.rows()) if self else "<p>no jobs</p>")
 
 

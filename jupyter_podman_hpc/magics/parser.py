@@ -89,8 +89,9 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("add_help", False)
         super().__init__(*args, **kwargs)
         self.add_argument("-h", "--help", action=_Help, help="show this help")
-        self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                          help="show the full traceback of an error")
+        self.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
+        )
 
     def error(self, message: str) -> NoReturn:
         """Raise MagicError with argparse's message and the command's usage, instead of printing and
@@ -117,6 +118,7 @@ def _key_value(what: str):
         if not sep or not key:
             raise argparse.ArgumentTypeError(f"{what} needs KEY=VALUE, not {text!r}")
         return key, value
+
     convert.__name__ = what  # argparse names the type in its messages
     return convert
 
@@ -145,8 +147,16 @@ def _whole_number(text: str) -> int:
 def _job_options(command: Parser) -> None:
     """The resources, modules and environment of a job (submit and cluster start)."""
     command.add_argument("-N", "--nodes", type=_whole_number, default=1, metavar="N", help="nodes (default 1)")
-    command.add_argument("-n", "--tasks-per-node", "--ntasks-per-node", dest="tasks_per_node",
-                         type=_whole_number, default=1, metavar="M", help="tasks (ranks) per node (default 1)")
+    command.add_argument(
+        "-n",
+        "--tasks-per-node",
+        "--ntasks-per-node",
+        dest="tasks_per_node",
+        type=_whole_number,
+        default=1,
+        metavar="M",
+        help="tasks (ranks) per node (default 1)",
+    )
     command.add_argument("-c", "--cpus-per-task", type=_whole_number, metavar="N", help="CPUs per task")
     command.add_argument("--gpus-per-node", type=_whole_number, metavar="N", help="GPUs per node")
     command.add_argument("-t", "--time", metavar="T", help="time limit: minutes, HH:MM:SS, D-HH:MM...")
@@ -155,14 +165,32 @@ def _job_options(command: Parser) -> None:
     command.add_argument("-q", "--qos", metavar="QOS")
     command.add_argument("--reservation", metavar="NAME")
     command.add_argument("-J", "--job-name", metavar="NAME")
-    command.add_argument("--module", dest="modules", action="append", default=[], metavar="NAME",
-                         help="a site module, e.g. openmpi-pmix (repeatable)")
-    command.add_argument("-e", "--env", dest="env", action="append", default=[], metavar="KEY=VALUE",
-                         type=_env_item, help="an environment variable for the job (repeatable; KEY alone: "
-                                              "its value here)")
-    command.add_argument("--directive", dest="directives", action="append", default=[],
-                         metavar="--OPTION=VALUE",
-                         help="an extra #SBATCH option, e.g. --directive=--exclusive (repeatable)")
+    command.add_argument(
+        "--module",
+        dest="modules",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a site module, e.g. openmpi-pmix (repeatable)",
+    )
+    command.add_argument(
+        "-e",
+        "--env",
+        dest="env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=_env_item,
+        help="an environment variable for the job (repeatable; KEY alone: its value here)",
+    )
+    command.add_argument(
+        "--directive",
+        dest="directives",
+        action="append",
+        default=[],
+        metavar="--OPTION=VALUE",
+        help="an extra #SBATCH option, e.g. --directive=--exclusive (repeatable)",
+    )
 
 
 def build_parser() -> Parser:
@@ -172,70 +200,111 @@ def build_parser() -> Parser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     build = commands.add_parser(
-        "build", usage=_u("%%podman_hpc build -t NAME [--build-arg KEY=VALUE ...] [--context DIR] [--squash]\n"
-                       "<Containerfile lines>"),
+        "build",
+        usage=_u(
+            "%%podman_hpc build -t NAME [--build-arg KEY=VALUE ...] [--context DIR] [--squash]\n<Containerfile lines>"
+        ),
         description="Build the cell body (a Containerfile) into the node-local storage, with live "
-                    "progress; --squash then puts the image in the squashed store.")
+        "progress; --squash then puts the image in the squashed store.",
+    )
     build.add_argument("-t", "--tag", required=True, metavar="NAME", help="the image name, e.g. myimage:1")
-    build.add_argument("--build-arg", dest="build_args", action="append", default=[], metavar="KEY=VALUE",
-                       type=_key_value("--build-arg"), help="a build argument (repeatable)")
+    build.add_argument(
+        "--build-arg",
+        dest="build_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=_key_value("--build-arg"),
+        help="a build argument (repeatable)",
+    )
     build.add_argument("--context", metavar="DIR", help="the build context directory (default: none)")
-    build.add_argument("-f", "--file", metavar="PATH",
-                       help="read the Containerfile from PATH instead of the cell body")
+    build.add_argument("-f", "--file", metavar="PATH", help="read the Containerfile from PATH instead of the cell body")
     build.add_argument("--squash", action="store_true", help="squash the image once built")
     build.add_argument("--no-cache", action="store_true", help="do not use cached layers")
-    build.add_argument("--log", action="store_true",
-                       help="also print every line of the build output (text form; widgets always keep it)")
+    build.add_argument(
+        "--log",
+        action="store_true",
+        help="also print every line of the build output (text form; widgets always keep it)",
+    )
 
-    pull = commands.add_parser("pull", usage=_u("%podman_hpc pull IMAGE [--no-squash]"),
-                               description="Pull IMAGE into the node-local storage, then squash it.")
+    pull = commands.add_parser(
+        "pull",
+        usage=_u("%podman_hpc pull IMAGE [--no-squash]"),
+        description="Pull IMAGE into the node-local storage, then squash it.",
+    )
     pull.add_argument("image", metavar="IMAGE")
     pull.add_argument("--no-squash", action="store_true", help="do not squash the pulled image")
 
     for name in ("squash", "migrate"):
-        squash = commands.add_parser(name, usage=_u(f"%podman_hpc {name} IMAGE"),
-                                     description="Squash a local image into the squashed store.")
+        squash = commands.add_parser(
+            name, usage=_u(f"%podman_hpc {name} IMAGE"), description="Squash a local image into the squashed store."
+        )
         squash.add_argument("image", metavar="IMAGE")
 
-    rmsqi = commands.add_parser("rmsqi", usage=_u("%podman_hpc rmsqi IMAGE"),
-                                description="Remove an image (or one of its names) from the squashed store.")
+    rmsqi = commands.add_parser(
+        "rmsqi",
+        usage=_u("%podman_hpc rmsqi IMAGE"),
+        description="Remove an image (or one of its names) from the squashed store.",
+    )
     rmsqi.add_argument("image", metavar="IMAGE")
 
-    images = commands.add_parser("images", usage=_u("%podman_hpc images [TEXT]"),
-                                 description="Local and squashed images; with TEXT, only those with a name "
-                                             "containing it (or an id starting with it).")
+    images = commands.add_parser(
+        "images",
+        usage=_u("%podman_hpc images [TEXT]"),
+        description="Local and squashed images; with TEXT, only those with a name "
+        "containing it (or an id starting with it).",
+    )
     images.add_argument("filter", nargs="?", metavar="TEXT")
 
-    commands.add_parser("run", usage=_u("%podman_hpc run [podman run options] [module flags] IMAGE [CMD...]"),
-                        description="podman-hpc run (with --rm unless given -d), the output streamed "
-                                    "into the cell. Module flags: see %podman_hpc info.")
+    commands.add_parser(
+        "run",
+        usage=_u("%podman_hpc run [podman run options] [module flags] IMAGE [CMD...]"),
+        description="podman-hpc run (with --rm unless given -d), the output streamed "
+        "into the cell. Module flags: see %podman_hpc info.",
+    )
 
     submit = commands.add_parser(
         "submit",
-        usage=_u("%podman_hpc submit --nodes N --tasks-per-node M [--time T] [--partition P] [--account A]\n"
-              "                   [--module M ...] [--mode podman-exec|per-process] [--env K=V ...] [--preview]\n"
-              "                   [--param NAME=VALUE ...]\n"
-              "                   IMAGE [CMD... | --notebook PATH [ARGS...] | --script PATH [ARGS...]]"),
+        usage=_u(
+            "%podman_hpc submit --nodes N --tasks-per-node M [--time T] [--partition P] [--account A]\n"
+            "                   [--module M ...] [--mode podman-exec|per-process] [--env K=V ...] [--preview]\n"
+            "                   [--param NAME=VALUE ...]\n"
+            "                   IMAGE [CMD... | --notebook PATH [ARGS...] | --script PATH [ARGS...]]"
+        ),
         description="Submit IMAGE as a Slurm batch job (the same script you would submit by hand); "
-                    "returns a Job. --preview shows the script and submits nothing.")
+        "returns a Job. --preview shows the script and submits nothing.",
+    )
     _job_options(submit)
-    submit.add_argument("--mode", choices=("podman-exec", "per-process"), default="podman-exec",
-                        help="one container per node (podman-exec, the default) or per rank")
+    submit.add_argument(
+        "--mode",
+        choices=("podman-exec", "per-process"),
+        default="podman-exec",
+        help="one container per node (podman-exec, the default) or per rank",
+    )
     submit.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside the container")
     submit.add_argument("--notebook", metavar="PATH", help="run this notebook on every rank")
     submit.add_argument("--script", metavar="PATH", help="run this Python script on every rank")
-    submit.add_argument("--param", dest="params", action="append", default=[], metavar="NAME=VALUE",
-                        type=_key_value("--param"),
-                        help="a notebook parameter, VALUE a Python literal (e.g. --param alpha=0.5 "
-                             "--param name=\"'x'\"): set after the notebook's cell tagged 'parameters' (repeatable)")
+    submit.add_argument(
+        "--param",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=_key_value("--param"),
+        help="a notebook parameter, VALUE a Python literal (e.g. --param alpha=0.5 "
+        "--param name=\"'x'\"): set after the notebook's cell tagged 'parameters' (repeatable)",
+    )
     submit.add_argument("--preview", action="store_true", help="show the batch script, submit nothing")
     submit.add_argument("image", metavar="IMAGE")
     submit.add_argument("argv", nargs=argparse.REMAINDER, metavar="CMD")
 
     commands.add_parser("jobs", usage=_u("%podman_hpc jobs"), description="The jobs submitted from here.")
 
-    logs = commands.add_parser("logs", usage=_u("%podman_hpc logs JOBID [--err] [--batch]"),
-                               description="Each rank's output of a job, prefixed with the rank.")
+    logs = commands.add_parser(
+        "logs",
+        usage=_u("%podman_hpc logs JOBID [--err] [--batch]"),
+        description="Each rank's output of a job, prefixed with the rank.",
+    )
     logs.add_argument("job_id", metavar="JOBID", type=_job_id)
     which = logs.add_mutually_exclusive_group()
     which.add_argument("--err", action="store_true", help="the ranks' standard error instead")
@@ -245,56 +314,94 @@ def build_parser() -> Parser:
     cancel.add_argument("job_id", metavar="JOBID", type=_job_id)
 
     cluster = commands.add_parser(
-        "cluster", usage=_u("cluster = %podman_hpc cluster start [--nodes N] [--tasks-per-node K] [--time T]\n"
-                            "                [--partition P] [--module M ...] [--env K=V ...] IMAGE\n"
-                            "       %podman_hpc cluster stop [ID | --all]\n"
-                            "       %podman_hpc cluster list [--all]"),
+        "cluster",
+        usage=_u(
+            "cluster = %podman_hpc cluster start [--nodes N] [--tasks-per-node K] [--time T]\n"
+            "                [--partition P] [--module M ...] [--env K=V ...] IMAGE\n"
+            "       %podman_hpc cluster stop [ID | --all]\n"
+            "       %podman_hpc cluster list [--all]"
+        ),
         description="IPython Parallel engines in IMAGE, one per task of a Slurm job (podman-exec), "
-                    "with the controller in this kernel's process tree; %%px runs on them.")
+        "with the controller in this kernel's process tree; %%px runs on them.",
+    )
     cluster_actions = cluster.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     start = cluster_actions.add_parser(
-        "start", usage=_u("cluster = %podman_hpc cluster start [--nodes N] [--tasks-per-node K] [--time T] "
-                          "[--partition P] [--module M ...] [--env K=V ...] IMAGE"),
+        "start",
+        usage=_u(
+            "cluster = %podman_hpc cluster start [--nodes N] [--tasks-per-node K] [--time T] "
+            "[--partition P] [--module M ...] [--env K=V ...] IMAGE"
+        ),
         description="Submit a job of engines in IMAGE and wait, with a progress bar, until all have "
-                    "registered; returns the cluster (cluster.client(), cluster.stop()) and makes it the "
-                    "target of %%px. Options mean what they mean for submit; the time limit defaults to 60 "
-                    "minutes.")
+        "registered; returns the cluster (cluster.client(), cluster.stop()) and makes it the "
+        "target of %%px. Options mean what they mean for submit; the time limit defaults to 60 "
+        "minutes.",
+    )
     _job_options(start)
-    start.add_argument("--timeout", type=float, default=600, metavar="SECONDS",
-                       help="give up (and stop everything) when not all engines registered by then (600)")
-    start.add_argument("--controller-ip", default="127.0.0.1", metavar="IP",
-                       help="the address the nodes reach the controller at (default 127.0.0.1)")
+    start.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        metavar="SECONDS",
+        help="give up (and stop everything) when not all engines registered by then (600)",
+    )
+    start.add_argument(
+        "--controller-ip",
+        default="127.0.0.1",
+        metavar="IP",
+        help="the address the nodes reach the controller at (default 127.0.0.1)",
+    )
     start.add_argument("image", metavar="IMAGE")
-    stop = cluster_actions.add_parser("stop", usage=_u("%podman_hpc cluster stop [ID | --all]"),
-                                      description="Stop a cluster (by default the last one this kernel started): "
-                                                  "its engines, job, controller and connection files.")
+    stop = cluster_actions.add_parser(
+        "stop",
+        usage=_u("%podman_hpc cluster stop [ID | --all]"),
+        description="Stop a cluster (by default the last one this kernel started): "
+        "its engines, job, controller and connection files.",
+    )
     stop.add_argument("cluster_id", nargs="?", metavar="ID", help="a cluster id or its job id")
     stop.add_argument("--all", action="store_true", help="every cluster this kernel started")
-    listing = cluster_actions.add_parser("list", usage=_u("%podman_hpc cluster list [--all]"),
-                                         description="The running clusters of this kernel.")
+    listing = cluster_actions.add_parser(
+        "list", usage=_u("%podman_hpc cluster list [--all]"), description="The running clusters of this kernel."
+    )
     listing.add_argument("--all", action="store_true", help="every running cluster of yours, from any kernel")
 
-    kernel = commands.add_parser("kernel", usage=_u("%podman_hpc kernel install IMAGE [--name NAME] "
-                                                 "[--display-name TEXT] [--module M ...]\n"
-                                                 "       %podman_hpc kernel list\n"
-                                                 "       %podman_hpc kernel remove NAME"),
-                                 description="Container-backed Jupyter kernels.")
+    kernel = commands.add_parser(
+        "kernel",
+        usage=_u(
+            "%podman_hpc kernel install IMAGE [--name NAME] "
+            "[--display-name TEXT] [--module M ...]\n"
+            "       %podman_hpc kernel list\n"
+            "       %podman_hpc kernel remove NAME"
+        ),
+        description="Container-backed Jupyter kernels.",
+    )
     actions = kernel.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
-    install = actions.add_parser("install", usage=_u("%podman_hpc kernel install IMAGE [--name NAME] "
-                                                  "[--display-name TEXT] [--module M ...]"),
-                                 description="Install a kernelspec whose kernel runs in IMAGE.")
+    install = actions.add_parser(
+        "install",
+        usage=_u("%podman_hpc kernel install IMAGE [--name NAME] [--display-name TEXT] [--module M ...]"),
+        description="Install a kernelspec whose kernel runs in IMAGE.",
+    )
     install.add_argument("image", metavar="IMAGE")
     install.add_argument("--name", help="kernel name (default: podman-hpc-<image>)")
     install.add_argument("--display-name", help="the name shown in the launcher")
-    install.add_argument("--module", dest="modules", action="append", default=[], metavar="NAME",
-                         help="a site module to enable (repeatable)")
+    install.add_argument(
+        "--module",
+        dest="modules",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a site module to enable (repeatable)",
+    )
     actions.add_parser("list", usage=_u("%podman_hpc kernel list"), description="The container kernels.")
-    remove = actions.add_parser("remove", usage=_u("%podman_hpc kernel remove NAME"),
-                                description="Remove a container kernel.")
+    remove = actions.add_parser(
+        "remove", usage=_u("%podman_hpc kernel remove NAME"), description="Remove a container kernel."
+    )
     remove.add_argument("name", metavar="NAME")
 
-    commands.add_parser("info", usage=_u("%podman_hpc info"),
-                        description="The effective configuration, where each value comes from, the modules.")
+    commands.add_parser(
+        "info",
+        usage=_u("%podman_hpc info"),
+        description="The effective configuration, where each value comes from, the modules.",
+    )
     help_ = commands.add_parser("help", usage=_u("%podman_hpc help [COMMAND]"), description="Help.")
     help_.add_argument("topic", nargs="?", metavar="COMMAND")
     return parser
@@ -443,8 +550,9 @@ def _submit_target(namespace: argparse.Namespace, parser_: Parser) -> None:
         # --notebook/--script given before IMAGE: the words after IMAGE are its arguments
         namespace.args, words = words, []
     if not targets and not words:
-        raise MagicError("give the command to run after IMAGE (or --notebook PATH, --script PATH)",
-                              parser_.format_usage())
+        raise MagicError(
+            "give the command to run after IMAGE (or --notebook PATH, --script PATH)", parser_.format_usage()
+        )
     namespace.argv = words
 
 

@@ -24,8 +24,8 @@ from ..engine.text import human_bytes, truth
 
 WIDGETS_ENV = "PODMAN_HPC_WIDGETS"
 
-LOG_KEEP = 400          # build log lines a widget shows (all of them are kept in the renderer)
-MIN_INTERVAL = 0.1      # seconds between two updates of one widget (the last value is always shown)
+LOG_KEEP = 400  # build log lines a widget shows (all of them are kept in the renderer)
+MIN_INTERVAL = 0.1  # seconds between two updates of one widget (the last value is always shown)
 
 
 # --- which renderer -----------------------------------------------------------------
@@ -86,6 +86,7 @@ def widgets_enabled(shell: Any = None, environ: Mapping[str, str] | None = None)
     if shell is None:
         try:
             from IPython import get_ipython
+
             shell = get_ipython()
         except Exception:
             shell = None
@@ -97,8 +98,9 @@ def widgets_enabled(shell: Any = None, environ: Mapping[str, str] | None = None)
     return bool(request_allows_stdin(kernel))
 
 
-def make_renderer(title: str, *, widgets: bool | None = None, log: bool = False,
-                  out: TextIO | None = None) -> "Renderer":
+def make_renderer(
+    title: str, *, widgets: bool | None = None, log: bool = False, out: TextIO | None = None
+) -> "Renderer":
     """The renderer for an operation called ``title``: widgets if ``widgets`` (by default as
     ``widgets_enabled`` decides), else plain text to ``out`` (the cell's stdout), with the build log if
     ``log``."""
@@ -130,8 +132,13 @@ def build_kind(event: Progress) -> str:
 def is_outcome(event: Progress) -> bool:
     """The engine's last event of an operation ("built X (id)", "squashed X"...): the magic
     reports the outcome itself, with more detail."""
-    return event.stage in ("build", "squash") and not event.item and not event.log \
-        and event.current == 1 and event.total == 1
+    return (
+        event.stage in ("build", "squash")
+        and not event.item
+        and not event.log
+        and event.current == 1
+        and event.total == 1
+    )
 
 
 # --- renderers --------------------------------------------------------------------
@@ -141,8 +148,8 @@ class Renderer:
     """The progress callback of an engine call, and the magic's own lines."""
 
     def __init__(self) -> None:
-        self.events: list[Progress] = []       # every event, for whoever wants to look (tests)
-        self.log_lines: list[str] = []         # the build output, every line
+        self.events: list[Progress] = []  # every event, for whoever wants to look (tests)
+        self.log_lines: list[str] = []  # the build output, every line
 
     def __call__(self, event: Progress) -> None:
         self.events.append(event)
@@ -179,14 +186,14 @@ class TextRenderer(Renderer):
         super().__init__()
         self._out = out
         self.log = log
-        self._layers: dict[str, str] = {}     # layer -> the last state printed
+        self._layers: dict[str, str] = {}  # layer -> the last state printed
         self._sizes: dict[str, int] = {}
         self._last = ""
 
     @property
     def out(self) -> TextIO:
         """Where lines go: the stream given, else the cell's stdout at the time of writing."""
-        return self._out or sys.stdout      # the cell's stream at the time of writing
+        return self._out or sys.stdout  # the cell's stream at the time of writing
 
     def line(self, text: str) -> None:
         """Print ``text`` as a line, unless it repeats the line just printed."""
@@ -214,7 +221,7 @@ class TextRenderer(Renderer):
         elif event.stage == "pull":
             self._pull(event)
         elif event.stage == "squash":
-            if event.message and event.message != "squashing":   # mksquashfs' own percentages
+            if event.message and event.message != "squashing":  # mksquashfs' own percentages
                 self.line(_capital(event.message))
         elif event.message:
             self.line(_capital(event.message))
@@ -233,7 +240,7 @@ class TextRenderer(Renderer):
         elif status == "Already exists":
             state = "already here"
         else:
-            return                           # "Pulling fs layer", "Downloading": not worth a line
+            return  # "Pulling fs layer", "Downloading": not worth a line
         if self._layers.get(layer, "").startswith(("downloaded", "already")):
             return
         self._layers[layer] = state
@@ -320,6 +327,7 @@ class WidgetRenderer(Renderer):
         self._sizes: dict[str, int] = {}
         if display:
             from IPython.display import display as show
+
             show(self.box)
 
     # --- sections --------------------------------------------------------------
@@ -332,9 +340,14 @@ class WidgetRenderer(Renderer):
             self.layer_box = self.w.VBox([])
             self._add(self.layer_box)
         if layer not in self.layers:
-            bar = self.w.IntProgress(value=0, min=0, max=1, description=layer,
-                                     layout=self.w.Layout(width="60%"),
-                                     style={"description_width": "initial"})
+            bar = self.w.IntProgress(
+                value=0,
+                min=0,
+                max=1,
+                description=layer,
+                layout=self.w.Layout(width="60%"),
+                style={"description_width": "initial"},
+            )
             label = self.w.HTML("waiting")
             self.layers[layer] = (bar, label)
             self.layer_box.children = (*self.layer_box.children, self.w.HBox([bar, label]))
@@ -352,8 +365,9 @@ class WidgetRenderer(Renderer):
 
     def _squash(self):
         if self.squash_bar is None:
-            self.squash_bar = self.w.FloatProgress(value=0.0, min=0.0, max=1.0, description="squash",
-                                                   layout=self.w.Layout(width="60%"))
+            self.squash_bar = self.w.FloatProgress(
+                value=0.0, min=0.0, max=1.0, description="squash", layout=self.w.Layout(width="60%")
+            )
             self.squash_label = self.w.HTML("")
             self._add(self.w.HBox([self.squash_bar, self.squash_label]))
 
@@ -399,10 +413,16 @@ class WidgetRenderer(Renderer):
             elif status in ("Download complete", "Pull complete", "Already exists"):
                 bar.value = bar.max
                 bar.bar_style = "success"
-                label.value = (f"{human_bytes(total)} downloaded" if status != "Already exists" and total
-                               else "already here" if status == "Already exists" else "downloaded")
+                label.value = (
+                    f"{human_bytes(total)} downloaded"
+                    if status != "Already exists" and total
+                    else "already here"
+                    if status == "Already exists"
+                    else "downloaded"
+                )
             elif status:
                 label.value = html.escape(status)
+
         self.throttle(("layer", layer), apply)
 
     def _on_build(self, event: Progress) -> None:
@@ -419,6 +439,7 @@ class WidgetRenderer(Renderer):
                 if total:
                     self.steps.max = total
                     self.steps.value = current or 0
+
             self.throttle("step", apply)
         if kind == "output":
             self._log_dirty = True
@@ -429,7 +450,7 @@ class WidgetRenderer(Renderer):
             return
         lines = self.log_lines[-LOG_KEEP:]
         text = "\n".join(lines)
-        self.log_view.value = (f"<pre style='margin:0;max-height:24em;overflow:auto'>{html.escape(text)}</pre>")
+        self.log_view.value = f"<pre style='margin:0;max-height:24em;overflow:auto'>{html.escape(text)}</pre>"
         self._log_dirty = False
 
     def _on_squash(self, event: Progress) -> None:
@@ -445,13 +466,15 @@ class WidgetRenderer(Renderer):
                 self.squash_label.value = f"{fraction:.0%}"
             elif message:
                 self.squash_label.value = html.escape(message)
+
         self.throttle("squash", apply)
 
     def _on_cluster(self, event: Progress) -> None:
         """Engines registered out of those the job starts."""
         if self.engines_bar is None:
-            self.engines_bar = self.w.IntProgress(value=0, min=0, max=1, description="engines",
-                                                  layout=self.w.Layout(width="60%"))
+            self.engines_bar = self.w.IntProgress(
+                value=0, min=0, max=1, description="engines", layout=self.w.Layout(width="60%")
+            )
             self._add(self.engines_bar)
         current, total, message = event.current, event.total, event.message
 
@@ -463,6 +486,7 @@ class WidgetRenderer(Renderer):
                     self.engines_bar.bar_style = "success"
             if message:
                 self.status.value = html.escape(_capital(message))
+
         self.throttle("cluster", apply)
 
     # --- the magic's own -------------------------------------------------------
@@ -495,8 +519,8 @@ class WidgetRenderer(Renderer):
                     bar.bar_style = "danger"
             tail = ""
             if details.strip():
-                tail = (f"<pre style='margin:0.3em 0 0 0'>{html.escape(details.rstrip())}</pre>")
-            self.status.value = (f"<span style='color:#c00'>&#10008; {html.escape(text)}</span>{tail}")
+                tail = f"<pre style='margin:0.3em 0 0 0'>{html.escape(details.rstrip())}</pre>"
+            self.status.value = f"<span style='color:#c00'>&#10008; {html.escape(text)}</span>{tail}"
 
     def close(self) -> None:
         """No more events: apply the updates held back, and show the log's last lines if they changed."""

@@ -28,8 +28,10 @@ def _load_jupyter_server_extension(serverapp) -> None:
     _stop_on_shutdown(serverapp, backend)
     _kernel_start_errors_as_messages(serverapp.kernel_manager)
     backend.start_kernel_pools(serverapp.kernel_spec_manager)
-    serverapp.log.info("jupyter_podman_hpc server extension loaded (podman-hpc API at %spodman-hpc/api/)",
-                       serverapp.web_app.settings["base_url"])
+    serverapp.log.info(
+        "jupyter_podman_hpc server extension loaded (podman-hpc API at %spodman-hpc/api/)",
+        serverapp.web_app.settings["base_url"],
+    )
 
 
 def _log_through(server_log) -> None:

@@ -27,7 +27,8 @@ class PodmanHPC(Configurable):
 
     config_file = Unicode("", help="The podman-hpc configuration file (as PODMANHPC_CONFIG_FILE).").tag(config=True)
     squash_dir = Unicode("", help="The squashed image store (default: SQUASH_DIR, else $SCRATCH/storage).").tag(
-        config=True)
+        config=True
+    )
     job_root = Unicode("", help="Where job directories go (default: $SCRATCH/podman-hpc/jobs).").tag(config=True)
     default_partition = Unicode("", help="The partition the UI proposes.").tag(config=True)
     default_account = Unicode("", help="The account the UI proposes.").tag(config=True)
@@ -37,11 +38,14 @@ class PodmanHPC(Configurable):
     max_nodes = Int(64, help="The most nodes a user may request from the UI.").tag(config=True)
     max_tasks_per_node = Int(256, help="The most tasks per node a user may request from the UI.").tag(config=True)
     max_containerfile_bytes = Int(256_000, help="The largest Containerfile accepted.").tag(config=True)
-    kernel_pool = Int(1, help="Container kernels kept started ahead of need per kernelspec that sets no "
-                              "pool size of its own (its `pool`, `kernel install --pool N`): a user's first "
-                              "kernel of an image is ready at once instead of after a container start. Each "
-                              "costs one idle container (ipykernel imported) per container kernelspec and "
-                              "server; 0 starts every kernel on demand.").tag(config=True)
+    kernel_pool = Int(
+        1,
+        help="Container kernels kept started ahead of need per kernelspec that sets no "
+        "pool size of its own (its `pool`, `kernel install --pool N`): a user's first "
+        "kernel of an image is ready at once instead of after a container start. Each "
+        "costs one idle container (ipykernel imported) per container kernelspec and "
+        "server; 0 starts every kernel on demand.",
+    ).tag(config=True)
 
 
 class Backend:
@@ -89,12 +93,14 @@ class Backend:
         """``config`` if its squashed store takes writes from this user; else PermissionDenied
         (a 403) before any task starts."""
         from ..engine.store.access import check_writable
+
         check_writable(config.squash_dir)
         return config
 
     def job_root(self) -> Path:
         """Where the server's jobs live: the ``job_root`` setting, else the user's default job directory."""
         from ..slurm import default_root
+
         return Path(self.settings.job_root) if self.settings.job_root else default_root(self.environ())
 
     # --- images ----------------------------------------------------------------
@@ -102,6 +108,7 @@ class Backend:
     def images(self) -> list[dict]:
         """The user's images (local and squashed) as JSON-ready data, one per image."""
         from ..engine.images.catalog import list_images
+
         return [image.as_dict() for image in list_images(self.podman())]
 
     def pull(self, image: str, squash: bool) -> Task:
@@ -119,8 +126,9 @@ class Backend:
 
         return self.tasks.start("pull", f"pull {image}", work)
 
-    def build(self, containerfile: str, tag: str, build_args: dict[str, str], context: Path | None,
-              squash: bool) -> Task:
+    def build(
+        self, containerfile: str, tag: str, build_args: dict[str, str], context: Path | None, squash: bool
+    ) -> Task:
         """Start building ``containerfile`` (its text) as ``tag`` in ``context`` as a task, squashed after
         with ``squash`` (the store checked writable first); the task, whose result names the image id."""
         from ..engine.images.build import build, build_and_squash
@@ -129,8 +137,9 @@ class Backend:
 
         def work(progress, cancel):
             if squash:
-                built = build_and_squash(config, containerfile, tag, context, build_args, progress,
-                                         cancel=cancel, environ=self.environ())
+                built = build_and_squash(
+                    config, containerfile, tag, context, build_args, progress, cancel=cancel, environ=self.environ()
+                )
                 return {"image": tag, "id": built.image_id, "squashed": True}
             image_id = build(config, containerfile, tag, context, build_args, progress, cancel=cancel)
             return {"image": tag, "id": image_id, "squashed": False}
@@ -154,6 +163,7 @@ class Backend:
         """Remove ``image`` from the squashed store now (a name; the last name or an id: the image): its id,
         and whether its data was deleted."""
         from ..engine.images.migrate import remove_squashed
+
         removed, deleted = remove_squashed(self.podman(), image)
         return {"image": image, "id": removed.id, "deleted": deleted}
 
@@ -161,17 +171,20 @@ class Backend:
 
     def _spec(self, data: dict):
         from ..slurm import JobSpec
+
         return JobSpec.from_dict(data)
 
     def preview(self, data: dict) -> str:
         """The batch script a job of spec ``data`` would submit, without submitting it; JobSpecError for a
         bad spec."""
         from ..slurm import Job
+
         return Job.preview(self._spec(data), self.job_root(), config=self.site(), environ=self.environ())
 
     def submit(self, data: dict) -> dict:
         """Submit a job of spec ``data`` under the job root; the job with its Slurm status."""
         from ..slurm import Job, SlurmClient
+
         spec = self._spec(data)
         config = self.site()
         job = Job.submit(spec, self.job_root(), client=SlurmClient(env=self.environ()), config=config)
@@ -180,11 +193,13 @@ class Backend:
     def jobs(self, problems: list[str] | None = None) -> list[dict]:
         """The jobs, newest first; an unreadable job record is left out and described in ``problems``."""
         from ..slurm import Job, SlurmClient
+
         jobs = Job.list(self.job_root(), client=SlurmClient(env=self.environ()), problems=problems)
         return [job.as_dict() for job in reversed(jobs)]
 
     def _job(self, job_id: str):
         from ..slurm import Job, SlurmClient
+
         return Job.find(job_id, self.job_root(), client=SlurmClient(env=self.environ()))
 
     def job(self, job_id: str) -> dict:
@@ -194,14 +209,18 @@ class Backend:
     def logs(self, job_id: str) -> dict:
         """The job's output so far: each rank's stdout and stderr, and the batch script's log."""
         job = self._job(job_id)
-        return {"id": job.id, "ranks": {str(rank): text for rank, text in sorted(job.logs().items())},
-                "errors": {str(rank): text for rank, text in sorted(job.logs("err").items())},
-                "batch": job.batch_log()}
+        return {
+            "id": job.id,
+            "ranks": {str(rank): text for rank, text in sorted(job.logs().items())},
+            "errors": {str(rank): text for rank, text in sorted(job.logs("err").items())},
+            "batch": job.batch_log(),
+        }
 
     def output(self, job_id: str) -> dict:
         """The job's output notebook: where it is, rank 0's progress, and its content."""
         from ..engine.errors import NotFound
         from ..slurm.notebook import read_output
+
         job = self._job(job_id)
         info = job.output_notebook()
         if info is None:
@@ -225,6 +244,7 @@ class Backend:
     def _cluster_roots(self) -> list[Path]:
         """Where clusters are recorded: this server's job root, and the one kernels use ($SCRATCH's)."""
         from ..slurm import JobError, default_root
+
         roots = [self.job_root()]
         try:
             roots.append(default_root(self.environ()))
@@ -236,6 +256,7 @@ class Backend:
         """The running clusters (started from any kernel of the user), after sweeping orphaned ones."""
         from ..slurm import SlurmClient
         from ..slurm import cluster as clusters
+
         client = SlurmClient(env=self.environ())
         found = []
         for root in self._cluster_roots():
@@ -248,6 +269,7 @@ class Backend:
         the cluster after. ClusterNotFound if none has it."""
         from ..slurm import SlurmClient
         from ..slurm import cluster as clusters
+
         client = SlurmClient(env=self.environ())
         for root in self._cluster_roots():
             try:
@@ -263,13 +285,16 @@ class Backend:
     def kernels(self, problems: list[str] | None = None) -> list[dict]:
         """The container kernelspecs; a broken one is left out and described in ``problems``."""
         from ..kernels import kernelspec
+
         return [kernel.as_dict() for kernel in kernelspec.list_kernels(problems=problems)]
 
-    def install_kernel(self, image: str, display_name: str | None, modules: list[str],
-                       name: str | None, pool: int | None = None) -> dict:
+    def install_kernel(
+        self, image: str, display_name: str | None, modules: list[str], name: str | None, pool: int | None = None
+    ) -> dict:
         """Install a container kernel of ``image`` for this user, and warm its pool when it has one; the
         kernel as JSON-ready data."""
         from ..kernels import kernelspec
+
         kernel = kernelspec.install(image, name=name, display_name=display_name, modules=modules, pool=pool)
         if (kernel.pool if kernel.pool is not None else self.settings.kernel_pool) > 0:
             self.warm_kernel_pools([kernel.name])
@@ -285,9 +310,14 @@ class Backend:
 
         pool.default_size = self.settings.kernel_pool
         pool.default_dirs = (os.path.realpath(self.root_dir),)
-        self.warm_kernel_pools([kernel.name for kernel in kernelspec.list_kernels()
-                                if (kernel.pool if kernel.pool is not None else pool.default_size) > 0],
-                               spec_manager)
+        self.warm_kernel_pools(
+            [
+                kernel.name
+                for kernel in kernelspec.list_kernels()
+                if (kernel.pool if kernel.pool is not None else pool.default_size) > 0
+            ],
+            spec_manager,
+        )
 
     def warm_kernel_pools(self, names: list[str], spec_manager=None) -> None:
         """Start the pools of kernelspecs ``names`` now, not at their first kernel, in the background;
@@ -325,6 +355,7 @@ class Backend:
     def remove_kernel(self, name: str) -> dict:
         """Remove this user's container kernel ``name``; the kernel removed."""
         from ..kernels import kernelspec
+
         return kernelspec.remove(name).as_dict()
 
     # --- what the UI needs -------------------------------------------------------
@@ -336,29 +367,42 @@ class Backend:
         config = self.site()
         s = self.settings
         try:
-            modules = [m.describe() for m in ModuleSet.load(config.modules_dir, cache_dir=config.run_root)
-                       if m.cli_arg and not m.hidden]
+            modules = [
+                m.describe()
+                for m in ModuleSet.load(config.modules_dir, cache_dir=config.run_root)
+                if m.cli_arg and not m.hidden
+            ]
         except EngineError as err:
             modules, module_error = [], str(err)
         else:
             module_error = None
         try:
             from ..slurm import SlurmClient
+
             partitions = [p.as_dict() for p in SlurmClient(env=self.environ()).partitions()]
             slurm_error = None
         except EngineError as err:
             partitions, slurm_error = [], str(err)
-        default_partition = s.default_partition or next(
-            (p["name"] for p in partitions if p.get("default")), "")
+        default_partition = s.default_partition or next((p["name"] for p in partitions if p.get("default")), "")
         return {
-            "defaults": {"nodes": s.default_nodes, "tasks_per_node": s.default_tasks_per_node,
-                         "time": s.default_time, "partition": default_partition,
-                         "account": s.default_account, "mode": "podman-exec"},
-            "limits": {"max_nodes": s.max_nodes, "max_tasks_per_node": s.max_tasks_per_node,
-                       "max_containerfile_bytes": s.max_containerfile_bytes},
-            "modules": modules, "module_error": module_error,
-            "partitions": partitions, "slurm_error": slurm_error,
-            "squash_dir": config.squash_dir, "job_root": str(self.job_root()),
+            "defaults": {
+                "nodes": s.default_nodes,
+                "tasks_per_node": s.default_tasks_per_node,
+                "time": s.default_time,
+                "partition": default_partition,
+                "account": s.default_account,
+                "mode": "podman-exec",
+            },
+            "limits": {
+                "max_nodes": s.max_nodes,
+                "max_tasks_per_node": s.max_tasks_per_node,
+                "max_containerfile_bytes": s.max_containerfile_bytes,
+            },
+            "modules": modules,
+            "module_error": module_error,
+            "partitions": partitions,
+            "slurm_error": slurm_error,
+            "squash_dir": config.squash_dir,
+            "job_root": str(self.job_root()),
             "modes": ["podman-exec", "per-process"],
         }
-

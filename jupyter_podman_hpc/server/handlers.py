@@ -57,12 +57,14 @@ class KernelStartFailed(web.HTTPError):
 
 def engine_errors(method):
     """EngineError -> its HTTP status (``http_status``), with its message."""
+
     @wraps(method)
     async def wrapper(self, *args, **kwargs):
         try:
             return await method(self, *args, **kwargs)
         except EngineError as err:
             raise http_error(err) from err
+
     return wrapper
 
 
@@ -77,6 +79,7 @@ class Base(APIHandler):
     async def blocking(self, fn, *args):
         """Engine calls run podman or Slurm: keep them off the server's event loop."""
         from tornado.ioloop import IOLoop
+
         return await IOLoop.current().run_in_executor(None, fn, *args)
 
     def reply(self, data, status: int = 200) -> None:

@@ -40,7 +40,7 @@ Work = Callable[[Callable[[Progress], None], threading.Event], Any]
 @dataclass
 class Event:
     id: int
-    kind: str          # "progress", "log", "state"
+    kind: str  # "progress", "log", "state"
     data: dict
 
 
@@ -62,9 +62,18 @@ class Task:
 
     def as_dict(self, log_lines: int = 20) -> dict:
         """The task as the API shows it, with the last ``log_lines`` lines of its log."""
-        return {"id": self.id, "kind": self.kind, "title": self.title, "state": self.state,
-                "created": self.created, "finished": self.finished, "progress": self.progress,
-                "log": list(self.log)[-log_lines:], "result": self.result, "error": self.error}
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "title": self.title,
+            "state": self.state,
+            "created": self.created,
+            "finished": self.finished,
+            "progress": self.progress,
+            "log": list(self.log)[-log_lines:],
+            "result": self.result,
+            "error": self.error,
+        }
 
 
 class TaskManager:
@@ -90,8 +99,15 @@ class TaskManager:
             self._warn("cannot read the task records of earlier servers: %s", err)
             return
         for record in previous:
-            task = Task(id=record.id, kind=record.kind, title=record.title, state=record.state,
-                        created=record.created, finished=record.finished, error=record.error)
+            task = Task(
+                id=record.id,
+                kind=record.kind,
+                title=record.title,
+                state=record.state,
+                created=record.created,
+                finished=record.finished,
+                error=record.error,
+            )
             if record.error:
                 task.log.append(record.error)
             task.events.append(Event(0, "state", {"state": task.state, "result": None, "error": task.error}))
@@ -180,8 +196,11 @@ class TaskManager:
             if task.state in FINISHED and task.state != INTERRUPTED:
                 self._records.remove(task.id)
                 return
-            self._records.write(TaskRecord(task.id, task.kind, task.title, task.state, task.created, self._owner,
-                                           task.finished, task.error))
+            self._records.write(
+                TaskRecord(
+                    task.id, task.kind, task.title, task.state, task.created, self._owner, task.finished, task.error
+                )
+            )
         except OSError as err:
             self._warn("cannot record the state of task %s: %s", task.id, err)
 

@@ -25,5 +25,17 @@ from .jobs import Job, JobError, JobNotFound, JobTimeout, default_root
 from .script import render
 from .spec import JobSpec, JobSpecError
 
-__all__ = ["JobSpec", "JobSpecError", "render", "SlurmClient", "SlurmError", "JobStatus", "Partition",
-           "Job", "JobError", "JobNotFound", "JobTimeout", "default_root"]
+__all__ = [
+    "JobSpec",
+    "JobSpecError",
+    "render",
+    "SlurmClient",
+    "SlurmError",
+    "JobStatus",
+    "Partition",
+    "Job",
+    "JobError",
+    "JobNotFound",
+    "JobTimeout",
+    "default_root",
+]

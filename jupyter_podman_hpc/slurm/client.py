@@ -26,26 +26,58 @@ FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
 
 # Slurm's job states (squeue %T, sacct State) -> (our state, a reason worth showing).
 _STATE_MAP = {
-    "PENDING": ("PENDING", ""), "CONFIGURING": ("PENDING", "nodes are being configured"),
-    "REQUEUED": ("PENDING", "requeued"), "REQUEUE_HOLD": ("PENDING", "requeued and held"),
-    "REQUEUE_FED": ("PENDING", "requeued"), "RESV_DEL_HOLD": ("PENDING", "held: reservation deleted"),
-    "RUNNING": ("RUNNING", ""), "COMPLETING": ("RUNNING", "completing"),
-    "SUSPENDED": ("RUNNING", "suspended"), "STOPPED": ("RUNNING", "stopped"),
-    "SIGNALING": ("RUNNING", "being signalled"), "STAGE_OUT": ("RUNNING", "staging out"),
+    "PENDING": ("PENDING", ""),
+    "CONFIGURING": ("PENDING", "nodes are being configured"),
+    "REQUEUED": ("PENDING", "requeued"),
+    "REQUEUE_HOLD": ("PENDING", "requeued and held"),
+    "REQUEUE_FED": ("PENDING", "requeued"),
+    "RESV_DEL_HOLD": ("PENDING", "held: reservation deleted"),
+    "RUNNING": ("RUNNING", ""),
+    "COMPLETING": ("RUNNING", "completing"),
+    "SUSPENDED": ("RUNNING", "suspended"),
+    "STOPPED": ("RUNNING", "stopped"),
+    "SIGNALING": ("RUNNING", "being signalled"),
+    "STAGE_OUT": ("RUNNING", "staging out"),
     "RESIZING": ("RUNNING", "resizing"),
     "COMPLETED": ("COMPLETED", ""),
-    "FAILED": ("FAILED", ""), "BOOT_FAIL": ("FAILED", "node boot failure"),
-    "NODE_FAIL": ("FAILED", "node failure"), "OUT_OF_MEMORY": ("FAILED", "out of memory"),
-    "SPECIAL_EXIT": ("FAILED", "special exit"), "REVOKED": ("FAILED", "revoked by a sibling cluster"),
-    "CANCELLED": ("CANCELLED", ""), "PREEMPTED": ("CANCELLED", "preempted"),
-    "TIMEOUT": ("TIMEOUT", ""), "DEADLINE": ("TIMEOUT", "deadline reached"),
+    "FAILED": ("FAILED", ""),
+    "BOOT_FAIL": ("FAILED", "node boot failure"),
+    "NODE_FAIL": ("FAILED", "node failure"),
+    "OUT_OF_MEMORY": ("FAILED", "out of memory"),
+    "SPECIAL_EXIT": ("FAILED", "special exit"),
+    "REVOKED": ("FAILED", "revoked by a sibling cluster"),
+    "CANCELLED": ("CANCELLED", ""),
+    "PREEMPTED": ("CANCELLED", "preempted"),
+    "TIMEOUT": ("TIMEOUT", ""),
+    "DEADLINE": ("TIMEOUT", "deadline reached"),
 }
 # Slurm's short codes (squeue %t), for completeness.
-_SHORT = {"PD": "PENDING", "CF": "CONFIGURING", "R": "RUNNING", "CG": "COMPLETING", "CD": "COMPLETED",
-          "F": "FAILED", "CA": "CANCELLED", "TO": "TIMEOUT", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY",
-          "PR": "PREEMPTED", "BF": "BOOT_FAIL", "DL": "DEADLINE", "S": "SUSPENDED", "ST": "STOPPED",
-          "RQ": "REQUEUED", "RH": "REQUEUE_HOLD", "RF": "REQUEUE_FED", "SE": "SPECIAL_EXIT",
-          "SI": "SIGNALING", "SO": "STAGE_OUT", "RS": "RESIZING", "RV": "REVOKED", "RD": "RESV_DEL_HOLD"}
+_SHORT = {
+    "PD": "PENDING",
+    "CF": "CONFIGURING",
+    "R": "RUNNING",
+    "CG": "COMPLETING",
+    "CD": "COMPLETED",
+    "F": "FAILED",
+    "CA": "CANCELLED",
+    "TO": "TIMEOUT",
+    "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY",
+    "PR": "PREEMPTED",
+    "BF": "BOOT_FAIL",
+    "DL": "DEADLINE",
+    "S": "SUSPENDED",
+    "ST": "STOPPED",
+    "RQ": "REQUEUED",
+    "RH": "REQUEUE_HOLD",
+    "RF": "REQUEUE_FED",
+    "SE": "SPECIAL_EXIT",
+    "SI": "SIGNALING",
+    "SO": "STAGE_OUT",
+    "RS": "RESIZING",
+    "RV": "REVOKED",
+    "RD": "RESV_DEL_HOLD",
+}
 
 SQUEUE_FORMAT = "%i|%T|%N|%M|%S|%e|%r"
 SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Elapsed,Start,End,Reason"
@@ -100,17 +132,17 @@ class JobStatus:
     """Where a job is: its normalized state and what Slurm says about it."""
 
     job_id: str
-    state: str                      # one of STATES
-    raw_state: str = ""             # Slurm's word, e.g. "CANCELLED by 1001", "OUT_OF_MEMORY"
-    reason: str = ""                # why it is pending, or what the raw state adds
+    state: str  # one of STATES
+    raw_state: str = ""  # Slurm's word, e.g. "CANCELLED by 1001", "OUT_OF_MEMORY"
+    reason: str = ""  # why it is pending, or what the raw state adds
     exit_code: Optional[int] = None  # the batch script's exit code, when finished
-    signal: Optional[int] = None     # the signal that ended it, when one did
+    signal: Optional[int] = None  # the signal that ended it, when one did
     nodelist: str = ""
     nodes: tuple[str, ...] = ()
-    elapsed: Optional[int] = None    # seconds
-    start: Optional[str] = None      # ISO 8601 as Slurm prints it
+    elapsed: Optional[int] = None  # seconds
+    start: Optional[str] = None  # ISO 8601 as Slurm prints it
     end: Optional[str] = None
-    source: str = ""                # "squeue", "sacct" or "record"
+    source: str = ""  # "squeue", "sacct" or "record"
 
     @property
     def finished(self) -> bool:
@@ -175,10 +207,17 @@ def parse_squeue(text: str) -> dict[str, JobStatus]:
         job_id, raw, nodelist, used, start, end, reason = fields[:7]
         state, why = _state(raw, reason)
         found[job_id] = JobStatus(
-            job_id=job_id, state=state, raw_state=raw, reason=why, nodelist=nodelist,
-            nodes=expand_nodelist(nodelist), elapsed=elapsed_seconds(used) if state != "PENDING" else None,
+            job_id=job_id,
+            state=state,
+            raw_state=raw,
+            reason=why,
+            nodelist=nodelist,
+            nodes=expand_nodelist(nodelist),
+            elapsed=elapsed_seconds(used) if state != "PENDING" else None,
             start=_time(start) if state != "PENDING" else None,
-            end=_time(end) if state in FINISHED else None, source="squeue")
+            end=_time(end) if state in FINISHED else None,
+            source="squeue",
+        )
     return found
 
 
@@ -196,10 +235,19 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
         if match and state in FINISHED:
             code, signal = int(match.group(1)), int(match.group(2))
         found[job_id] = JobStatus(
-            job_id=job_id, state=state, raw_state=raw, reason=why, exit_code=code, signal=signal or None,
-            nodelist="" if nodelist == "None assigned" else nodelist, nodes=expand_nodelist(nodelist),
+            job_id=job_id,
+            state=state,
+            raw_state=raw,
+            reason=why,
+            exit_code=code,
+            signal=signal or None,
+            nodelist="" if nodelist == "None assigned" else nodelist,
+            nodes=expand_nodelist(nodelist),
             elapsed=elapsed_seconds(elapsed) if state != "PENDING" else None,
-            start=_time(start), end=_time(end) if state in FINISHED else None, source="sacct")
+            start=_time(start),
+            end=_time(end) if state in FINISHED else None,
+            source="sacct",
+        )
     return found
 
 
@@ -215,12 +263,12 @@ class Partition:
 
     name: str
     default: bool
-    available: str          # up, down, drain, inactive
+    available: str  # up, down, drain, inactive
     nodes: int
     idle: int
     allocated: int
     other: int
-    time_limit: str          # Slurm's form, e.g. "infinite", "1-00:00:00"
+    time_limit: str  # Slurm's form, e.g. "infinite", "1-00:00:00"
     time_limit_seconds: Optional[int] = None  # None when unlimited
 
     @property
@@ -249,11 +297,23 @@ def parse_sinfo(text: str) -> list[Partition]:
         seconds = elapsed_seconds(limit) if limit.lower() not in ("infinite", "n/a") else None
         before = partitions.get(name)
         if before is not None:
-            allocated, idle, other, total = (allocated + before.allocated, idle + before.idle,
-                                             other + before.other, total + before.nodes)
-        partitions[name] = Partition(name=name, default=raw_name.endswith("*") or bool(before and before.default),
-                                     available=available, nodes=total, idle=idle, allocated=allocated,
-                                     other=other, time_limit=limit, time_limit_seconds=seconds)
+            allocated, idle, other, total = (
+                allocated + before.allocated,
+                idle + before.idle,
+                other + before.other,
+                total + before.nodes,
+            )
+        partitions[name] = Partition(
+            name=name,
+            default=raw_name.endswith("*") or bool(before and before.default),
+            available=available,
+            nodes=total,
+            idle=idle,
+            allocated=allocated,
+            other=other,
+            time_limit=limit,
+            time_limit_seconds=seconds,
+        )
     return list(partitions.values())
 
 
@@ -290,8 +350,9 @@ def _slurm_message(stderr: str, command: str) -> str:
 
 # What a user sets for Slurm's commands themselves. Every other SLURM_* variable in a job's
 # environment is Slurm's description of that job and its step.
-SUBMITTER_SETTINGS = frozenset({"SLURM_CONF", "SLURM_CLUSTERS", "SLURM_DEBUG_FLAGS", "SLURM_EXIT_ERROR",
-                                "SLURM_TIME_FORMAT"})
+SUBMITTER_SETTINGS = frozenset(
+    {"SLURM_CONF", "SLURM_CLUSTERS", "SLURM_DEBUG_FLAGS", "SLURM_EXIT_ERROR", "SLURM_TIME_FORMAT"}
+)
 
 
 def submission_environment(env: Mapping[str, str]) -> dict[str, str]:
@@ -306,8 +367,11 @@ def submission_environment(env: Mapping[str, str]) -> dict[str, str]:
     """
     if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
         return dict(env)
-    return {name: value for name, value in env.items()
-            if name in SUBMITTER_SETTINGS or not name.startswith(("SLURM_", "SLURMD_"))}
+    return {
+        name: value
+        for name, value in env.items()
+        if name in SUBMITTER_SETTINGS or not name.startswith(("SLURM_", "SLURMD_"))
+    }
 
 
 @dataclass
@@ -318,15 +382,17 @@ class SlurmClient:
     timeout: float = 60.0
     commands: dict[str, str] = field(default_factory=dict)  # e.g. {"sbatch": "/opt/slurm/bin/sbatch"}
 
-    def _run(self, command: str, args: Sequence[str], *, cwd: Optional[str] = None,
-             check: bool = True) -> subprocess.CompletedProcess:
+    def _run(
+        self, command: str, args: Sequence[str], *, cwd: Optional[str] = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
         argv = [self.commands.get(command, command), *map(str, args)]
         env = dict(os.environ if self.env is None else self.env)
         if command == "sbatch":
             env = submission_environment(env)
         try:
-            result = commands.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
-                                  timeout=self.timeout, stdin=subprocess.DEVNULL)
+            result = commands.run(
+                argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=self.timeout, stdin=subprocess.DEVNULL
+            )
         except FileNotFoundError:
             raise SlurmError(f"{command} not found: is Slurm installed and on PATH?", 127)
         except subprocess.TimeoutExpired:
@@ -337,12 +403,12 @@ class SlurmClient:
 
     # --- jobs -------------------------------------------------------------------
 
-    def submit(self, script_path: str | os.PathLike, *, cwd: Optional[str] = None,
-               options: Sequence[str] = ()) -> str:
+    def submit(self, script_path: str | os.PathLike, *, cwd: Optional[str] = None, options: Sequence[str] = ()) -> str:
         """``sbatch --parsable [options] script``; returns the job id. From inside a job, the new
         job does not inherit the enclosing one's Slurm variables (``submission_environment``)."""
-        result = self._run("sbatch", ["--parsable", *options, str(script_path)],
-                           cwd=cwd or str(Path(script_path).parent))
+        result = self._run(
+            "sbatch", ["--parsable", *options, str(script_path)], cwd=cwd or str(Path(script_path).parent)
+        )
         job_id = result.stdout.strip().split(";", 1)[0].strip()
         if not re.fullmatch(r"\d+(?:_\d+)?", job_id):
             raise SlurmError(f"sbatch: unexpected answer {result.stdout.strip()!r} (no job id)")
@@ -377,15 +443,16 @@ class SlurmClient:
     def _accounted(self, ask: list[str], queued: Mapping[str, JobStatus]) -> dict[str, JobStatus]:
         """sacct's statuses of ``ask`` that replace squeue's ``queued`` ones: finished jobs, and jobs
         squeue no longer knows. A failing sacct is an error only when squeue knew none of the jobs."""
-        result = self._run("sacct", ["-X", "-n", "-P", "-j", ",".join(ask), f"--format={SACCT_FIELDS}"],
-                           check=False)
+        result = self._run("sacct", ["-X", "-n", "-P", "-j", ",".join(ask), f"--format={SACCT_FIELDS}"], check=False)
         if result.returncode != 0:
             if not queued:
                 raise SlurmError(_slurm_message(result.stderr, "sacct"))
             return {}
-        return {job_id: _with_whole_allocation(status, queued.get(job_id))
-                for job_id, status in parse_sacct(result.stdout).items()
-                if job_id in ask and (status.finished or job_id not in queued)}
+        return {
+            job_id: _with_whole_allocation(status, queued.get(job_id))
+            for job_id, status in parse_sacct(result.stdout).items()
+            if job_id in ask and (status.finished or job_id not in queued)
+        }
 
     def _add_exit_codes(self, found: dict[str, JobStatus], ask: list[str]) -> None:
         """Jobs only squeue saw finish get slurmctld's exit code (scontrol)."""
@@ -411,8 +478,9 @@ class SlurmClient:
         """Whether slurmctld still holds the job: pending, running, or completing (cleaning up its nodes)."""
         if not re.fullmatch(r"\d+(?:_\d+)?", str(job_id)):
             raise SlurmError(f"{job_id!r} is not a Slurm job id")
-        result = self._run("squeue", ["-h", "-j", str(job_id), "-t", "PD,CF,R,CG,S,RQ,RS,RH,SO", "-o", "%i"],
-                           check=False)
+        result = self._run(
+            "squeue", ["-h", "-j", str(job_id), "-t", "PD,CF,R,CG,S,RQ,RS,RH,SO", "-o", "%i"], check=False
+        )
         if result.returncode != 0 and "Invalid job id" not in result.stderr:
             raise SlurmError(_slurm_message(result.stderr, "squeue"))
         return str(job_id) in result.stdout.split()
@@ -425,8 +493,11 @@ class SlurmClient:
         # scancel exits 0 even when it fails, and says why only when verbose: read its error lines.
         result = self._run("scancel", ["--verbose", *args, str(job_id)], check=False)
         errors = [line for line in result.stderr.splitlines() if "error:" in line]
-        errors = [line for line in errors if "already completing or completed" not in line
-                  and "Job/step already completing" not in line]
+        errors = [
+            line
+            for line in errors
+            if "already completing or completed" not in line and "Job/step already completing" not in line
+        ]
         if result.returncode != 0 or errors:
             raise SlurmError(_slurm_message("\n".join(errors) or result.stderr, "scancel"))
 

@@ -53,8 +53,17 @@ from ..engine.progress import Progress, ProgressCallback, ignore
 from ..engine.base.processes import owner_alive, owner_token
 from . import watchdog
 from .client import SlurmClient, SlurmError
-from .clusterrecord import (CONTROLLER_LOG, PROFILE, RECORD, ClusterError, ClusterRecord, cluster_directories,
-                            connection_files, profile_dir, publish_engine_file)
+from .clusterrecord import (
+    CONTROLLER_LOG,
+    PROFILE,
+    RECORD,
+    ClusterError,
+    ClusterRecord,
+    cluster_directories,
+    connection_files,
+    profile_dir,
+    publish_engine_file,
+)
 from .jobs import Job, JobError, default_root
 from .spec import SRUN_MPI, JobSpec
 from .watchdog import STOP_GRACE, runs_part, stop_parts, wait_gone
@@ -62,12 +71,12 @@ from .watchdog import STOP_GRACE, runs_part, stop_parts, wait_gone
 if TYPE_CHECKING:
     import ipyparallel
 
-HEARTBEAT_MISSES = 10               # x 3 s heartbeat period: engines leave 30 s after the controller
-DEFAULT_TIME = "60"                 # minutes, when the caller gives no time limit
-CONTROLLER_START = 30.0             # seconds for the controller to write its connection files
-CONTROLLER_PORTS = 32               # ipyparallel 9 listens on 18 (2 broadcast leaves); the rest is headroom
-PORTS_FLOOR = 10000                 # the controller's ports are chosen above this, below the ephemeral range
-LOG_READ = 1 << 16                  # bytes of the controller's log read for its last words
+HEARTBEAT_MISSES = 10  # x 3 s heartbeat period: engines leave 30 s after the controller
+DEFAULT_TIME = "60"  # minutes, when the caller gives no time limit
+CONTROLLER_START = 30.0  # seconds for the controller to write its connection files
+CONTROLLER_PORTS = 32  # ipyparallel 9 listens on 18 (2 broadcast leaves); the rest is headroom
+PORTS_FLOOR = 10000  # the controller's ports are chosen above this, below the ephemeral range
+LOG_READ = 1 << 16  # bytes of the controller's log read for its last words
 
 
 class ClusterNotFound(ClusterError, NotFound):
@@ -77,12 +86,17 @@ class ClusterNotFound(ClusterError, NotFound):
 def engine_argv(cluster_id: str, mpi: bool = False) -> tuple[str, ...]:
     """What every rank runs: an engine reading the connection file from its working directory (the job's
     ``out/``, or the job directory of an earlier version's layout: ``engines_dir``)."""
-    argv = ["python3", "-m", "ipyparallel.engine",
-            f"--file={PROFILE}/security/ipcontroller-{cluster_id}-engine.json",
-            "--IPEngine.wait_for_url_file=120",          # the controller starts once the job is submitted
-            f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}", "--log-level=WARN"]
+    argv = [
+        "python3",
+        "-m",
+        "ipyparallel.engine",
+        f"--file={PROFILE}/security/ipcontroller-{cluster_id}-engine.json",
+        "--IPEngine.wait_for_url_file=120",  # the controller starts once the job is submitted
+        f"--IPEngine.max_heartbeat_misses={HEARTBEAT_MISSES}",
+        "--log-level=WARN",
+    ]
     if mpi:
-        argv.append("--mpi")                              # engine id = MPI rank
+        argv.append("--mpi")  # engine id = MPI rank
     return tuple(argv)
 
 
@@ -100,16 +114,23 @@ def cluster_spec(cluster_id: str, image: str, **fields) -> JobSpec:
     fields["job_name"] = fields.get("job_name") or f"ipengines-{cluster_id}"
     try:
         return JobSpec(image=image, command=engine_argv(cluster_id, mpi), mode="podman-exec", **fields)
-    except TypeError as err:   # a field JobSpec does not have
+    except TypeError as err:  # a field JobSpec does not have
         raise ClusterError(f"not a job specification field: {err}")
 
 
 def controller_argv(directory: Path, cluster_id: str, ip: str, ports: range) -> list[str]:
     """The command line of a cluster's ipyparallel controller: its profile in the job directory, the cluster
     id, the address the engines reach it at, the ports it listens on."""
-    return [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={profile_dir(directory.absolute())}",
-            f"--cluster-id={cluster_id}", f"--ip={ip}", f"--IPController.ports={ports[0]}-{ports[-1]}",
-            "--log-level=WARN"]
+    return [
+        sys.executable,
+        "-m",
+        "ipyparallel.controller",
+        f"--profile-dir={profile_dir(directory.absolute())}",
+        f"--cluster-id={cluster_id}",
+        f"--ip={ip}",
+        f"--IPController.ports={ports[0]}-{ports[-1]}",
+        "--log-level=WARN",
+    ]
 
 
 def controller_ports(count: int = CONTROLLER_PORTS) -> range:
@@ -178,9 +199,18 @@ class Cluster:
     # --- starting ---------------------------------------------------------------
 
     @classmethod
-    def start(cls, image: str, *, controller_ip: str = "127.0.0.1", timeout: float = 600,
-              root: str | Path | None = None, client: SlurmClient | None = None, config=None,
-              progress: ProgressCallback = ignore, **fields) -> "Cluster":
+    def start(
+        cls,
+        image: str,
+        *,
+        controller_ip: str = "127.0.0.1",
+        timeout: float = 600,
+        root: str | Path | None = None,
+        client: SlurmClient | None = None,
+        config=None,
+        progress: ProgressCallback = ignore,
+        **fields,
+    ) -> "Cluster":
         """Submit the engines' job, start the controller and wait until every engine has registered.
 
         ``fields`` are those of a ``JobSpec`` (nodes, tasks_per_node, time, partition, modules,
@@ -190,11 +220,11 @@ class Cluster:
         cluster_id = secrets.token_hex(4)
         engines_spec = cluster_spec(cluster_id, image, **fields)
         sweep(root, client=client)
-        progress(Progress("cluster", f"submitting {engines_spec.ntasks} engines", current=0,
-                          total=engines_spec.ntasks))
-        job = Job.submit(engines_spec, root, client=client, config=config)   # validates; nothing before
-        record = ClusterRecord(cluster_id, job.id, engines_spec.ntasks, owner_token(), socket.gethostname(),
-                               created=time.time())
+        progress(Progress("cluster", f"submitting {engines_spec.ntasks} engines", current=0, total=engines_spec.ntasks))
+        job = Job.submit(engines_spec, root, client=client, config=config)  # validates; nothing before
+        record = ClusterRecord(
+            cluster_id, job.id, engines_spec.ntasks, owner_token(), socket.gethostname(), created=time.time()
+        )
         cluster = cls(job, record)
         try:
             record.write(job.directory)
@@ -208,9 +238,12 @@ class Cluster:
         return cluster
 
     def _start_controller(self, ip: str, client: SlurmClient) -> None:
-        self._watchdog = watchdog.start(self.record.owner, self.directory,
-                                        controller_argv(self.directory, self.id, ip, controller_ports()),
-                                        client.env or os.environ)
+        self._watchdog = watchdog.start(
+            self.record.owner,
+            self.directory,
+            controller_argv(self.directory, self.id, ip, controller_ports()),
+            client.env or os.environ,
+        )
         self.record.watchdog = owner_token(self._watchdog.pid)
         deadline = time.monotonic() + CONTROLLER_START
         while not self._connection_files_ready():
@@ -225,7 +258,7 @@ class Cluster:
             return False
         try:
             publish_engine_file(self.directory, self.id)
-        except ValueError:      # still being written
+        except ValueError:  # still being written
             return False
         except OSError as err:
             raise ClusterError(f"the engines' connection file could not be put in their working directory: {err}")
@@ -253,20 +286,31 @@ class Cluster:
                     raise ClusterError(self._engines_failed(status.describe()))
                 state = status.state
                 raised = _raised(self.directory / CONTROLLER_LOG)
-                if raised:      # a scheduler process died; the controller serves on, without it
+                if raised:  # a scheduler process died; the controller serves on, without it
                     raise ClusterError(f"the IPython Parallel controller failed ({raised}); the cluster was stopped")
-            if (registered, state) != seen:      # a new engine, or the job's state changed
+            if (registered, state) != seen:  # a new engine, or the job's state changed
                 seen = (registered, state)
-                progress(Progress("cluster", f"{registered}/{total} engines registered (job {self.job_id} "
-                                             f"{state})", current=registered, total=total, item=self.job_id))
+                progress(
+                    Progress(
+                        "cluster",
+                        f"{registered}/{total} engines registered (job {self.job_id} {state})",
+                        current=registered,
+                        total=total,
+                        item=self.job_id,
+                    )
+                )
             if registered >= total:
                 return
             if now > deadline:
-                raise ClusterError(f"only {registered} of {total} engines registered within {timeout:g} s "
-                                   f"(job {self.job_id} {state}): the cluster was stopped")
+                raise ClusterError(
+                    f"only {registered} of {total} engines registered within {timeout:g} s "
+                    f"(job {self.job_id} {state}): the cluster was stopped"
+                )
             if self._watchdog is not None and self._watchdog.poll() is not None:
-                raise ClusterError("the IPython Parallel controller exited: " +
-                                   (_tail(self.directory / CONTROLLER_LOG) or "see its log"))
+                raise ClusterError(
+                    "the IPython Parallel controller exited: "
+                    + (_tail(self.directory / CONTROLLER_LOG) or "see its log")
+                )
             time.sleep(0.1)
 
     def _engines_failed(self, described: str) -> str:
@@ -278,8 +322,10 @@ class Cluster:
                 said.append((rank, lines))
         missing = [line for _, lines in said for line in lines if "No module named" in line]
         if missing:
-            return (f"the engines could not start in {self.job.spec.image} ({missing[0]}): the image needs "
-                    "ipyparallel (and mpi4py for an MPI module); the cluster was stopped")
+            return (
+                f"the engines could not start in {self.job.spec.image} ({missing[0]}): the image needs "
+                "ipyparallel (and mpi4py for an MPI module); the cluster was stopped"
+            )
         if said:
             rank, lines = said[0]
             why = f"rank {rank}: {lines[-1]}"
@@ -305,6 +351,7 @@ class Cluster:
             return []
         try:
             import ipyparallel
+
             connected = ipyparallel.Client(str(self.connection_files["client"]), timeout=timeout)
         except Exception:
             return []
@@ -336,7 +383,7 @@ class Cluster:
         with contextlib.suppress(ClusterError):
             self.record.controller = ClusterRecord.read(self.directory).controller or self.record.controller
         stop_parts(self.directory, self.record, self.job.client)
-        deadline = time.monotonic() + timeout   # until the nodes are clean (the job no longer completing)
+        deadline = time.monotonic() + timeout  # until the nodes are clean (the job no longer completing)
         while self.record.job_id and time.monotonic() < deadline:
             try:
                 if not self.job.client.in_queue(self.record.job_id):
@@ -353,17 +400,30 @@ class Cluster:
             status = self.job.status()
         except (SlurmError, JobError):
             status = None
-        return {"id": self.id, "job_id": self.job_id, "image": self.job.record.spec.get("image"),
-                "nodes": self.job.record.spec.get("nodes"), "engines": self.record.engines,
-                "registered": len(self.engine_ids()), "state": self.record.state,
-                "host": self.record.host, "directory": str(self.directory),
-                "job_state": status.state if status else None, "nodelist": status.nodelist if status else ""}
+        return {
+            "id": self.id,
+            "job_id": self.job_id,
+            "image": self.job.record.spec.get("image"),
+            "nodes": self.job.record.spec.get("nodes"),
+            "engines": self.record.engines,
+            "registered": len(self.engine_ids()),
+            "state": self.record.state,
+            "host": self.record.host,
+            "directory": str(self.directory),
+            "job_state": status.state if status else None,
+            "nodelist": status.nodelist if status else "",
+        }
 
 
 def _noise(line: str) -> bool:
     """Lines every engine writes (the debugger's frozen-modules note, ZMQ security), not reasons."""
-    return "Debugger warning" in line or "frozen" in line or "PYDEVD" in line or "CurveZMQ" in line \
+    return (
+        "Debugger warning" in line
+        or "frozen" in line
+        or "PYDEVD" in line
+        or "CurveZMQ" in line
         or line.startswith("0.0")
+    )
 
 
 def _signal(token: str, sig: int) -> None:
@@ -398,7 +458,7 @@ def _read_log(path: Path) -> str:
 
 # --- finding clusters again ---------------------------------------------------------
 
-_STARTED: list[Cluster] = []     # the clusters this process started
+_STARTED: list[Cluster] = []  # the clusters this process started
 
 
 def started_here() -> list[Cluster]:
@@ -417,9 +477,9 @@ def _stop_started() -> None:
             cluster.stop(timeout=10)
 
 
-
-def list_clusters(root: str | Path | None = None, *, client: SlurmClient | None = None,
-                  running: bool = True) -> list[Cluster]:
+def list_clusters(
+    root: str | Path | None = None, *, client: SlurmClient | None = None, running: bool = True
+) -> list[Cluster]:
     """The clusters recorded in job directories (``running``: only those not stopped), oldest first."""
     client = client or SlurmClient()
     root = Path(root) if root is not None else default_root(client.env)
@@ -436,8 +496,7 @@ def list_clusters(root: str | Path | None = None, *, client: SlurmClient | None 
     return found
 
 
-def find_cluster(cluster_id: str, root: str | Path | None = None, *,
-                 client: SlurmClient | None = None) -> Cluster:
+def find_cluster(cluster_id: str, root: str | Path | None = None, *, client: SlurmClient | None = None) -> Cluster:
     """The recorded cluster, running or stopped, whose cluster id or job id is ``cluster_id``;
     ClusterNotFound otherwise."""
     for cluster in list_clusters(root, client=client, running=False):
@@ -456,8 +515,11 @@ def sweep(root: str | Path | None = None, *, client: SlurmClient | None = None) 
         return []
     for cluster in clusters:
         record = cluster.record
-        if record.host != host or owner_alive(record.owner) \
-                or runs_part(record.watchdog, cluster.directory, "watchdog"):
+        if (
+            record.host != host
+            or owner_alive(record.owner)
+            or runs_part(record.watchdog, cluster.directory, "watchdog")
+        ):
             continue
         stop_parts(cluster.directory, record, cluster.job.client)
         with contextlib.suppress(OSError):
@@ -466,5 +528,18 @@ def sweep(root: str | Path | None = None, *, client: SlurmClient | None = None) 
     return swept
 
 
-__all__ = ["Cluster", "ClusterError", "ClusterNotFound", "ClusterRecord", "list_clusters", "find_cluster", "sweep",
-           "cluster_spec", "connection_files", "engine_argv", "CONTROLLER_LOG", "PROFILE", "RECORD"]
+__all__ = [
+    "Cluster",
+    "ClusterError",
+    "ClusterNotFound",
+    "ClusterRecord",
+    "list_clusters",
+    "find_cluster",
+    "sweep",
+    "cluster_spec",
+    "connection_files",
+    "engine_argv",
+    "CONTROLLER_LOG",
+    "PROFILE",
+    "RECORD",
+]

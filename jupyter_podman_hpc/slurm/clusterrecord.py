@@ -27,13 +27,19 @@ from ..engine.base.files import atomic_write, read_own_json
 from .script import OUT_DIR
 
 RECORD = "cluster.json"
-HOST_RECORDS = ".clusters"          # in the jobs root: where the host keeps the records it acts on
-PROFILE = "ipython"                 # the controller's profile directory, inside the job directory
+HOST_RECORDS = ".clusters"  # in the jobs root: where the host keeps the records it acts on
+PROFILE = "ipython"  # the controller's profile directory, inside the job directory
 CONTROLLER_LOG = "controller.log"
-RECORD_LIMIT = 1 << 16              # bytes: a record is a few hundred
+RECORD_LIMIT = 1 << 16  # bytes: a record is a few hundred
 STATES = ("starting", "running", "ended", "stopped")
-_FORMATS = {"cluster_id": r"[0-9a-f]{1,64}", "job_id": r"(\d+(_\d+)?)?", "owner": r"\d+:[\d.]+",
-            "watchdog": r"(\d+:[\d.]+)?", "controller": r"(\d+:[\d.]+)?", "host": r"[^\s/]{1,255}"}
+_FORMATS = {
+    "cluster_id": r"[0-9a-f]{1,64}",
+    "job_id": r"(\d+(_\d+)?)?",
+    "owner": r"\d+:[\d.]+",
+    "watchdog": r"(\d+:[\d.]+)?",
+    "controller": r"(\d+:[\d.]+)?",
+    "host": r"[^\s/]{1,255}",
+}
 
 
 class ClusterError(EngineError):
@@ -51,12 +57,12 @@ class ClusterRecord:
 
     cluster_id: str
     job_id: str
-    engines: int                     # how many engines the job starts
-    owner: str                       # PID:START of the process that started it (a kernel)
+    engines: int  # how many engines the job starts
+    owner: str  # PID:START of the process that started it (a kernel)
     host: str
-    watchdog: str = ""               # PID:START of the watchdog
-    controller: str = ""             # PID:START of the controller
-    state: str = "starting"          # starting, running, ended (its job ended first), stopped
+    watchdog: str = ""  # PID:START of the watchdog
+    controller: str = ""  # PID:START of the controller
+    state: str = "starting"  # starting, running, ended (its job ended first), stopped
     created: float = 0.0
 
     @classmethod
@@ -67,7 +73,7 @@ class ClusterRecord:
         if path.exists() or path.is_symlink():
             return cls._parse(read_own_json(path, RECORD_LIMIT), path)
         record = cls._parse(read_own_json(directory / RECORD, RECORD_LIMIT), directory / RECORD)
-        record.job_id = ""           # the engines could have written it
+        record.job_id = ""  # the engines could have written it
         return record
 
     @classmethod
@@ -78,10 +84,16 @@ class ClusterRecord:
             record = cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
         except TypeError as err:
             raise ClusterError(f"{path} is not a cluster record: {err}")
-        wrong = [name for name, form in _FORMATS.items()
-                 if not isinstance(getattr(record, name), str) or not re.fullmatch(form, getattr(record, name))]
-        if not isinstance(record.engines, int) or record.state not in STATES \
-                or not isinstance(record.created, (int, float)):
+        wrong = [
+            name
+            for name, form in _FORMATS.items()
+            if not isinstance(getattr(record, name), str) or not re.fullmatch(form, getattr(record, name))
+        ]
+        if (
+            not isinstance(record.engines, int)
+            or record.state not in STATES
+            or not isinstance(record.created, (int, float))
+        ):
             wrong.append("engines, state or created")
         if wrong:
             raise ClusterError(f"{path} is not a cluster record: bad {', '.join(wrong)}")
@@ -93,7 +105,7 @@ class ClusterRecord:
         path = host_record(directory)
         path.parent.mkdir(mode=0o700, exist_ok=True)
         atomic_write(path, text, 0o600)
-        with contextlib.suppress(OSError):   # the engines' side: what they did to it changes nothing here
+        with contextlib.suppress(OSError):  # the engines' side: what they did to it changes nothing here
             atomic_write(directory / RECORD, text, 0o600)
 
     def update(self, directory: Path, **changes) -> None:

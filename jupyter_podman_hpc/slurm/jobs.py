@@ -62,8 +62,8 @@ JOBS_SUBDIR = Path("podman-hpc") / "jobs"
 RECORD_VERSION = 1
 _STALE_STAGING = 24 * 3600  # seconds after which an abandoned temporary job directory is removed
 DIR_MODE, RECORD_MODE, SCRIPT_MODE = 0o700, 0o600, 0o700  # the user's alone: they hold the job's secrets
-LOG_LIMIT = 1 << 20      # bytes of each log read back (its end): what a person reads, never the server's memory
-RECORD_LIMIT = 4 << 20   # a job.json is a few kB; one of an older job directory, its ranks could have written
+LOG_LIMIT = 1 << 20  # bytes of each log read back (its end): what a person reads, never the server's memory
+RECORD_LIMIT = 4 << 20  # a job.json is a few kB; one of an older job directory, its ranks could have written
 
 
 class JobError(EngineError):
@@ -87,8 +87,11 @@ def job_directories(root: Path, record: str = RECORD) -> list[Path]:
     (hidden ones, a job's directory being written, are not jobs yet)."""
     if not root.is_dir():
         return []
-    return [directory for directory in sorted(root.glob("*"))
-            if not directory.name.startswith(".") and (directory / record).is_file()]
+    return [
+        directory
+        for directory in sorted(root.glob("*"))
+        if not directory.name.startswith(".") and (directory / record).is_file()
+    ]
 
 
 def default_root(environ: Mapping[str, str] | None = None) -> Path:
@@ -126,13 +129,13 @@ def make_root(root: Path) -> None:
 class JobRecord:
     """``job.json``: what was submitted, when, and (once known) how it ended."""
 
-    id: str                           # the job directory's name
+    id: str  # the job directory's name
     spec: dict
-    submitted: str                    # ISO 8601, UTC
-    job_id: Optional[str] = None      # Slurm's, once sbatch answered
+    submitted: str  # ISO 8601, UTC
+    job_id: Optional[str] = None  # Slurm's, once sbatch answered
     script: str = SCRIPT
-    run: dict = field(default_factory=dict)    # kind, argv (inside the container), inputs, notes
-    final: Optional[dict] = None      # the finished JobStatus, cached
+    run: dict = field(default_factory=dict)  # kind, argv (inside the container), inputs, notes
+    final: Optional[dict] = None  # the finished JobStatus, cached
     version: int = RECORD_VERSION
 
     def as_json(self) -> str:
@@ -153,24 +156,26 @@ class JobRecord:
             raise JobError(f"cannot read the job record {path}: {err.strerror or err}")
         except ValueError as err:
             where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
-            raise JobError(f"job record {path} is not valid JSON{where}, truncated or edited: "
-                           f"its job is not listed (the batch script and logs beside it are kept)")
+            raise JobError(
+                f"job record {path} is not valid JSON{where}, truncated or edited: "
+                f"its job is not listed (the batch script and logs beside it are kept)"
+            )
         known = set(cls.__dataclass_fields__)
         if not isinstance(data, dict) or not {"id", "spec", "submitted"} <= set(data):
             raise JobError(f"job record {path} lacks its id, spec or submit time: its job is not listed")
         if not isinstance(data["spec"], dict) or not isinstance(data.get("run") or {}, dict):
             raise JobError(f"job record {path} has a malformed spec or run: its job is not listed")
         if not is_plain_name(data.get("script", SCRIPT)):
-            raise JobError(f"job record {path} names a script that is not a file of its directory: "
-                           f"its job is not listed")
+            raise JobError(
+                f"job record {path} names a script that is not a file of its directory: its job is not listed"
+            )
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class Job:
     """A submitted job: its directory, its record and Slurm's view of it."""
 
-    def __init__(self, directory: str | Path, record: JobRecord | None = None,
-                 client: SlurmClient | None = None):
+    def __init__(self, directory: str | Path, record: JobRecord | None = None, client: SlurmClient | None = None):
         self.directory = Path(directory)
         self.record = record or JobRecord.read(self.directory / RECORD)
         self.client = client or SlurmClient()
@@ -210,8 +215,15 @@ class Job:
     # --- creating -------------------------------------------------------------------
 
     @classmethod
-    def submit(cls, spec: JobSpec, root: str | Path | None = None, *, client: SlurmClient | None = None,
-               config: SiteConfig | None = None, progress: ProgressCallback = ignore) -> "Job":
+    def submit(
+        cls,
+        spec: JobSpec,
+        root: str | Path | None = None,
+        *,
+        client: SlurmClient | None = None,
+        config: SiteConfig | None = None,
+        progress: ProgressCallback = ignore,
+    ) -> "Job":
         """Write the job directory, submit it with sbatch, and return the job."""
         client = client or SlurmClient()
         # The nodes see the submitter's environment and, over it, the one the script exports.
@@ -219,8 +231,10 @@ class Job:
         modules = ModuleSet.load(config.modules_dir)
         spec.check_modules(modules)
         if find_squashed(config, spec.image) is None:
-            raise ImageNotFound(f"image {spec.image} is not in the squashed store {config.squash_dir}, where the "
-                                "nodes run it from: squash it first (podman-hpc migrate, or pull)")
+            raise ImageNotFound(
+                f"image {spec.image} is not in the squashed store {config.squash_dir}, where the "
+                "nodes run it from: squash it first (podman-hpc migrate, or pull)"
+            )
         root = Path(root) if root is not None else default_root(client.env)
         try:
             make_root(root)
@@ -263,15 +277,22 @@ class Job:
                 client.cancel(record.job_id)
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
-            raise JobError(f"job {record.job_id} was cancelled: its record could not be written "
-                           f"({err.strerror or err})")
+            raise JobError(
+                f"job {record.job_id} was cancelled: its record could not be written ({err.strerror or err})"
+            )
         job = cls(directory, record, client)
         progress(Progress("job", f"submitted job {job.id}", item=job.id))
         return job
 
     @classmethod
-    def preview(cls, spec: JobSpec, root: str | Path | None = None, *, config: SiteConfig | None = None,
-                environ: Mapping[str, str] | None = None) -> str:
+    def preview(
+        cls,
+        spec: JobSpec,
+        root: str | Path | None = None,
+        *,
+        config: SiteConfig | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> str:
         """The batch script ``submit`` would write (the job directory's name aside)."""
         config = config or load_config(environ)
         modules = ModuleSet.load(config.modules_dir)
@@ -284,8 +305,14 @@ class Job:
     # --- finding again ------------------------------------------------------------------
 
     @classmethod
-    def list(cls, root: str | Path | None = None, *, client: SlurmClient | None = None,
-             status: bool = True, problems: "list[str] | None" = None) -> "list[Job]":
+    def list(
+        cls,
+        root: str | Path | None = None,
+        *,
+        client: SlurmClient | None = None,
+        status: bool = True,
+        problems: "list[str] | None" = None,
+    ) -> "list[Job]":
         """Every job recorded under ``root``, oldest first.
 
         With ``status``, Slurm is asked about all unfinished jobs at once (one
@@ -314,15 +341,17 @@ class Job:
             except SlurmError:
                 found = {}  # Slurm unreachable: the jobs are still listed, without a live status
             for job in jobs:
-                job._status = (JobStatus.from_dict({**job.record.final, "source": "record"})
-                               if job.record.final else found.get(job.id))
+                job._status = (
+                    JobStatus.from_dict({**job.record.final, "source": "record"})
+                    if job.record.final
+                    else found.get(job.id)
+                )
                 if job._status is not None and not job.record.final:
                     job._remember(job._status)
         return jobs
 
     @classmethod
-    def find(cls, job_id: str | int, root: str | Path | None = None, *,
-             client: SlurmClient | None = None) -> "Job":
+    def find(cls, job_id: str | int, root: str | Path | None = None, *, client: SlurmClient | None = None) -> "Job":
         """The job with Slurm id ``job_id`` (the latest, should Slurm have reused it)."""
         client = client or SlurmClient()
         root_path = Path(root) if root is not None else default_root(client.env)
@@ -380,8 +409,9 @@ class Job:
         if status.finished and (status.exit_code is not None or status.source == "sacct"):
             self._update_record(final=status.as_dict())
 
-    def wait(self, timeout: float | None = None, poll_interval: float = 1.0,
-             progress: ProgressCallback = ignore) -> JobStatus:
+    def wait(
+        self, timeout: float | None = None, poll_interval: float = 1.0, progress: ProgressCallback = ignore
+    ) -> JobStatus:
         """Until the job has finished; JobTimeout after ``timeout`` seconds.
 
         Polls squeue (then sacct) starting at 0.1 s and backing off to
@@ -404,8 +434,9 @@ class Job:
             if status is not None:
                 seen = (status.state, status.reason, status.nodelist)
                 if seen != last:
-                    progress(Progress("job", status.describe(), item=self.id,
-                                      current=1 if status.finished else 0, total=1))
+                    progress(
+                        Progress("job", status.describe(), item=self.id, current=1 if status.finished else 0, total=1)
+                    )
                     last = seen
                 if status.finished:
                     return status
@@ -459,11 +490,19 @@ class Job:
 
     def as_dict(self, status: bool = False) -> dict:
         """The job as the REST API and the UI see it."""
-        data = {"id": self.id, "directory": str(self.directory), "name": self.record.id,
-                "submitted": self.submitted, "script": str(self.script_path),
-                "spec": self.record.spec, "run": self.record.run, "output": self.output_notebook()}
-        current = self.status() if status else (
-            JobStatus.from_dict(self.record.final) if self.record.final else self._status)
+        data = {
+            "id": self.id,
+            "directory": str(self.directory),
+            "name": self.record.id,
+            "submitted": self.submitted,
+            "script": str(self.script_path),
+            "spec": self.record.spec,
+            "run": self.record.run,
+            "output": self.output_notebook(),
+        }
+        current = (
+            self.status() if status else (JobStatus.from_dict(self.record.final) if self.record.final else self._status)
+        )
         data["status"] = current.as_dict() if current else None
         return data
 
@@ -481,8 +520,11 @@ def _prepare_inputs(spec: JobSpec, staging: Path, directory: Path) -> tuple[RunT
         shutil.copy2(source, staging / source.name)
         argv = (*PYTHON, str(directory / source.name), *spec.args)
         return RunTarget(argv, "python_script"), {
-            "kind": "python_script", "argv": list(argv), "source": str(source.resolve()),
-            "inputs": [source.name]}
+            "kind": "python_script",
+            "argv": list(argv),
+            "source": str(source.resolve()),
+            "inputs": [source.name],
+        }
     return notebooks.target(spec, staging, directory)
 
 

@@ -16,10 +16,16 @@ import sys
 import traceback
 import types
 
-REPR_METHODS = (("_repr_html_", "text/html"), ("_repr_markdown_", "text/markdown"),
-                ("_repr_svg_", "image/svg+xml"), ("_repr_png_", "image/png"), ("_repr_jpeg_", "image/jpeg"),
-                ("_repr_latex_", "text/latex"), ("_repr_json_", "application/json"),
-                ("_repr_javascript_", "application/javascript"))
+REPR_METHODS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_json_", "application/json"),
+    ("_repr_javascript_", "application/javascript"),
+)
 
 
 class Tee:
@@ -160,6 +166,7 @@ def ipython_runner(recorder):
 
     if "MPLBACKEND" not in os.environ:
         import importlib.util
+
         if importlib.util.find_spec("matplotlib_inline") is not None:
             # figures are displayed at the end of each cell, as in a notebook
             os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
@@ -196,6 +203,8 @@ def make_runner(plan, recorder):
             return ipython_runner(recorder)
         except ImportError as err:
             if plan.ipython == "require":
-                return SystemExit("nbrunner: this notebook uses IPython magics and the image has no IPython "
-                                  "(%s): install ipython in the image, or submit with notebook_magics='comment'" % err)
+                return SystemExit(
+                    "nbrunner: this notebook uses IPython magics and the image has no IPython "
+                    "(%s): install ipython in the image, or submit with notebook_magics='comment'" % err
+                )
     return PlainRunner(recorder)

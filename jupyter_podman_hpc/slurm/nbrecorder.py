@@ -32,15 +32,20 @@ RANK_FILE_LIMIT = 1 << 20
 STATE_DIR = "nbrun"  # in the output directory: PROGRESS, and the other ranks' error reports (rank-N.json)
 PROGRESS = "progress.json"
 BINARY_MIME = ("image/png", "image/jpeg", "image/gif", "application/pdf")
-RUNNING_NOTE = "podman-hpc: rank 0 started this cell at {started} and had not finished it when this notebook was last written."
-STOPPED_NOTE = "podman-hpc: the job was stopped ({signal}) while rank 0 ran this cell, {elapsed:.1f} s after it started."
+RUNNING_NOTE = (
+    "podman-hpc: rank 0 started this cell at {started} and had not finished it when this notebook was last written."
+)
+STOPPED_NOTE = (
+    "podman-hpc: the job was stopped ({signal}) while rank 0 ran this cell, {elapsed:.1f} s after it started."
+)
 
 
 def is_plain_name(value):
     """Whether ``value`` is a file name of a job's directory, never a path: a non-empty string with no
     "/" or NUL, not hidden. What the host takes from a plan or record before joining it to a directory."""
-    return isinstance(value, str) and bool(value) and "/" not in value and "\0" not in value \
-        and not value.startswith(".")
+    return (
+        isinstance(value, str) and bool(value) and "/" not in value and "\0" not in value and not value.startswith(".")
+    )
 
 
 def now():
@@ -105,9 +110,11 @@ def bundle(data):
 
 def locked(method):
     """Rank 0's notebook is changed by the cells (main thread) and written by the flusher too."""
+
     def run(self, *args, **kwargs):
         with self.lock:
             return method(self, *args, **kwargs)
+
     run.__name__, run.__doc__ = method.__name__, method.__doc__
     return run
 
@@ -119,27 +126,33 @@ class Recorder:
         self.plan = plan
         self.notebook = notebook
         self.size = size
-        self.merged = set()          # rank files already merged
-        self.extra = {}              # cell index -> the other ranks' errors there
-        self.cell = None             # index of the running cell
+        self.merged = set()  # rank files already merged
+        self.extra = {}  # cell index -> the other ranks' errors there
+        self.cell = None  # index of the running cell
         self.outputs = []
         self.started = 0.0
         self.last_write = 0.0
         self.clear_pending = False
         self.writing = False
-        self.stop_signal = None      # a SIGTERM that came during a write, handled once it is done
+        self.stop_signal = None  # a SIGTERM that came during a write, handled once it is done
         self.write_failed = False
         self.lock = threading.RLock()
-        self.dirty = False           # outputs not written yet (the flusher writes them within a second)
-        self.disabled = False        # in a process the cells forked: not the recorder
+        self.dirty = False  # outputs not written yet (the flusher writes them within a second)
+        self.disabled = False  # in a process the cells forked: not the recorder
         os.register_at_fork(after_in_child=self.forget)
         for cell in notebook["cells"]:
             if cell.get("cell_type") == "code":
                 cell["outputs"], cell["execution_count"] = [], None
             cell.get("metadata", {}).pop("podman_hpc", None)
         self.meta = notebook.setdefault("metadata", {})["podman_hpc"] = {
-            "state": "running", "started": now(), "updated": None, "cell": None, "ntasks": size,
-            "job_id": os.environ.get("SLURM_JOB_ID", ""), "errors": []}
+            "state": "running",
+            "started": now(),
+            "updated": None,
+            "cell": None,
+            "ntasks": size,
+            "job_id": os.environ.get("SLURM_JOB_ID", ""),
+            "errors": [],
+        }
         self.code_cells = [i for i, c in enumerate(notebook["cells"]) if c.get("cell_type") == "code"]
 
     def forget(self):
@@ -235,8 +248,11 @@ class Recorder:
         """The job is being stopped: say so at the running cell, and write a last time."""
         if self.cell is not None:
             cell = self.notebook["cells"][self.cell]
-            cell["outputs"] = self.outputs + [note(STOPPED_NOTE.format(
-                signal=signame, elapsed=time.monotonic() - self.started))] + self.extra.get(self.cell, [])
+            cell["outputs"] = (
+                self.outputs
+                + [note(STOPPED_NOTE.format(signal=signame, elapsed=time.monotonic() - self.started))]
+                + self.extra.get(self.cell, [])
+            )
             cell["metadata"]["podman_hpc"].update(status="stopped", finished=now())
         self.meta["state"] = "stopped"
         self.cell = None
@@ -260,8 +276,9 @@ class Recorder:
             if self.cell is not None:
                 cell = self.notebook["cells"][self.cell]
                 started = cell["metadata"]["podman_hpc"]["started"]
-                cell["outputs"] = (self.outputs + [note(RUNNING_NOTE.format(started=started))]
-                                   + self.extra.get(self.cell, []))
+                cell["outputs"] = (
+                    self.outputs + [note(RUNNING_NOTE.format(started=started))] + self.extra.get(self.cell, [])
+                )
             self.meta["cell"] = self.cell
             self.meta["updated"] = now()
             try:
@@ -305,10 +322,16 @@ def progress_of(notebook, plan):
     meta = notebook["metadata"]["podman_hpc"]
     code = [i for i, c in enumerate(notebook["cells"]) if c.get("cell_type") == "code"]
     current = meta.get("cell") if meta.get("cell") in code else None
-    return {"state": meta.get("state"), "cell": None if current is None else current + 1,
-            "code_cell": None if current is None else code.index(current) + 1, "code_cells": len(code),
-            "cells": len(notebook["cells"]), "updated": meta.get("updated"), "errors": meta.get("errors", []),
-            "output": plan.output_name}
+    return {
+        "state": meta.get("state"),
+        "cell": None if current is None else current + 1,
+        "code_cell": None if current is None else code.index(current) + 1,
+        "code_cells": len(code),
+        "cells": len(notebook["cells"]),
+        "updated": meta.get("updated"),
+        "errors": meta.get("errors", []),
+        "output": plan.output_name,
+    }
 
 
 def merge_rank_files(plan, notebook, merged):
@@ -336,8 +359,17 @@ def merge_rank_files(plan, notebook, merged):
         summary = {k: report[k] for k in ("rank", "node", "ename", "evalue")}
         errors.append(summary)
         header = "rank %s (on %s) raised this in this cell and stopped:" % (report["rank"], report["node"] or "?")
-        found.append((index, {"output_type": "error", "ename": report["ename"], "evalue": report["evalue"],
-                              "traceback": [header] + report["traceback"]}))
+        found.append(
+            (
+                index,
+                {
+                    "output_type": "error",
+                    "ename": report["ename"],
+                    "evalue": report["evalue"],
+                    "traceback": [header] + report["traceback"],
+                },
+            )
+        )
         meta.setdefault("errors", []).append(dict(summary, cell=index + 1))
     return found
 
@@ -351,5 +383,10 @@ def rank_report(data, notebook):
     traceback = data.get("traceback", [])
     if not isinstance(traceback, list):
         raise TypeError("traceback")
-    return index, {"rank": data.get("rank"), "node": data.get("node"), "ename": str(data.get("ename", "Error")),
-                   "evalue": str(data.get("evalue", "")), "traceback": [str(line) for line in traceback]}
+    return index, {
+        "rank": data.get("rank"),
+        "node": data.get("node"),
+        "ename": str(data.get("ename", "Error")),
+        "evalue": str(data.get("evalue", "")),
+        "traceback": [str(line) for line in traceback],
+    }

@@ -34,13 +34,36 @@ import threading
 
 if __package__:  # imported from jupyter_podman_hpc
     from .nbcells import Tee, make_runner
-    from .nbrecorder import (NOTEBOOK_LIMIT, PROGRESS, STATE_DIR, Recorder, is_plain_name, merge_rank_files, now,
-                             open_dir, progress_of, read_json, write_json)
+    from .nbrecorder import (
+        NOTEBOOK_LIMIT,
+        PROGRESS,
+        STATE_DIR,
+        Recorder,
+        is_plain_name,
+        merge_rank_files,
+        now,
+        open_dir,
+        progress_of,
+        read_json,
+        write_json,
+    )
 else:  # the job directory's copy, run by the image's python3: its siblings are beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # there under python3 -P too
     from nbcells import Tee, make_runner
-    from nbrecorder import (NOTEBOOK_LIMIT, PROGRESS, STATE_DIR, Recorder, is_plain_name, merge_rank_files, now,
-                            open_dir, progress_of, read_json, write_json)
+    from nbrecorder import (
+        NOTEBOOK_LIMIT,
+        PROGRESS,
+        STATE_DIR,
+        Recorder,
+        is_plain_name,
+        merge_rank_files,
+        now,
+        open_dir,
+        progress_of,
+        read_json,
+        write_json,
+    )
+
     del sys.path[0]  # the cells see the path python3 gave them
 
 PLAN_VERSION = 2  # 2: the ranks write only the job's output directory (the plan's "out")
@@ -97,6 +120,7 @@ def cell_source(cell):
 
 
 # --- the two entry points -----------------------------------------------------------------------
+
 
 def run(plan_path, args):
     """Run the notebook of the plan at ``plan_path`` as this rank (``SLURM_PROCID``), ``args`` as its
@@ -158,13 +182,24 @@ def end(plan, recorder, rank, index, failure, notebook):
             if not recorder.has_error():
                 recorder.error(ename, evalue, lines)
             recorder.end("error")
-            recorder.meta["errors"].append({"rank": 0, "node": node, "ename": ename, "evalue": evalue,
-                                            "cell": index + 1})
+            recorder.meta["errors"].append(
+                {"rank": 0, "node": node, "ename": ename, "evalue": evalue, "cell": index + 1}
+            )
         recorder.write(state="failed")
     else:
-        write_json("rank-%d.json" % rank, {
-            "rank": rank, "node": node, "cell": index,
-            "ename": ename, "evalue": evalue, "traceback": lines, "time": now()}, dir_fd=plan.state_fd)
+        write_json(
+            "rank-%d.json" % rank,
+            {
+                "rank": rank,
+                "node": node,
+                "cell": index,
+                "ename": ename,
+                "evalue": evalue,
+                "traceback": lines,
+                "time": now(),
+            },
+            dir_fd=plan.state_fd,
+        )
     return 1
 
 

@@ -65,10 +65,10 @@ class OutputTooLarge(EngineError):
 class PreparedNotebook:
     """A notebook put into a job directory, and how its ranks run it."""
 
-    notebook: str                    # the notebook's name in the job directory
-    output: str                      # the executed notebook rank 0 writes there
-    ipython: str                     # require, prefer or never
-    magics: tuple[str, ...] = ()     # the lines that use IPython, as IPython transforms them
+    notebook: str  # the notebook's name in the job directory
+    output: str  # the executed notebook rank 0 writes there
+    ipython: str  # require, prefer or never
+    magics: tuple[str, ...] = ()  # the lines that use IPython, as IPython transforms them
     warnings: tuple[str, ...] = field(default=())
 
 
@@ -85,14 +85,18 @@ def read_notebook(path: str | Path):
         raise JobSpecError(f"notebook {path} cannot be read: {err}".splitlines()[0])
     except Exception as err:  # nbformat's own validation errors
         raise JobSpecError(f"notebook {path} is not a valid notebook: {err}".splitlines()[0])
-    language = (notebook.metadata.get("kernelspec", {}).get("language")
-                or notebook.metadata.get("language_info", {}).get("name") or "python")
+    language = (
+        notebook.metadata.get("kernelspec", {}).get("language")
+        or notebook.metadata.get("language_info", {}).get("name")
+        or "python"
+    )
     if language.lower() != "python":
         raise JobSpecError(f"notebook {path} is a {language} notebook: only Python notebooks run at scale")
     return notebook
 
 
 # --- parameters -----------------------------------------------------------------------------------
+
 
 def inject_parameters(notebook, parameters: Mapping[str, str]) -> Optional[str]:
     """Papermill's convention: a cell tagged ``injected-parameters`` after the one tagged
@@ -114,6 +118,7 @@ def inject_parameters(notebook, parameters: Mapping[str, str]) -> Optional[str]:
 
 # --- preparing a job directory --------------------------------------------------------------------
 
+
 def _magic_lines(code: str) -> tuple[str, list[str]]:
     """The cell as IPython transforms it, and its lines that call IPython."""
     from IPython.core.inputtransformer2 import TransformerManager
@@ -130,8 +135,9 @@ def _commented(line: str) -> str:
     return f"{indent}pass  # magic (not run): {line.strip()}"
 
 
-def prepare(source: str | Path, staging: Path, *, magics: str = "ipython",
-            parameters: Mapping[str, str] | None = None) -> PreparedNotebook:
+def prepare(
+    source: str | Path, staging: Path, *, magics: str = "ipython", parameters: Mapping[str, str] | None = None
+) -> PreparedNotebook:
     """Write the notebook (parameters injected), the runner and its plan into ``staging``."""
     import nbformat
 
@@ -156,11 +162,12 @@ def prepare(source: str | Path, staging: Path, *, magics: str = "ipython",
         found += lines
         hints = hints or bool(_DISPLAY_HINT.search(cell.source))
         if magics == "comment" and lines:
-            code[str(index)] = "\n".join(_commented(line) if _MAGIC_CALL.search(line) else line
-                                         for line in transformed.splitlines()) + "\n"
+            code[str(index)] = (
+                "\n".join(_commented(line) if _MAGIC_CALL.search(line) else line for line in transformed.splitlines())
+                + "\n"
+            )
     if magics == "comment" and found:
-        warnings.append(f"{len(found)} IPython magic/shell line(s) of {source.name} are commented out "
-                        "and will not run")
+        warnings.append(f"{len(found)} IPython magic/shell line(s) of {source.name} are commented out and will not run")
     ipython = "require" if found and magics == "ipython" else "prefer" if hints else "never"
     name = f"{source.stem}.ipynb"
     output = f"{source.stem}.out.ipynb"
@@ -172,8 +179,14 @@ def prepare(source: str | Path, staging: Path, *, magics: str = "ipython",
     # not imported with this module: the package's __init__ imports it, and the finish runs nbrunner with -m
     from .nbrunner import PLAN_VERSION
 
-    plan = {"version": PLAN_VERSION, "notebook": name, "out": OUT_DIR, "output": output, "ipython": ipython,
-            "code": code}
+    plan = {
+        "version": PLAN_VERSION,
+        "notebook": name,
+        "out": OUT_DIR,
+        "output": output,
+        "ipython": ipython,
+        "code": code,
+    }
     (state / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
     (staging / OUT_DIR).mkdir(0o700, exist_ok=True)  # made by the job's submit, or here for the runner alone
     (staging / OUT_DIR / STATE_DIR).mkdir(0o700)
@@ -188,19 +201,31 @@ def target(spec, staging: Path, directory: Path) -> tuple[RunTarget, dict]:
     prepared = prepare(source, staging, magics=spec.notebook_magics, parameters=spec.parameters)
     plan = str(directory / STATE_DIR / PLAN)
     argv = (*PYTHON, str(directory / RUNNER), plan, *spec.args)
-    how = {"require": "under IPython (it uses magics)", "prefer": "under IPython where the image has it",
-           "never": "under python3"}[prepared.ipython]
-    note = (f"Notebook {source.name} run cell by cell by {RUNNER} on every rank, {how}; "
-            f"rank 0 writes {OUT_DIR}/{prepared.output}.")
+    how = {
+        "require": "under IPython (it uses magics)",
+        "prefer": "under IPython where the image has it",
+        "never": "under python3",
+    }[prepared.ipython]
+    note = (
+        f"Notebook {source.name} run cell by cell by {RUNNER} on every rank, {how}; "
+        f"rank 0 writes {OUT_DIR}/{prepared.output}."
+    )
     return RunTarget(argv, "notebook", note, finish_argv(plan)), {
-        "kind": "notebook", "argv": list(argv), "source": str(source.resolve()),
-        "inputs": [prepared.notebook, *RUNNER_FILES], "out": OUT_DIR, "output": prepared.output,
+        "kind": "notebook",
+        "argv": list(argv),
+        "source": str(source.resolve()),
+        "inputs": [prepared.notebook, *RUNNER_FILES],
+        "out": OUT_DIR,
+        "output": prepared.output,
         "ipython": prepared.ipython,
-        "magics": list(prepared.magics), "warnings": list(prepared.warnings),
-        "parameters": dict(spec.parameters)}
+        "magics": list(prepared.magics),
+        "warnings": list(prepared.warnings),
+        "parameters": dict(spec.parameters),
+    }
 
 
 # --- reading back ---------------------------------------------------------------------------------
+
 
 def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
     """A notebook job's output notebook: its path, whether rank 0 has written it yet, and
@@ -214,8 +239,7 @@ def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
     directory = Path(directory)
     where = directory / out if out is not None else directory
     path = where / name
-    info: dict = {"name": name, "path": str(path), "exists": False, "size": None, "modified": None,
-                  "progress": None}
+    info: dict = {"name": name, "path": str(path), "exists": False, "size": None, "modified": None, "progress": None}
     try:
         stat = path.lstat()
         if S_ISREG(stat.st_mode):
@@ -241,12 +265,16 @@ def describe_progress(info: Optional[dict], short: bool = False) -> str:
     if errors:
         if short:
             return "; ".join(f"cell {e.get('cell')} failed on rank {e.get('rank')}" for e in errors)
-        return "; ".join(f"cell {e.get('cell')} failed on rank {e.get('rank')}: {e.get('ename')}: {e.get('evalue')}"
-                         for e in errors)
+        return "; ".join(
+            f"cell {e.get('cell')} failed on rank {e.get('rank')}: {e.get('ename')}: {e.get('evalue')}" for e in errors
+        )
     state = progress.get("state")
     if state == "running" and progress.get("cell"):
-        return f"cell {progress['cell']}/{progress.get('cells')}" if short else \
-            f"rank 0 is in cell {progress['cell']} of {progress.get('cells')}"
+        return (
+            f"cell {progress['cell']}/{progress.get('cells')}"
+            if short
+            else f"rank 0 is in cell {progress['cell']} of {progress.get('cells')}"
+        )
     return state or ""
 
 
@@ -262,14 +290,28 @@ def read_output(info: dict) -> dict:
     except UntrustedFile as err:
         if err.size is None:
             raise
-        raise OutputTooLarge(f"the output notebook {info['name']} is {human_bytes(err.size)}, more than the "
-                             f"{human_bytes(OUTPUT_LIMIT)} shown here: open it from {info['path']}") from None
+        raise OutputTooLarge(
+            f"the output notebook {info['name']} is {human_bytes(err.size)}, more than the "
+            f"{human_bytes(OUTPUT_LIMIT)} shown here: open it from {info['path']}"
+        ) from None
     try:
         return nbformat.reads(data.decode("utf-8", errors="replace"), as_version=4)
     except Exception as err:  # noqa: BLE001 - nbformat's errors for what is not a notebook are of every kind
         raise ValueError(f"{info['name']} is not a notebook: {err}".splitlines()[0]) from None
 
 
-__all__ = ["PreparedNotebook", "read_notebook", "check_parameters", "inject_parameters", "prepare", "target",
-           "output_info", "describe_progress", "read_output", "OutputTooLarge", "RUNNER", "RUNNER_FILES",
-           "STATE_DIR"]
+__all__ = [
+    "PreparedNotebook",
+    "read_notebook",
+    "check_parameters",
+    "inject_parameters",
+    "prepare",
+    "target",
+    "output_info",
+    "describe_progress",
+    "read_output",
+    "OutputTooLarge",
+    "RUNNER",
+    "RUNNER_FILES",
+    "STATE_DIR",
+]

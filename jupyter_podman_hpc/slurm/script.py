@@ -41,9 +41,9 @@ class RunTarget:
     """What each rank runs inside the container, once the inputs are in the job directory."""
 
     argv: tuple[str, ...]
-    kind: str = "command"          # command, python_script, notebook
-    note: str = ""                 # a comment line for the script, e.g. how a notebook runs
-    finish: tuple[str, ...] = ()   # run on the batch host after the step with its exit code (a notebook's):
+    kind: str = "command"  # command, python_script, notebook
+    note: str = ""  # a comment line for the script, e.g. how a notebook runs
+    finish: tuple[str, ...] = ()  # run on the batch host after the step with its exit code (a notebook's):
     #                                never a file of the job directory, which the ranks could have written
 
 
@@ -94,8 +94,11 @@ def _quote(words: Sequence[str]) -> str:
 
 def directives(spec: JobSpec, job_dir: str) -> list[str]:
     """The ``#SBATCH`` options, in the order a person would write them."""
-    options = [f"--job-name={spec.default_job_name()}", f"--nodes={spec.nodes}",
-               f"--ntasks-per-node={spec.tasks_per_node}"]
+    options = [
+        f"--job-name={spec.default_job_name()}",
+        f"--nodes={spec.nodes}",
+        f"--ntasks-per-node={spec.tasks_per_node}",
+    ]
     if spec.cpus_per_task:
         options.append(f"--cpus-per-task={spec.cpus_per_task}")
     if spec.gpus_per_node:
@@ -112,8 +115,9 @@ def directives(spec: JobSpec, job_dir: str) -> list[str]:
     return options
 
 
-def _launcher_parts(spec: JobSpec, job_dir: str, target: RunTarget, modules: ModuleSet,
-                    config: SiteConfig) -> tuple[list[str], list[str]]:
+def _launcher_parts(
+    spec: JobSpec, job_dir: str, target: RunTarget, modules: ModuleSet, config: SiteConfig
+) -> tuple[list[str], list[str]]:
     chosen = spec.check_modules(modules)
     argv = ["podman-hpc"]
     argv += ["shared-run"] if spec.mode == "podman-exec" else ["run", "--rm"]
@@ -143,9 +147,15 @@ def srun_argv(spec: JobSpec, job_dir: str, modules: ModuleSet) -> list[str]:
     return argv
 
 
-def render(spec: JobSpec, job_dir: str | os.PathLike, *, target: RunTarget | None = None,
-           modules: ModuleSet | None = None, config: SiteConfig | None = None,
-           bin_dir: str | None = "auto") -> str:
+def render(
+    spec: JobSpec,
+    job_dir: str | os.PathLike,
+    *,
+    target: RunTarget | None = None,
+    modules: ModuleSet | None = None,
+    config: SiteConfig | None = None,
+    bin_dir: str | None = "auto",
+) -> str:
     """The batch script of ``spec`` for a job directory (on storage every node sees).
 
     ``target`` is what each rank runs (default: the spec's command, or its
@@ -173,10 +183,15 @@ def render(spec: JobSpec, job_dir: str | os.PathLike, *, target: RunTarget | Non
 
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {option}" for option in directives(spec, job_dir)]
-    lines += ["", f"# Written by jupyter-podman-hpc {__version__}: {spec.nodes} node(s) x {spec.tasks_per_node} "
-                  f"task(s), {spec.mode} mode. Submit it again with: sbatch {shlex.quote(job_dir + '/job.sh')}"]
-    lines.append(f"# Every rank sees this directory read-only and may write only {out_dir(job_dir)}/, "
-                 f"{'its working directory' if not spec.workdir else 'and works in ' + spec.workdir}.")
+    lines += [
+        "",
+        f"# Written by jupyter-podman-hpc {__version__}: {spec.nodes} node(s) x {spec.tasks_per_node} "
+        f"task(s), {spec.mode} mode. Submit it again with: sbatch {shlex.quote(job_dir + '/job.sh')}",
+    ]
+    lines.append(
+        f"# Every rank sees this directory read-only and may write only {out_dir(job_dir)}/, "
+        f"{'its working directory' if not spec.workdir else 'and works in ' + spec.workdir}."
+    )
     if target.note:
         lines.append(f"# {target.note}")
     if bin_dir is not None:
@@ -193,14 +208,14 @@ def render(spec: JobSpec, job_dir: str | os.PathLike, *, target: RunTarget | Non
         lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.environment.items()]
     srun = srun_argv(spec, job_dir, modules)
     options, image_and_command = _launcher_parts(spec, job_dir, target, modules, config)
-    lines += ["", _quote(srun) + " \\",
-              "    " + _quote(options) + " \\",
-              "    " + _quote(image_and_command)]
+    lines += ["", _quote(srun) + " \\", "    " + _quote(options) + " \\", "    " + _quote(image_and_command)]
     if target.finish:
-        lines += ["status=$?",
-                  "# Every rank's end into the output notebook, by this package's runner (not the job",
-                  "# directory's copy, which the ranks ran): it reads what they wrote as data.",
-                  _quote(target.finish) + ' "$status" || true',
-                  'exit "$status"']
+        lines += [
+            "status=$?",
+            "# Every rank's end into the output notebook, by this package's runner (not the job",
+            "# directory's copy, which the ranks ran): it reads what they wrote as data.",
+            _quote(target.finish) + ' "$status" || true',
+            'exit "$status"',
+        ]
     lines.append("")
     return "\n".join(lines)

@@ -34,18 +34,28 @@ SRUN_MPI = {"openmpi-pmix": "pmix", "openmpi-pmi2": "pmi2"}
 
 # sbatch options a spec sets through its own fields: a directive naming one is refused.
 MANAGED = {
-    "job-name": "job_name", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
-    "cpus-per-task": "cpus_per_task", "gpus-per-node": "gpus_per_node", "time": "time",
-    "partition": "partition", "account": "account", "qos": "qos", "reservation": "reservation",
-    "export": "environment", "chdir": "workdir (the batch script runs in the job directory)",
-    "output": "the job directory (slurm-%j.out)", "error": "the job directory (slurm-%j.out)",
+    "job-name": "job_name",
+    "nodes": "nodes",
+    "ntasks-per-node": "tasks_per_node",
+    "cpus-per-task": "cpus_per_task",
+    "gpus-per-node": "gpus_per_node",
+    "time": "time",
+    "partition": "partition",
+    "account": "account",
+    "qos": "qos",
+    "reservation": "reservation",
+    "export": "environment",
+    "chdir": "workdir (the batch script runs in the job directory)",
+    "output": "the job directory (slurm-%j.out)",
+    "error": "the job directory (slurm-%j.out)",
     "ntasks": "nodes and tasks_per_node",
 }
 
 # sbatch options allowed as extra directives: resources, placement, scheduling and
 # notification. Left out on purpose: those that change what the job is (--array,
 # --wrap, --het-job), where it is recorded (--clusters), or who runs it (--uid, --gid).
-ALLOWED_DIRECTIVES = frozenset("""
+ALLOWED_DIRECTIVES = frozenset(
+    """
     begin comment constraint contiguous core-spec cores-per-socket cpu-freq deadline
     delay-boot dependency distribution exclude exclusive extra-node-info gpu-bind gpu-freq
     gpus gpus-per-socket gpus-per-task gres gres-flags hint hold ignore-pbs
@@ -54,7 +64,8 @@ ALLOWED_DIRECTIVES = frozenset("""
     ntasks-per-gpu ntasks-per-socket open-mode overcommit oversubscribe power prefer
     priority profile propagate reboot requeue signal sockets-per-node spread-job switches
     thread-spec threads-per-core time-min tmp use-min-nodes wckey
-""".split())
+""".split()
+)
 
 # Characters Slurm names (job, partition, account, qos, reservation) may hold here.
 _NAME = re.compile(r"[A-Za-z0-9_.+@:-]+")
@@ -76,8 +87,7 @@ _TIME_FORMS = [
 UNLIMITED = ("UNLIMITED", "INFINITE")
 TIME_HELP = "use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
 
-LIMITS = {"nodes": (1, 100_000), "tasks_per_node": (1, 4096), "cpus_per_task": (1, 4096),
-          "gpus_per_node": (0, 64)}
+LIMITS = {"nodes": (1, 100_000), "tasks_per_node": (1, 4096), "cpus_per_task": (1, 4096), "gpus_per_node": (0, 64)}
 
 
 class JobSpecError(InvalidInput):
@@ -104,8 +114,7 @@ def duration_seconds(text: str) -> Optional[int]:
             for key, limit in limits.items():
                 if key in parts and key != leading and parts[key] >= limit:
                     raise ValueError(f"{key} out of range in {text!r}")
-            return (parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600
-                    + parts.get("m", 0) * 60 + parts.get("s", 0))
+            return parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600 + parts.get("m", 0) * 60 + parts.get("s", 0)
     raise ValueError(text)
 
 
@@ -152,8 +161,7 @@ def _name(field_name: str, value: Any, pattern: re.Pattern = _NAME) -> Optional[
     if text is None:
         return None
     if not text or len(text) > 200 or not pattern.fullmatch(text):
-        raise JobSpecError(f"{field_name} {text!r} is not a valid Slurm name "
-                           "(letters, digits and _ . + @ : - only)")
+        raise JobSpecError(f"{field_name} {text!r} is not a valid Slurm name (letters, digits and _ . + @ : - only)")
     return text
 
 
@@ -183,8 +191,10 @@ def check_parameters(parameters: Mapping[str, str]) -> dict[str, str]:
         try:
             ast.literal_eval(value.strip())
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            raise JobSpecError(f"parameters: {name}={value} is not a Python literal "
-                               f"(a number, True/False/None, a quoted string like {name}='text', a list...)")
+            raise JobSpecError(
+                f"parameters: {name}={value} is not a Python literal "
+                f"(a number, True/False/None, a quoted string like {name}='text', a list...)"
+            )
         checked[name] = value.strip()
     return checked
 
@@ -194,17 +204,19 @@ def parse_directive(text: str) -> tuple[str, Optional[str]]:
     _no_breaks("extra_directives", text)
     match = _DIRECTIVE.fullmatch(text.strip())
     if not match or text != text.strip():
-        raise JobSpecError(f"extra_directives: {text!r} is not an sbatch long option "
-                           "written as --key=value or --key")
+        raise JobSpecError(f"extra_directives: {text!r} is not an sbatch long option written as --key=value or --key")
     key, value = match.group(1), match.group(2)
     if key in MANAGED:
         raise JobSpecError(f"extra_directives: --{key} is set through {MANAGED[key]}, not a directive")
     if key not in ALLOWED_DIRECTIVES:
-        raise JobSpecError(f"extra_directives: --{key} is not an sbatch option this tool accepts "
-                           f"(allowed: {', '.join(sorted(ALLOWED_DIRECTIVES))})")
+        raise JobSpecError(
+            f"extra_directives: --{key} is not an sbatch option this tool accepts "
+            f"(allowed: {', '.join(sorted(ALLOWED_DIRECTIVES))})"
+        )
     if value is not None and not _DIRECTIVE_VALUE.fullmatch(value):
-        raise JobSpecError(f"extra_directives: the value of --{key} must be non-empty and hold "
-                           "no blanks, quotes, backslashes or '#'")
+        raise JobSpecError(
+            f"extra_directives: the value of --{key} must be non-empty and hold no blanks, quotes, backslashes or '#'"
+        )
     return key, value
 
 
@@ -222,8 +234,9 @@ def _image(value: Any) -> str:
 def _one_thing_to_run(spec: "JobSpec") -> None:
     targets = [name for name in ("command", "python_script", "notebook") if getattr(spec, name) is not None]
     if len(targets) != 1:
-        raise JobSpecError("give exactly one of command, python_script and notebook "
-                           f"(got {', '.join(targets) or 'none'})")
+        raise JobSpecError(
+            f"give exactly one of command, python_script and notebook (got {', '.join(targets) or 'none'})"
+        )
 
 
 def _command(value: Any) -> Optional[tuple[str, ...]]:
@@ -269,8 +282,9 @@ def _variable(key: Any, value: Any) -> str:
     if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
         raise JobSpecError(f"environment: {key!r} is not a valid variable name")
     if key == "PATH":
-        raise JobSpecError("environment: PATH cannot be set (the job needs the PATH that finds "
-                           "podman-hpc; the image keeps its own)")
+        raise JobSpecError(
+            "environment: PATH cannot be set (the job needs the PATH that finds podman-hpc; the image keeps its own)"
+        )
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     return _string(f"environment[{key}]", value)
@@ -339,8 +353,10 @@ _CHECKS: tuple[Callable[["JobSpec"], None], ...] = (
     _Field("python_script", partial(_file_path, "python_script")),
     _Field("notebook", partial(_file_path, "notebook")),
     _Field("args", partial(_words, "args")),
-    _Rule("args go with python_script or notebook; put a command's arguments in command",
-          lambda spec: bool(spec.args) and spec.command is not None),
+    _Rule(
+        "args go with python_script or notebook; put a command's arguments in command",
+        lambda spec: bool(spec.args) and spec.command is not None,
+    ),
     _Field("nodes", partial(_integer, "nodes")),
     _Field("tasks_per_node", partial(_integer, "tasks_per_node")),
     _Field("cpus_per_task", partial(_integer, "cpus_per_task", optional=True)),
@@ -357,8 +373,10 @@ _CHECKS: tuple[Callable[["JobSpec"], None], ...] = (
     _Field("extra_directives", _directives),
     _Field("mode", partial(_choice, "mode", MODES)),
     _Field("parameters", _mapping_of_literals),
-    _Rule("parameters go with a notebook (its cell tagged 'parameters')",
-          lambda spec: bool(spec.parameters) and spec.notebook is None),
+    _Rule(
+        "parameters go with a notebook (its cell tagged 'parameters')",
+        lambda spec: bool(spec.parameters) and spec.notebook is None,
+    ),
     _Field("parameters", check_parameters),
     _Field("notebook_magics", partial(_choice, "notebook_magics", NOTEBOOK_MAGICS)),
 )
@@ -431,11 +449,11 @@ class JobSpec:
             raise JobSpecError(f"modules: {err}")
         for module in chosen:
             if not module.cli_arg:
-                raise JobSpecError(f"modules: '{module.name}' has no command-line flag and cannot be "
-                                   "chosen for a job")
+                raise JobSpecError(f"modules: '{module.name}' has no command-line flag and cannot be chosen for a job")
             if module.shared_run and self.mode == "per-process":
-                raise JobSpecError(f"modules: '{module.name}' always runs one container per node: "
-                                   "use mode 'podman-exec'")
+                raise JobSpecError(
+                    f"modules: '{module.name}' always runs one container per node: use mode 'podman-exec'"
+                )
         mpi = {SRUN_MPI[m.name] for m in chosen if m.name in SRUN_MPI}
         if len(mpi) > 1:
             raise JobSpecError("modules: choose one MPI module (openmpi-pmix or openmpi-pmi2)")

@@ -21,8 +21,8 @@ from ..engine.base.processes import cmdline, owner_alive, owner_token, wait_any
 from .client import SlurmClient, SlurmError
 from .clusterrecord import CONTROLLER_LOG, PROFILE, ClusterError, ClusterRecord, remove_connection_files
 
-STOP_GRACE = 5.0                    # seconds between SIGTERM and SIGKILL of the controller
-JOB_POLL = 10.0                     # seconds between looks at the job: Slurm tells nobody it ended one
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of the controller
+JOB_POLL = 10.0  # seconds between looks at the job: Slurm tells nobody it ended one
 MODULE = f"{__package__}.watchdog"  # what ``python -m`` runs (``__name__`` is "__main__" in the watchdog)
 
 
@@ -33,8 +33,13 @@ def start(owner: str, directory: Path, controller: Sequence[str], env: Mapping[s
     """
     return commands.popen(
         [sys.executable, "-m", MODULE, "--owner", owner, "--dir", str(directory.absolute()), "--", *controller],
-        env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True)
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def runs_part(token: str, directory: Path, part: str) -> bool:
@@ -54,13 +59,14 @@ def runs_part(token: str, directory: Path, part: str) -> bool:
     if part == "controller":
         profiles = [Path(arg.partition("=")[2]) for arg in argv if arg.startswith("--profile-dir=")]
         return _follows(argv, "-m", "ipyparallel.controller") and any(
-            profile.name == PROFILE and _same_dir(str(profile.parent), directory) for profile in profiles)
+            profile.name == PROFILE and _same_dir(str(profile.parent), directory) for profile in profiles
+        )
     named = [value for flag, value in zip(argv, argv[1:]) if flag == "--dir"]
     return _follows(argv, "-m", MODULE) and any(_same_dir(value, directory) for value in named)
 
 
 def _follows(argv: list[str], first: str, second: str) -> bool:
-    return any(argv[i:i + 2] == [first, second] for i in range(len(argv) - 1))
+    return any(argv[i : i + 2] == [first, second] for i in range(len(argv) - 1))
 
 
 def _same_dir(path: str, directory: Path) -> bool:
@@ -93,8 +99,11 @@ def _controller_log(directory: Path):
     (O_NONBLOCK: an open for writing fails at once when nothing reads it) that the engines planted."""
     refused = ClusterError(f"{directory / CONTROLLER_LOG} is not a regular file: the controller was not started")
     try:
-        fd = os.open(directory / CONTROLLER_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        fd = os.open(
+            directory / CONTROLLER_LOG,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            0o600,
+        )
     except OSError as err:
         raise refused if err.errno in (errno.ELOOP, errno.ENXIO) else err
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -139,14 +148,20 @@ def watchdog(owner: str, directory: Path, controller: list[str]) -> int:
         signal.signal(sig, lambda *_: None)
     record = ClusterRecord.read(directory)
     with _controller_log(directory) as log:
-        process = commands.popen(controller, cwd=directory, stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT, process_group=0, close_fds=True)
+        process = commands.popen(
+            controller,
+            cwd=directory,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            close_fds=True,
+        )
     controller_token = owner_token(process.pid)
     record.update(directory, watchdog=owner_token(), controller=controller_token)
     job_ended = threading.Event()
-    threading.Thread(target=_watch_job, args=(record.job_id, SlurmClient(), stop_write, job_ended),
-                     daemon=True).start()
-    wait_any([owner, controller_token], wake_fds=[stop_read])   # a signal or the job writes to stop_write
+    threading.Thread(target=_watch_job, args=(record.job_id, SlurmClient(), stop_write, job_ended), daemon=True).start()
+    wait_any([owner, controller_token], wake_fds=[stop_read])  # a signal or the job writes to stop_write
     stopped_by_us = not job_ended.is_set()
     job_ended.set()
     stop_parts(directory, record, SlurmClient())
@@ -158,8 +173,9 @@ def watchdog(owner: str, directory: Path, controller: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m jupyter_podman_hpc.slurm.watchdog --owner T --dir D -- CONTROLLER...``."""
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}",
-                                     description="The watchdog of an interactive cluster's controller.")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__name__}", description="The watchdog of an interactive cluster's controller."
+    )
     parser.add_argument("--owner", required=True, help="PID:START of the process that owns the cluster")
     parser.add_argument("--dir", required=True, type=Path, help="the cluster's job directory")
     parser.add_argument("controller", nargs=argparse.REMAINDER, help="-- the controller's command line")

@@ -34,8 +34,10 @@ EXPECTED = {  # benchmark -> (configurations, metrics)
     "launch": (bench_run.LAUNCH_CONFIGS, ["step_seconds"]),
     "steps": (steps.CONFIGS, ["step_seconds"]),
     "scale": (scale.CONFIGS, ["step_seconds", "node_cpu_seconds", "login_cpu_seconds", "ctld_cpu_seconds"]),
-    "scale-reads": (list(scale.READ_PATHS), [f"{state}_{metric}" for state in ("fresh", "checked")
-                                             for metric in ("store_mib", "step_seconds")]),
+    "scale-reads": (
+        list(scale.READ_PATHS),
+        [f"{state}_{metric}" for state in ("fresh", "checked") for metric in ("store_mib", "step_seconds")],
+    ),
     "lammps": (lammps.CONFIGS, ["loop_seconds", "step_seconds"]),
     "pynamic": (pynamic.CONFIGS, ["step_seconds", "import_seconds", "visit_seconds"]),
     "deepcam": (deepcam.CONFIGS, [*deepcam.PHASES, "step_seconds"]),
@@ -80,8 +82,9 @@ def test_smoke_run_measures_every_benchmark_and_configuration(stack, tmp_path):
             png = output / image
             assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     for sample in samples:  # slurmctld may spend less than a clock tick on a step
-        assert float(sample["value"]) >= 0 if sample["metric"] == "ctld_cpu_seconds" else float(sample["value"]) > 0, \
+        assert float(sample["value"]) >= 0 if sample["metric"] == "ctld_cpu_seconds" else float(sample["value"]) > 0, (
             sample
+        )
     assert re.search(r"## pynamic: step seconds\n\nGenerated workload", text)
 
     # DeepCAM-like: the phases stacked per size, as the published figure shows them

@@ -24,8 +24,10 @@ JOB_TIMEOUT = 480_000  # ms for a submitted job to end: the nodes may be busy wi
 # A notebook run at scale: every rank says who it is, and it has a parameter and a figure.
 RANK_CODE = 'import os\nprint("rank", os.environ["SLURM_PROCID"])'
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
-FIGURE_CODE = ("import base64\nfrom IPython.display import Image, display\n"
-               f"display(Image(data=base64.b64decode({PNG_B64!r})))\nprint('colour is', colour)")
+FIGURE_CODE = (
+    "import base64\nfrom IPython.display import Image, display\n"
+    f"display(Image(data=base64.b64decode({PNG_B64!r})))\nprint('colour is', colour)"
+)
 
 
 def get_json(lab, path: str):
@@ -128,8 +130,9 @@ def open_path(page, relative: str) -> None:
     field.fill(relative)
     field.press("Enter")
     field.wait_for(state="detached", timeout=10_000)
-    page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current",
-                 has_text=relative.rpartition("/")[2]).wait_for(state="visible", timeout=60_000)
+    page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current", has_text=relative.rpartition("/")[2]).wait_for(
+        state="visible", timeout=60_000
+    )
 
 
 # --- Run at scale and the Jobs section ------------------------------------------------
@@ -144,9 +147,12 @@ def run_at_scale_notebook(root: Path, name: str = "run-at-scale-ranks.ipynb") ->
     `%load_ext jupyter_podman_hpc` inside the base image, which lacks it.
     """
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_markdown_cell("# Run at scale: every rank says who it is"),
-                      nbformat.v4.new_code_cell("colour = 'red'", metadata={"tags": ["parameters"]}),
-                      nbformat.v4.new_code_cell(RANK_CODE), nbformat.v4.new_code_cell(FIGURE_CODE)]
+    notebook.cells = [
+        nbformat.v4.new_markdown_cell("# Run at scale: every rank says who it is"),
+        nbformat.v4.new_code_cell("colour = 'red'", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(RANK_CODE),
+        nbformat.v4.new_code_cell(FIGURE_CODE),
+    ]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, root / name)
     return name
@@ -187,8 +193,9 @@ def wait_for_job(page, lab, job_id: str, state: str = "COMPLETED", timeout: floa
         shown = row.get_attribute("data-state") if row.count() else "not listed"
         job = get_json(lab, f"podman-hpc/api/jobs/{job_id}")
         logs = get_json(lab, f"podman-hpc/api/jobs/{job_id}/logs")
-        pytest.fail(f"job {job_id} is {shown}, not {state}:\n{job}\nbatch log:\n{logs['batch']}\n"
-                    f"rank errors: {logs['errors']}")
+        pytest.fail(
+            f"job {job_id} is {shown}, not {state}:\n{job}\nbatch log:\n{logs['batch']}\nrank errors: {logs['errors']}"
+        )
     print(f"job {job_id} {state} {time.monotonic() - started:.1f} s after it was waited for")
     return reached
 
@@ -206,7 +213,8 @@ def check_rank_logs(page, row, job_id: str, ranks: int):
     assert sections.count() == ranks, logs.inner_text()
     assert [sections.nth(i).get_attribute("data-rank") for i in range(ranks)] == [str(i) for i in range(ranks)]
     for rank in range(ranks):
-        assert sections.nth(rank).locator(".jp-PodmanHpc-rankOut").inner_text().strip().startswith(
-            f"rank {rank}\n"), logs.inner_text()
+        assert sections.nth(rank).locator(".jp-PodmanHpc-rankOut").inner_text().strip().startswith(f"rank {rank}\n"), (
+            logs.inner_text()
+        )
     assert logs.locator(".jp-PodmanHpc-state").inner_text() == "COMPLETED"
     return logs

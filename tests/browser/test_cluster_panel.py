@@ -21,7 +21,8 @@ def queued(stack, job_id: str) -> str:
 
 @pytest.mark.timeout(600)
 def test_an_interactive_cluster_from_run_at_scale_is_listed_with_its_engines_and_stopped(
-        page, console, stack_lab, artifacts):
+    page, console, stack_lab, artifacts
+):
     stack = stack_lab.stack
     name = f"cluster-{uuid.uuid4().hex[:6]}.ipynb"
     notebook = nbformat.v4.new_notebook()
@@ -46,7 +47,7 @@ def test_an_interactive_cluster_from_run_at_scale_is_listed_with_its_engines_and
 
     panel = open_panel(page)
     section = panel.locator("#jp-PodmanHpc-clusters")
-    if not section.locator(".jp-PodmanHpc-sectionBody").is_visible():   # collapsed: expand it
+    if not section.locator(".jp-PodmanHpc-sectionBody").is_visible():  # collapsed: expand it
         panel.locator(".lm-AccordionPanel-title", has_text="Clusters").click()
     row = section.locator(".jp-PodmanHpc-cluster")
     row.locator(".jp-PodmanHpc-clusterEngines", has_text="2/2 engines").wait_for(state="visible", timeout=60_000)
@@ -59,7 +60,6 @@ def test_an_interactive_cluster_from_run_at_scale_is_listed_with_its_engines_and
 
     row.locator(".jp-PodmanHpc-stopCluster").click()
     page.locator(".jp-Dialog button", has_text="Stop cluster").click()
-    section.locator(f'.jp-PodmanHpc-cluster[data-cluster-id="{cluster_id}"]').wait_for(
-        state="detached", timeout=90_000)
+    section.locator(f'.jp-PodmanHpc-cluster[data-cluster-id="{cluster_id}"]').wait_for(state="detached", timeout=90_000)
     assert queued(stack, job_id) == ""
     assert console.errors == [], f"console errors:\n{console}"

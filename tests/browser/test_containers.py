@@ -23,9 +23,22 @@ import nbformat
 import pytest
 
 from jupyter_podman_hpc.kernels.orphans import POOL_LABEL
-from tests.browser.lab import (JOB_TIMEOUT, PANEL, RANK_CODE, check_rank_logs, get_json, open_dialog, open_lab,
-                               open_notebook, open_panel, run_at_scale_notebook, run_command, shape_job, submit_job,
-                               wait_for_job)
+from tests.browser.lab import (
+    JOB_TIMEOUT,
+    PANEL,
+    RANK_CODE,
+    check_rank_logs,
+    get_json,
+    open_dialog,
+    open_lab,
+    open_notebook,
+    open_panel,
+    run_at_scale_notebook,
+    run_command,
+    shape_job,
+    submit_job,
+    wait_for_job,
+)
 from tests.helpers.commands import run
 from tests.helpers.hpc import cleanup_hpc, make_hpc
 
@@ -108,12 +121,13 @@ def test_run_at_scale_4_nodes_x_2_tasks(page, console, stack_lab, artifacts):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_running_notebook_job_shows_its_cell_and_its_output_notebook_fills_in(page, console, stack_lab,
-                                                                                artifacts):
+def test_a_running_notebook_job_shows_its_cell_and_its_output_notebook_fills_in(page, console, stack_lab, artifacts):
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("print('first cell')"),
-                      nbformat.v4.new_code_cell("import time\nprint('second cell waits', flush=True)\ntime.sleep(25)"),
-                      nbformat.v4.new_code_cell("print('third cell')")]
+    notebook.cells = [
+        nbformat.v4.new_code_cell("print('first cell')"),
+        nbformat.v4.new_code_cell("import time\nprint('second cell waits', flush=True)\ntime.sleep(25)"),
+        nbformat.v4.new_code_cell("print('third cell')"),
+    ]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     name = f"live-{uuid.uuid4().hex[:6]}.ipynb"
     nbformat.write(notebook, stack_lab.root_dir / name)
@@ -208,8 +222,11 @@ def put_settings(lab, values: dict) -> None:
     """Set the user's settings of the extension (the page must be loaded afterwards)."""
     body = json.dumps({"raw": json.dumps(values)}).encode()
     request = urllib.request.Request(
-        f"{lab.url}lab/api/settings/jupyter-podman-hpc:plugin", data=body, method="PUT",
-        headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"})
+        f"{lab.url}lab/api/settings/jupyter-podman-hpc:plugin",
+        data=body,
+        method="PUT",
+        headers={"Authorization": f"token {lab.token}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30):
         pass
 
@@ -270,7 +287,8 @@ def test_pull_shows_progress_and_the_image_appears_squashed(page, console, stack
     panel.locator(".jp-PodmanHpc-imageList").wait_for(state="attached", timeout=30_000)
     page.wait_for_function(
         "() => !document.querySelector('#jp-PodmanHpc-images .jp-PodmanHpc-status')?.textContent.includes('Loading')",
-        timeout=60_000)
+        timeout=60_000,
+    )
     panel.locator(".jp-PodmanHpc-pullInput").fill(pushed_image)
     panel.locator(".jp-PodmanHpc-pullButton").click()
 
@@ -280,17 +298,21 @@ def test_pull_shows_progress_and_the_image_appears_squashed(page, console, stack
     # progress: per-layer bars while it downloads, then the squash stage
     task.locator(".jp-PodmanHpc-layer").first.wait_for(state="attached", timeout=TASK_TIMEOUT)
     task.locator('.jp-PodmanHpc-stage[data-stage="squash"]').wait_for(state="attached", timeout=TASK_TIMEOUT)
-    page.locator(f'.jp-PodmanHpc-task[data-task-id="{task.get_attribute("data-task-id")}"][data-state="succeeded"]') \
-        .wait_for(state="visible", timeout=TASK_TIMEOUT)
+    page.locator(
+        f'.jp-PodmanHpc-task[data-task-id="{task.get_attribute("data-task-id")}"][data-state="succeeded"]'
+    ).wait_for(state="visible", timeout=TASK_TIMEOUT)
     layers = task.locator(".jp-PodmanHpc-layer")
     assert layers.count() >= 1
     for i in range(layers.count()):
         assert layers.nth(i).locator(".jp-PodmanHpc-bar").get_attribute("aria-valuenow") == "100"
-    assert task.locator('.jp-PodmanHpc-stage[data-stage="squash"] .jp-PodmanHpc-bar').get_attribute(
-        "aria-valuenow") == "100"
+    assert (
+        task.locator('.jp-PodmanHpc-stage[data-stage="squash"] .jp-PodmanHpc-bar').get_attribute("aria-valuenow")
+        == "100"
+    )
 
-    assert any("/podman-hpc/api/tasks/" in url and "/events" in url for url in streams), \
+    assert any("/podman-hpc/api/tasks/" in url and "/events" in url for url in streams), (
         f"the panel did not follow the pull through GET tasks/{{id}}/events: {streams}"
+    )
     row = image_row(panel, pushed_image)
     row.wait_for(state="visible", timeout=60_000)
     assert row.get_attribute("data-squashed") == "true"
@@ -306,8 +328,9 @@ def test_pull_shows_progress_and_the_image_appears_squashed(page, console, stack
     row.locator(".jp-PodmanHpc-squashImage").click()
     squash = panel.locator('.jp-PodmanHpc-task[data-kind="squash"]').first
     squash.wait_for(state="visible", timeout=30_000)
-    panel.locator(f'.jp-PodmanHpc-task[data-task-id="{squash.get_attribute("data-task-id")}"][data-state="succeeded"]') \
-        .wait_for(state="visible", timeout=TASK_TIMEOUT)
+    panel.locator(
+        f'.jp-PodmanHpc-task[data-task-id="{squash.get_attribute("data-task-id")}"][data-state="succeeded"]'
+    ).wait_for(state="visible", timeout=TASK_TIMEOUT)
     image_row(panel, pushed_image).and_(panel.locator('[data-squashed="true"]')).wait_for(timeout=60_000)
     assert console.errors == [], f"console errors:\n{console}"
 
@@ -318,7 +341,8 @@ def test_build_from_a_containerfile_in_the_file_browser(page, console, stack_lab
     folder = stack_lab.root_dir / f"build-{uuid.uuid4().hex[:6]}"
     folder.mkdir()
     (folder / "Containerfile").write_text(
-        f"FROM {stack.tiny_image}\nLABEL org.jupyter-podman-hpc.test={uuid.uuid4().hex}\nRUN echo built > /built\n")
+        f"FROM {stack.tiny_image}\nLABEL org.jupyter-podman-hpc.test={uuid.uuid4().hex}\nRUN echo built > /built\n"
+    )
     tag = f"localhost/jph-browser-build-{uuid.uuid4().hex[:8]}:latest"
 
     open_lab(page, stack_lab, console, f"lab/tree/{folder.name}")
@@ -339,14 +363,18 @@ def test_build_from_a_containerfile_in_the_file_browser(page, console, stack_lab
     task.wait_for(state="visible", timeout=30_000)
     log = task.locator(".jp-PodmanHpc-log")
     page.wait_for_function(
-        "node => node.textContent.includes('STEP 3/3')", arg=log.element_handle(), timeout=TASK_TIMEOUT)
+        "node => node.textContent.includes('STEP 3/3')", arg=log.element_handle(), timeout=TASK_TIMEOUT
+    )
     task_id = task.get_attribute("data-task-id")
-    page.locator(f'.jp-PodmanHpc-task[data-task-id="{task_id}"][data-state="succeeded"]') \
-        .wait_for(state="visible", timeout=TASK_TIMEOUT)
+    page.locator(f'.jp-PodmanHpc-task[data-task-id="{task_id}"][data-state="succeeded"]').wait_for(
+        state="visible", timeout=TASK_TIMEOUT
+    )
     text = log.inner_text()
     assert "STEP 1/3: FROM" in text and "STEP 3/3: RUN echo built" in text, text
-    assert task.locator('.jp-PodmanHpc-stage[data-stage="build"] .jp-PodmanHpc-bar').get_attribute(
-        "aria-valuenow") == "100"
+    assert (
+        task.locator('.jp-PodmanHpc-stage[data-stage="build"] .jp-PodmanHpc-bar').get_attribute("aria-valuenow")
+        == "100"
+    )
 
     row = image_row(panel, tag)
     row.wait_for(state="visible", timeout=60_000)
@@ -388,8 +416,11 @@ def test_make_kernel_appears_in_the_launcher(page, console, stack_lab, artifacts
         page.screenshot(path=str(artifacts / "launcher-container-kernel.png"))
         assert console.errors == [], f"console errors:\n{console}"
     finally:  # removing the kernelspec closes its pool
-        removal = urllib.request.Request(f"{stack_lab.url}podman-hpc/api/kernels/{kernel['name']}", method="DELETE",
-                                         headers={"Authorization": f"token {stack_lab.token}"})
+        removal = urllib.request.Request(
+            f"{stack_lab.url}podman-hpc/api/kernels/{kernel['name']}",
+            method="DELETE",
+            headers={"Authorization": f"token {stack_lab.token}"},
+        )
         urllib.request.urlopen(removal, timeout=60).close()
         deadline = time.monotonic() + 30
         while pool_containers(stack_lab, kernel["name"]):
@@ -398,6 +429,5 @@ def test_make_kernel_appears_in_the_launcher(page, console, stack_lab, artifacts
 
 
 def pool_containers(stack_lab, kernel_name: str) -> list[str]:
-    out = stack_lab.hpc("ps", "--all", "--filter", f"label={POOL_LABEL}={kernel_name}",
-                        "--format", "{{.Names}}").stdout
+    out = stack_lab.hpc("ps", "--all", "--filter", f"label={POOL_LABEL}={kernel_name}", "--format", "{{.Names}}").stdout
     return out.split()

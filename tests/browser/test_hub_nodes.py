@@ -37,12 +37,27 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.lab import (RUN_BUTTON, check_rank_logs, get_json, open_dialog, open_path, run_at_scale_notebook,
-                               shape_job, submit_job, wait_for_job)
+from tests.browser.lab import (
+    RUN_BUTTON,
+    check_rank_logs,
+    get_json,
+    open_dialog,
+    open_path,
+    run_at_scale_notebook,
+    shape_job,
+    submit_job,
+    wait_for_job,
+)
 from tests.helpers.commands import run
 from tests.helpers.servers import http
-from tests.integration.site.hub import (install_kernel, server_jobs, start_hub, stop_hub, timings_note,
-                                        wait_container_gone)
+from tests.integration.site.hub import (
+    install_kernel,
+    server_jobs,
+    start_hub,
+    stop_hub,
+    timings_note,
+    wait_container_gone,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.integration]
 
@@ -69,7 +84,8 @@ def hub(stack, squashed_base, site_venv, configurable_http_proxy):  # noqa: F811
     install_kernel(instance, site_venv, stack.base_image, "site-node-pooled", POOLED)  # the server's default pool
     # the server's job directories ("Run at scale"): on the shared scratch, this test's own
     (instance.root / "config" / "jupyter_server_config.json").write_text(
-        json.dumps({"PodmanHPC": {"job_root": str(instance.root / "jobs")}}))
+        json.dumps({"PodmanHPC": {"job_root": str(instance.root / "jobs")}})
+    )
     try:
         yield instance
     finally:
@@ -121,8 +137,13 @@ def _open_from_launcher(page, hub, label: str, timeout: float = 180) -> tuple[st
     card.first.click()
     page.locator(f"{NOTEBOOK} .jp-Cell").first.wait_for(state="visible", timeout=60_000)
     deadline = time.monotonic() + timeout
-    while not (new := [kernel for kernel in _kernels(hub) if kernel["id"] not in known
-                       and kernel["connections"] > 0 and kernel["execution_state"] == "idle"]):
+    while not (
+        new := [
+            kernel
+            for kernel in _kernels(hub)
+            if kernel["id"] not in known and kernel["connections"] > 0 and kernel["execution_state"] == "idle"
+        ]
+    ):
         assert time.monotonic() < deadline, f"no connected kernel of {label}: {_kernels(hub)}"
         time.sleep(0.25)
     ready = time.monotonic()
@@ -147,14 +168,16 @@ def _kernels(hub) -> list[dict]:
 
 def _node_containers(hpc, node: str) -> list[str]:
     # the node may go to another job first on a shared stack: wait a while for it
-    out = hpc.srun("--immediate=180", "-N1", "-n1", "-w", node, "podman-hpc", "ps", "--all",
-                   "--format", "{{.Names}}").stdout
+    out = hpc.srun(
+        "--immediate=180", "-N1", "-n1", "-w", node, "podman-hpc", "ps", "--all", "--format", "{{.Names}}"
+    ).stdout
     return [name for name in out.split() if name.startswith("podman-hpc-")]
 
 
 def _node_containers_in_job(hpc, node: str, job_id: str) -> list[str]:
-    out = hpc.srun("--jobid", job_id, "--overlap", "-N1", "-n1", "-w", node, "podman-hpc", "ps", "--all",
-                   "--format", "{{.Names}}").stdout
+    out = hpc.srun(
+        "--jobid", job_id, "--overlap", "-N1", "-n1", "-w", node, "podman-hpc", "ps", "--all", "--format", "{{.Names}}"
+    ).stdout
     return out.split()
 
 
@@ -165,9 +188,19 @@ def _no_containers_left(hpc, nodes, within: float = 30) -> None:
         time.sleep(2)
         left = {node: _node_containers(hpc, node) for node in nodes}
     assert not any(left.values()), f"containers left on the nodes: {left}\n" + "\n".join(
-        hpc.srun("-N1", "-n1", "-w", node, "sh", "-c", "podman-hpc ps --all --format '{{.Names}} {{.Status}}'; "
-                 "ps -u \"$(id -u)\" -o pid,ppid,etime,args", check=False).stdout
-        for node, names in left.items() if names)
+        hpc.srun(
+            "-N1",
+            "-n1",
+            "-w",
+            node,
+            "sh",
+            "-c",
+            "podman-hpc ps --all --format '{{.Names}} {{.Status}}'; ps -u \"$(id -u)\" -o pid,ppid,etime,args",
+            check=False,
+        ).stdout
+        for node, names in left.items()
+        if names
+    )
 
 
 def _server_log(job_id: str) -> str:
@@ -194,23 +227,32 @@ def test_server_on_a_node_from_the_browser(hub, page, console, artifacts, stack,
     out = _run_cell(page, OS_RELEASE, "VERSION_CODENAME=bookworm")
     hub.timings["browser_node_start_to_output_s"] = round(time.monotonic() - started, 2)
     assert "bookworm" in out
-    assert [name for name in _node_containers_in_job(squashed_base, node, job_id)
-            if name.startswith("podman-hpc-kernel-")], "no kernel container on the server's node"
+    assert [
+        name for name in _node_containers_in_job(squashed_base, node, job_id) if name.startswith("podman-hpc-kernel-")
+    ], "no kernel container on the server's node"
     page.screenshot(path=str(artifacts / "hub-node-container-kernel.png"))
 
     # the magics, from the site environment's Python kernel on the node
     _open_from_launcher(page, hub, "Python 3 (ipykernel)")
-    out = _run_cell(page, "%load_ext jupyter_podman_hpc\n"
-                    f"%podman_hpc run --rm {stack.base_image} sh -c 'echo from-$(cat /etc/debian_version)'",
-                    "from-12")
+    out = _run_cell(
+        page,
+        "%load_ext jupyter_podman_hpc\n"
+        f"%podman_hpc run --rm {stack.base_image} sh -c 'echo from-$(cat /etc/debian_version)'",
+        "from-12",
+    )
     assert "from-12" in out, out
     page.screenshot(path=str(artifacts / "hub-node-magic-run.png"))
     # a job submitted from there gets what its batch script exports (--env): the server's own job
     # must not hand it its Slurm variables (its SLURM_EXPORT_ENV would let only the hub's list through)
     try:
-        out = _run_cell(page, f"job = %podman_hpc submit --time 5 --env PROBE=from-the-node {stack.base_image} "
-                        "printenv PROBE\nprint('probe:', job.wait(timeout=300).state, job.logs())\n"
-                        "import shutil; shutil.rmtree(job.directory)", "probe:", timeout=360_000)
+        out = _run_cell(
+            page,
+            f"job = %podman_hpc submit --time 5 --env PROBE=from-the-node {stack.base_image} "
+            "printenv PROBE\nprint('probe:', job.wait(timeout=300).state, job.logs())\n"
+            "import shutil; shutil.rmtree(job.directory)",
+            "probe:",
+            timeout=360_000,
+        )
     finally:
         for submitted in re.findall(r"Submitted job (\d+)", page.locator(NOTEBOOK).inner_text()):
             run(["scancel", submitted], check=False)  # a no-op once it ended
@@ -219,18 +261,28 @@ def test_server_on_a_node_from_the_browser(hub, page, console, artifacts, stack,
     # the pooled kernelspec: the server keeps one container started on its node (since it
     # started); a kernel of it adopts that container. A cold kernel just before, for comparison.
     deadline = time.monotonic() + 120
-    while not (pooled := [name for name in _node_containers_in_job(squashed_base, node, job_id)
-                          if name.startswith("podman-hpc-pool-")]):
+    while not (
+        pooled := [
+            name for name in _node_containers_in_job(squashed_base, node, job_id) if name.startswith("podman-hpc-pool-")
+        ]
+    ):
         assert time.monotonic() < deadline, f"no pool container on the server's node:\n{_server_log(job_id)[-3000:]}"
         time.sleep(2)
     _, cold_ready, cold = _kernel_to_output(page, hub, DISPLAY)
     kernel_id, warm_ready, warm = _kernel_to_output(page, hub, POOLED)
-    hub.timings.update(browser_node_cold_kernel_ready_s=cold_ready, browser_node_cold_kernel_to_output_s=cold,
-                       browser_node_pooled_kernel_ready_s=warm_ready, browser_node_pooled_kernel_to_output_s=warm)
-    print(f"on node {node}, from the Launcher click: cold kernel idle {cold_ready} s, output {cold} s; "
-          f"pooled kernel idle {warm_ready} s, output {warm} s")
-    assert f"kernel {kernel_id} adopts pooled container {pooled[0]} " in _server_log(job_id), \
+    hub.timings.update(
+        browser_node_cold_kernel_ready_s=cold_ready,
+        browser_node_cold_kernel_to_output_s=cold,
+        browser_node_pooled_kernel_ready_s=warm_ready,
+        browser_node_pooled_kernel_to_output_s=warm,
+    )
+    print(
+        f"on node {node}, from the Launcher click: cold kernel idle {cold_ready} s, output {cold} s; "
+        f"pooled kernel idle {warm_ready} s, output {warm} s"
+    )
+    assert f"kernel {kernel_id} adopts pooled container {pooled[0]} " in _server_log(job_id), (
         f"the pooled kernel {kernel_id} did not adopt {pooled}:\n{_server_log(job_id)[-3000:]}"
+    )
     page.screenshot(path=str(artifacts / "hub-node-pooled-kernel.png"))
 
     # Run at scale from inside the server's job: 2 nodes, the other ones (whole-node allocation)
@@ -240,8 +292,9 @@ def test_server_on_a_node_from_the_browser(hub, page, console, artifacts, stack,
     _stop(page, hub)
     deadline = time.monotonic() + 60
     while server_jobs(hub.user):
-        assert time.monotonic() < deadline, \
+        assert time.monotonic() < deadline, (
             f"the server's job outlived Stop My Server: {server_jobs(hub.user)}\n{hub.log_tail()}"
+        )
         time.sleep(1)
     # nor on any other node (the submitted jobs' nodes; looked at now: while the server held its
     # node, a pending job of all nodes on a shared stack could keep the others from a new allocation)
@@ -258,11 +311,14 @@ def test_server_on_a_node_from_the_browser(hub, page, console, artifacts, stack,
     kernel_id, _, _ = _open_from_launcher(page, hub, DISPLAY)
     assert "bookworm" in _run_cell(page, OS_RELEASE, "VERSION_CODENAME=bookworm")
     hub.timings["browser_login_start_to_output_s"] = round(time.monotonic() - started, 2)
-    print(f"from Start to a container kernel's output: node {hub.timings['browser_node_start_to_output_s']} s, "
-          f"login node {hub.timings['browser_login_start_to_output_s']} s")
+    print(
+        f"from Start to a container kernel's output: node {hub.timings['browser_node_start_to_output_s']} s, "
+        f"login node {hub.timings['browser_login_start_to_output_s']} s"
+    )
     _stop(page, hub)
-    wait_container_gone(squashed_base, f"podman-hpc-kernel-{kernel_id}", 30,
-                        "the login-node kernel's container outlived its server")
+    wait_container_gone(
+        squashed_base, f"podman-hpc-kernel-{kernel_id}", 30, "the login-node kernel's container outlived its server"
+    )
 
 
 def _run_at_scale(page, server: UserServer, stack, server_node: str, artifacts: Path) -> None:

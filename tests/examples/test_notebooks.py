@@ -30,8 +30,14 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SANITIZE = Path(__file__).with_name("sanitize.cfg")
 # What a notebook of the stack user sees: no test's private storage, no forced rendering.
-PRIVATE = ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME", "SQUASH_DIR",
-           "PODMAN_HPC_WIDGETS", "CONTAINERS_REGISTRIES_CONF")
+PRIVATE = (
+    "PODMANHPC_GRAPH_ROOT",
+    "PODMANHPC_RUN_ROOT",
+    "PODMANHPC_CONFIG_HOME",
+    "SQUASH_DIR",
+    "PODMAN_HPC_WIDGETS",
+    "CONTAINERS_REGISTRIES_CONF",
+)
 # Images a notebook makes and removes at its end: removed first too, should an earlier run
 # have stopped half-way (its outputs would then differ).
 LEFTOVERS = {"01-build-and-squash.ipynb": ["localhost/jph-examples/hello:1"]}
@@ -52,8 +58,26 @@ def test_example_runs_and_matches_its_outputs(stack, notebook):
     for image in LEFTOVERS.get(notebook.name, []):
         run(["podman-hpc", "rmsqi", image], env=env, check=False)
         run(["podman-hpc", "rmi", "--force", image], env=env, check=False)
-    result = run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env",
-                  "--nbval-sanitize-with", str(SANITIZE), "-p", "no:cacheprovider", "-q", "-rN",
-                  str(notebook.relative_to(ROOT))],
-                 cwd=ROOT, env=env, check=False, timeout=1500)
-    assert result.returncode == 0, f"nbval failed for {notebook.name}:\n{result.stdout[-12000:]}\n{result.stderr[-3000:]}"
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval",
+            "--nbval-current-env",
+            "--nbval-sanitize-with",
+            str(SANITIZE),
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rN",
+            str(notebook.relative_to(ROOT)),
+        ],
+        cwd=ROOT,
+        env=env,
+        check=False,
+        timeout=1500,
+    )
+    assert result.returncode == 0, (
+        f"nbval failed for {notebook.name}:\n{result.stdout[-12000:]}\n{result.stderr[-3000:]}"
+    )

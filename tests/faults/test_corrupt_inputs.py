@@ -54,8 +54,9 @@ def test_a_podman_hpc_yaml_with_a_syntax_error_is_one_line_with_its_place(hpc, s
     env = {**hpc.env, "PODMANHPC_CONFIG_FILE": str(config)}
     result = run(["podman-hpc", "images"], env=env, check=False)
     assert result.returncode == 125
-    assert one_line(result.stderr) == (f"Error: configuration file {config} is not valid YAML: line 3, column 8: "
-                                       "expected ',' or ']', but got ':'")
+    assert one_line(result.stderr) == (
+        f"Error: configuration file {config} is not valid YAML: line 3, column 8: expected ',' or ']', but got ':'"
+    )
     assert result.stdout == ""
 
     config.write_text("log_level: error\nulimits: [nofile=1024:1024]\nnetwork: host\n")
@@ -100,8 +101,13 @@ def break_kernelspec(path: Path, nonsense: str | None) -> None:
 
 @pytest.mark.parametrize("kind", list(NONSENSE))
 def test_a_kernelspec_edited_to_nonsense_is_one_line_and_the_others_are_listed(stack, tmp_path, kind):
-    env = {**os.environ, "JUPYTER_DATA_DIR": str(tmp_path / "data"), "JUPYTER_PATH": str(tmp_path / "data"),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_PLATFORM_DIRS": "0"}
+    env = {
+        **os.environ,
+        "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+        "JUPYTER_PATH": str(tmp_path / "data"),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+        "JUPYTER_PLATFORM_DIRS": "0",
+    }
     for name in ("good", "edited"):
         run(["jupyter", "podman-hpc", "kernel", "install", stack.tiny_image, "--name", name], env=env)
     spec = tmp_path / "data" / "kernels" / "edited" / "kernel.json"

@@ -28,8 +28,11 @@ def build(hpc, stack, tag: str, step: str) -> str:
 def store_files(hpc) -> list[str]:
     """Every file of the squashed store but its lock files, hidden ones (partial squash files,
     temporary records) too."""
-    return sorted(str(p.relative_to(hpc.squash_dir)) for p in hpc.squash_dir.rglob("*")
-                  if (p.is_file() or p.is_symlink()) and not p.name.endswith(".lock"))
+    return sorted(
+        str(p.relative_to(hpc.squash_dir))
+        for p in hpc.squash_dir.rglob("*")
+        if (p.is_file() or p.is_symlink()) and not p.name.endswith(".lock")
+    )
 
 
 def squashed_names(hpc) -> list[str]:
@@ -41,8 +44,9 @@ def fresh_node(hpc):
     """``hpc`` as on a node that never pulled anything: an empty graph root of its own (under the
     test's run root, removed with it), the same squashed store."""
     root = f"{hpc.env['PODMANHPC_RUN_ROOT']}/fresh"
-    return dataclasses.replace(hpc, env={**hpc.env, "PODMANHPC_RUN_ROOT": root,
-                                         "PODMANHPC_GRAPH_ROOT": f"{root}/storage"})
+    return dataclasses.replace(
+        hpc, env={**hpc.env, "PODMANHPC_RUN_ROOT": root, "PODMANHPC_GRAPH_ROOT": f"{root}/storage"}
+    )
 
 
 def test_a_store_that_fills_during_migrate_says_so_keeps_nothing_and_works_once_freed(hpc, stack, small_fs):
@@ -90,8 +94,12 @@ def test_an_unpack_cache_that_fills_during_unpack_falls_back_to_squashfuse(hpc, 
     assert ".tmp-" not in left and ".ref" not in left, left
     info = hpc("infohpc").stdout
     fell_back = [line for line in info.splitlines() if line.startswith(" fell back: ")]
-    assert len(fell_back) == 1 and f"no unpacked copy, squashfuse instead: the unpack cache {cache} is full " \
-        "(ENOSPC, 0 MiB free) while unpacking " in fell_back[0], info
+    assert (
+        len(fell_back) == 1
+        and f"no unpacked copy, squashfuse instead: the unpack cache {cache} is full "
+        "(ENOSPC, 0 MiB free) while unpacking "
+        in fell_back[0]
+    ), info
     assert own_mounts(hpc) == []
 
     gone()  # the cache has room again: the next container gets its unpacked copy
@@ -102,8 +110,9 @@ def test_an_unpack_cache_that_fills_during_unpack_falls_back_to_squashfuse(hpc, 
     assert own_mounts(hpc) == []
 
 
-def test_a_graph_root_that_fills_during_pull_says_so_keeps_no_image_and_pulls_once_freed(hpc, stack, small_fs,
-                                                                                       pushed_image):
+def test_a_graph_root_that_fills_during_pull_says_so_keeps_no_image_and_pulls_once_freed(
+    hpc, stack, small_fs, pushed_image
+):
     fs = small_fs(64, podman_storage=True)
     root = fs.path / "storage"
     hpc.env["PODMANHPC_GRAPH_ROOT"] = str(root)

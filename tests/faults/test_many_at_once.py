@@ -29,6 +29,7 @@ NOTEBOOKS = 8
 
 def start_all(base: str, token: str, kernel_name: str) -> list[tuple[str, float]]:
     """Open NOTEBOOKS notebooks on ``kernel_name`` at once and run a cell in each: (kernel id, seconds)."""
+
     def one(index: int) -> tuple[str, float]:
         started = time.monotonic()
         kernel_id = open_notebook(base, token, f"{kernel_name}-{index}.ipynb", kernel_name)
@@ -41,8 +42,10 @@ def start_all(base: str, token: str, kernel_name: str) -> list[tuple[str, float]
 
 def report(what: str, started: list[tuple[str, float]]) -> None:
     seconds = sorted(s for _, s in started)
-    print(f"{what}: {NOTEBOOKS} at once, ready in median {statistics.median(seconds):.2f} s, "
-          f"max {seconds[-1]:.2f} s ({', '.join(f'{s:.2f}' for s in seconds)})")
+    print(
+        f"{what}: {NOTEBOOKS} at once, ready in median {statistics.median(seconds):.2f} s, "
+        f"max {seconds[-1]:.2f} s ({', '.join(f'{s:.2f}' for s in seconds)})"
+    )
 
 
 def test_eight_notebooks_start_their_kernels_at_once_cold_and_pooled(kernel_site, stack, tmp_path):
@@ -53,8 +56,12 @@ def test_eight_notebooks_start_their_kernels_at_once_cold_and_pooled(kernel_site
     with jupyter_server(kernel_site, root, tmp_path / "server.log") as (base, token, _):
         cold = start_all(base, token, "many-cold")
         report("cold container kernels", cold)
-        wait_for(f"a pool of {NOTEBOOKS}", lambda: len(pool_containers(kernel_site, "many-pooled")) == NOTEBOOKS,
-                 180, interval=1)
+        wait_for(
+            f"a pool of {NOTEBOOKS}",
+            lambda: len(pool_containers(kernel_site, "many-pooled")) == NOTEBOOKS,
+            180,
+            interval=1,
+        )
         pooled = start_all(base, token, "many-pooled")
         report("pooled container kernels", pooled)
         assert len({kernel_id for kernel_id, _ in cold + pooled}) == 2 * NOTEBOOKS

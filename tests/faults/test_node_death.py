@@ -37,8 +37,10 @@ def dead_node(stack, hpc):
     whole nodes), so no other job runs on it when it dies."""
     node = stack.nodes[-1]
     if run(["sudo", "-n", "-l", STACK, "node-kill", node], check=False).returncode != 0:
-        pytest.fail(f"the stack's user may not run `{STACK} node-kill {node}` through sudo: "
-                    "run `dev/stack up` as root from this checkout (it writes the sudo rule)")
+        pytest.fail(
+            f"the stack's user may not run `{STACK} node-kill {node}` through sudo: "
+            "run `dev/stack up` as root from this checkout (it writes the sudo rule)"
+        )
     try:
         yield node
     finally:
@@ -62,8 +64,10 @@ class Lines:
 
     def wait_for(self, count: int, prefix: str, timeout: float) -> list[str]:
         """Until ``count`` lines start with ``prefix``; those lines (fewer on timeout)."""
+
         def found() -> list[str]:
             return [line for line in self.lines if line.startswith(prefix)]
+
         with self._changed:
             self._changed.wait_for(lambda: len(found()) >= count, timeout)
             return found()
@@ -80,8 +84,11 @@ def step_fails_within(env) -> float:
     at every ping (a third of it); then srun waits KillWait + 2 s for the step's other nodes."""
     config = run(["scontrol", "show", "config"], env=env).stdout
     settings = dict(line.split("=", 1) for line in config.splitlines() if " = " in line)
-    seconds = {key.strip(): int(value.split()[0]) for key, value in settings.items()
-               if key.strip() in ("SlurmdTimeout", "KillWait")}
+    seconds = {
+        key.strip(): int(value.split()[0])
+        for key, value in settings.items()
+        if key.strip() in ("SlurmdTimeout", "KillWait")
+    }
     return seconds["SlurmdTimeout"] * 4 / 3 + seconds["KillWait"] + 2 + 20  # 20 s for a loaded machine
 
 
@@ -115,9 +122,24 @@ def test_a_node_dying_mid_step_fails_the_step_and_job_and_boots_clean(hpc, stack
     hpc.wipe_local_storage()  # the nodes read it from the squashed store, as compute nodes do
     nodes, ranks = len(stack.nodes), len(stack.nodes) * TASKS_PER_NODE
     step = subprocess.Popen(
-        ["srun", f"-N{nodes}", f"--ntasks-per-node={TASKS_PER_NODE}", "-J", "faults-node-death",
-         "podman-hpc", "shared-run", stack.tiny_image, "sh", "-c", 'echo "up $SLURM_JOB_ID"; exec sleep 600'],
-        env=hpc.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            "srun",
+            f"-N{nodes}",
+            f"--ntasks-per-node={TASKS_PER_NODE}",
+            "-J",
+            "faults-node-death",
+            "podman-hpc",
+            "shared-run",
+            stack.tiny_image,
+            "sh",
+            "-c",
+            'echo "up $SLURM_JOB_ID"; exec sleep 600',
+        ],
+        env=hpc.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = Lines(step.stdout), Lines(step.stderr)
     try:
         up = out.wait_for(ranks, "up ", timeout=300)  # the allocation may wait for another's job
@@ -152,11 +174,20 @@ def test_a_node_dying_mid_step_fails_the_step_and_job_and_boots_clean(hpc, stack
     assert hpc.leftovers() == {}  # the other nodes removed their containers, the rebooted one has none
     assert monitor_sockets(job, stack.nodes) == []  # every node's step monitor has ended
     root = hpc.env["PODMANHPC_RUN_ROOT"]
-    sockets = hpc.on_each_node("sh", "-c", f'find {root} -type s 2>/dev/null; true')
+    sockets = hpc.on_each_node("sh", "-c", f"find {root} -type s 2>/dev/null; true")
     assert {node: text for node, text in sockets.items() if text.strip()} == {}
 
-    again = hpc.srun(f"-N{nodes}", f"--ntasks-per-node={TASKS_PER_NODE}", "podman-hpc", "shared-run",
-                     stack.tiny_image, "sh", "-c", 'echo "$SLURMD_NODENAME"', timeout=600)
+    again = hpc.srun(
+        f"-N{nodes}",
+        f"--ntasks-per-node={TASKS_PER_NODE}",
+        "podman-hpc",
+        "shared-run",
+        stack.tiny_image,
+        "sh",
+        "-c",
+        'echo "$SLURMD_NODENAME"',
+        timeout=600,
+    )
     assert sorted(again.stdout.split()) == sorted(list(stack.nodes) * TASKS_PER_NODE), again
     phase("the next step ran on every node")
     assert hpc.leftovers() == {}

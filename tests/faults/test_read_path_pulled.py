@@ -21,8 +21,9 @@ def squashfuse_of(hpc) -> list[psutil.Process]:
     """The squashfuse processes that mount this test's squashed store."""
     found = []
     for process in psutil.process_iter(["name", "cmdline"]):
-        if (process.info["name"] or "").startswith("squashfuse") and \
-                any(str(hpc.squash_dir) in arg for arg in process.info["cmdline"] or []):
+        if (process.info["name"] or "").startswith("squashfuse") and any(
+            str(hpc.squash_dir) in arg for arg in process.info["cmdline"] or []
+        ):
             found.append(process)
     return found
 
@@ -70,8 +71,9 @@ def test_a_killed_squashfuse_fails_its_container_and_the_next_gets_a_fresh_mount
     [fresh] = squashfuse_of(hpc)
     assert fresh.pid != fuse.pid
     lines = fell_back(hpc)
-    assert any("squashfuse mount of " in line and " had died under its containers: mounted again" in line
-               for line in lines), lines
+    assert any(
+        "squashfuse mount of " in line and " had died under its containers: mounted again" in line for line in lines
+    ), lines
 
     hpc("rm", "--force", "--time", "0", running, following)
     assert nothing_mounted_within(hpc) == []
@@ -94,8 +96,9 @@ def test_a_removed_unpacked_copy_fails_its_container_and_the_next_unpacks_again(
     assert hpc("run", "--rm", squashed, "cat", "/etc/os-release").stdout.startswith(OS_RELEASE)
     assert copy in hpc.sh("podman", "unshare", "ls", "-A", cache).stdout.split()  # the same file: the same key
     lines = fell_back(hpc)
-    assert any(f"unpacked copy {copy} " in line and " was gone " in line and "unpacked again" in line
-               for line in lines), lines
+    assert any(
+        f"unpacked copy {copy} " in line and " was gone " in line and "unpacked again" in line for line in lines
+    ), lines
 
     hpc("rm", "--force", "--time", "0", running)
     assert nothing_mounted_within(hpc) == []

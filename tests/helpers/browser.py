@@ -108,7 +108,9 @@ def running_lab(base: Path, *, env: dict[str, str] | None = None, args: list[str
         data_dir=base / "data",
     )
     command = [
-        sys.executable, "-m", "jupyterlab",
+        sys.executable,
+        "-m",
+        "jupyterlab",
         "--no-browser",
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={port}",
@@ -120,7 +122,12 @@ def running_lab(base: Path, *, env: dict[str, str] | None = None, args: list[str
     ]
     with lab.log.open("w") as log:
         process = subprocess.Popen(
-            command, cwd=root, env=server_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            command,
+            cwd=root,
+            env=server_env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:

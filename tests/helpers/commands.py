@@ -8,7 +8,6 @@ def run(args, *, check=True, timeout=300, **kwargs) -> subprocess.CompletedProce
     result = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, **kwargs)
     if check:
         assert result.returncode == 0, (
-            f"{' '.join(map(str, args))} exited {result.returncode}\n"
-            f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+            f"{' '.join(map(str, args))} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
         )
     return result

@@ -52,7 +52,7 @@ class SmallFs:
             remaining = self.free() - int(leave_mb * 2**20)
             block = os.urandom(1 << 20)
             while remaining > 0:
-                out.write(block[:min(len(block), remaining)])
+                out.write(block[: min(len(block), remaining)])
                 remaining -= len(block)
             out.flush()
             os.fsync(out.fileno())
@@ -81,8 +81,12 @@ class RegistryFront:
         return f"127.0.0.1:{self.port}"
 
     def start(self, rate: int) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.faults.registry_front", self.upstream,
-                                         str(self.port), str(rate)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.registry_front", self.upstream, str(self.port), str(rate)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.process.stdout.readline().strip() == "ready"
 
     def wait_for_blob(self, timeout: float = 120) -> None:

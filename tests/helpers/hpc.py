@@ -22,9 +22,11 @@ from tests.helpers.stack import Stack
 
 
 # On a node: the copies in the unpack cache (argv[1]), as JSON (each node's /dev/shm is its own).
-_NODE_COPIES = ("import dataclasses, json, sys; from pathlib import Path; "
-                "from jupyter_podman_hpc.engine.mount.cache import copies; "
-                "print(json.dumps([dataclasses.asdict(c) for c in copies(Path(sys.argv[1]))]))")
+_NODE_COPIES = (
+    "import dataclasses, json, sys; from pathlib import Path; "
+    "from jupyter_podman_hpc.engine.mount.cache import copies; "
+    "print(json.dumps([dataclasses.asdict(c) for c in copies(Path(sys.argv[1]))]))"
+)
 
 
 @dataclass
@@ -61,8 +63,18 @@ class Hpc:
     def on_each_node(self, *command, check: bool = True, job: str | None = None) -> dict[str, str]:
         """Run a command once on every node (in ``job``'s allocation, if given); its output by node name."""
         inside = ["--jobid", job, "--overlap"] if job else []
-        result = self.srun(*inside, f"-N{len(self.stack.nodes)}", "--ntasks-per-node=1", "--label",
-                           "sh", "-c", 'echo "@$SLURMD_NODENAME"; exec "$@"', "sh", *command, check=check)
+        result = self.srun(
+            *inside,
+            f"-N{len(self.stack.nodes)}",
+            "--ntasks-per-node=1",
+            "--label",
+            "sh",
+            "-c",
+            'echo "@$SLURMD_NODENAME"; exec "$@"',
+            "sh",
+            *command,
+            check=check,
+        )
         outputs: dict[str, list[str]] = {}
         by_task: dict[str, list[str]] = {}
         for line in result.stdout.splitlines():
@@ -76,20 +88,22 @@ class Hpc:
         """Per node: this storage's containers, step directories, pid files, mounts, conmons and orphaned
         ``runc init`` processes that remain once the nodes have had up to ``within`` seconds to clean up (a
         step's monitor removes its container after the step's tasks have ended, so after srun returns)."""
-        script = ('podman-hpc ps -a --format "container {{.Names}} {{.Status}}"; '
-                  'ls -A "$PODMANHPC_RUN_ROOT/shared-run" 2>/dev/null | sed "s/^/stepdir /"; '
-                  'ls -A "$PODMANHPC_RUN_ROOT/per-process" 2>/dev/null | sed "s/^/pidfile /"; '
-                  'podman unshare cat /proc/self/mountinfo | grep -F -e "$PODMANHPC_RUN_ROOT" -e "$SQUASH_DIR" '
-                  '-e "$PODMANHPC_SQUASH_UNPACK_DIR" | sed "s/^/mount /"; '
-                  # a conmon whose container record is gone (its pid file is under the run root)
-                  'ps -u "$(id -u)" -o pid=,comm=,args= | awk -v root="-p $PODMANHPC_RUN_ROOT/" '
-                  '\'$2 == "conmon" && index($0, root) { for (i = 3; i < NF; i++) if ($i == "-n") '
-                  'print "conmon", $1, $(i + 1) }\'; '
-                  # a runc init whose conmon is gone: its parent is neither conmon nor runc create
-                  'ps -u "$(id -u)" -o pid=,ppid=,args= | awk \'$3 ~ /(^|\\/)runc$/ && $4 == "init" '
-                  '{ print $1, $2 }\' | while read -r pid parent; do '
-                  'case "$(cat /proc/$parent/comm 2>/dev/null)" in conmon|runc*) ;; *) echo "runc-init $pid";; '
-                  'esac; done; true')
+        script = (
+            'podman-hpc ps -a --format "container {{.Names}} {{.Status}}"; '
+            'ls -A "$PODMANHPC_RUN_ROOT/shared-run" 2>/dev/null | sed "s/^/stepdir /"; '
+            'ls -A "$PODMANHPC_RUN_ROOT/per-process" 2>/dev/null | sed "s/^/pidfile /"; '
+            'podman unshare cat /proc/self/mountinfo | grep -F -e "$PODMANHPC_RUN_ROOT" -e "$SQUASH_DIR" '
+            '-e "$PODMANHPC_SQUASH_UNPACK_DIR" | sed "s/^/mount /"; '
+            # a conmon whose container record is gone (its pid file is under the run root)
+            'ps -u "$(id -u)" -o pid=,comm=,args= | awk -v root="-p $PODMANHPC_RUN_ROOT/" '
+            '\'$2 == "conmon" && index($0, root) { for (i = 3; i < NF; i++) if ($i == "-n") '
+            'print "conmon", $1, $(i + 1) }\'; '
+            # a runc init whose conmon is gone: its parent is neither conmon nor runc create
+            'ps -u "$(id -u)" -o pid=,ppid=,args= | awk \'$3 ~ /(^|\\/)runc$/ && $4 == "init" '
+            "{ print $1, $2 }' | while read -r pid parent; do "
+            'case "$(cat /proc/$parent/comm 2>/dev/null)" in conmon|runc*) ;; *) echo "runc-init $pid";; '
+            "esac; done; true"
+        )
         deadline = time.monotonic() + within
         while True:
             outputs = self.on_each_node("sh", "-c", script, job=job)
@@ -126,8 +140,11 @@ class Hpc:
         text = self.sh(*where, "unshare", "cat", "/proc/self/mountinfo").stdout
         ours = (self.env["PODMANHPC_RUN_ROOT"], self.env["PODMANHPC_SQUASH_UNPACK_DIR"])
         mounts = [line for line in text.splitlines() if line.partition(" - ")[2].startswith(("overlay", "fuse"))]
-        return [line for line in mounts
-                if "squashfuse" in line or "fuse-overlayfs" in line or any(path in line for path in ours)]
+        return [
+            line
+            for line in mounts
+            if "squashfuse" in line or "fuse-overlayfs" in line or any(path in line for path in ours)
+        ]
 
 
 def make_hpc(stack: Stack, name: str, user: str = "") -> Hpc:
@@ -140,19 +157,29 @@ def make_hpc(stack: Stack, name: str, user: str = "") -> Hpc:
         uid, home = entry.pw_uid, entry.pw_dir
         work = stack.scratch / user / "tests" / f"{name}-{key}"
         # what dev/as-user gives that user: the stack's variables, its own home and scratch
-        env = {k: v for k, v in os.environ.items() if k.startswith(("STACK_", "JPH_")) or
-               k in ("PATH", "PYTHONPATH", "LANG", "SLURM_CONF", "TERM")}
-        env.update(HOME=home, USER=user, LOGNAME=user, SCRATCH=str(stack.scratch / user),
-                   PYTHONPYCACHEPREFIX=f"{home}/.cache/jph-pycache")
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith(("STACK_", "JPH_")) or k in ("PATH", "PYTHONPATH", "LANG", "SLURM_CONF", "TERM")
+        }
+        env.update(
+            HOME=home,
+            USER=user,
+            LOGNAME=user,
+            SCRATCH=str(stack.scratch / user),
+            PYTHONPYCACHEPREFIX=f"{home}/.cache/jph-pycache",
+        )
     squash_dir = work / "squash"
-    env.update({
-        "PODMANHPC_GRAPH_ROOT": f"/tmp/{uid}_t{key}/storage",
-        "PODMANHPC_RUN_ROOT": f"/tmp/{uid}_t{key}",
-        "PODMANHPC_CONFIG_HOME": f"/tmp/{uid}_t{key}/config",
-        "SQUASH_DIR": str(squash_dir),
-        # node-local copies of squashed images (tmpfs; each node's /dev/shm is its own)
-        "PODMANHPC_SQUASH_UNPACK_DIR": f"/dev/shm/{uid}_t{key}/unpacked",
-    })
+    env.update(
+        {
+            "PODMANHPC_GRAPH_ROOT": f"/tmp/{uid}_t{key}/storage",
+            "PODMANHPC_RUN_ROOT": f"/tmp/{uid}_t{key}",
+            "PODMANHPC_CONFIG_HOME": f"/tmp/{uid}_t{key}/config",
+            "SQUASH_DIR": str(squash_dir),
+            # node-local copies of squashed images (tmpfs; each node's /dev/shm is its own)
+            "PODMANHPC_SQUASH_UNPACK_DIR": f"/dev/shm/{uid}_t{key}/unpacked",
+        }
+    )
     hpc = Hpc(stack, env, squash_dir, work, user)
     if user:
         hpc.sh("mkdir", "-p", work)
@@ -165,13 +192,26 @@ def cleanup_hpc(hpc: Hpc) -> None:
     # Plain `podman unshare` (podman's default storage, not the test's) joins the
     # namespace where the test storage's mounts live, without re-creating it.
     # the node-local copies (each node's tmpfs) go last, once no container uses them
-    script = 'podman-hpc rm --all --force --time 0 >/dev/null 2>&1; ' \
-             'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1" "$2"\' sh "$1" "$2"'
+    script = (
+        "podman-hpc rm --all --force --time 0 >/dev/null 2>&1; "
+        'podman unshare sh -c \'umount -R "$1/storage/overlay" 2>/dev/null; rm -rf "$1" "$2"\' sh "$1" "$2"'
+    )
     unpack = str(hpc.unpack_dir.parent)
     hpc.sh("sh", "-c", script, "sh", root, unpack, check=False)
     # --immediate: when another job holds the nodes, leave the (private) leftovers rather than hang.
-    hpc.srun(f"-N{len(hpc.stack.nodes)}", "--ntasks-per-node=1", "--immediate=60", "sh", "-c", script, "sh", root,
-             unpack, check=False, timeout=180)
+    hpc.srun(
+        f"-N{len(hpc.stack.nodes)}",
+        "--ntasks-per-node=1",
+        "--immediate=60",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        root,
+        unpack,
+        check=False,
+        timeout=180,
+    )
     if hpc.user:
         hpc.sh("rm", "-rf", hpc.work, check=False)
     shutil.rmtree(hpc.work, ignore_errors=True)

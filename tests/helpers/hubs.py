@@ -70,7 +70,7 @@ class HubSetup:
 
     root: Path
     user: str
-    chp: str                     # the configurable-http-proxy command
+    chp: str  # the configurable-http-proxy command
     service: str
     token: str = field(default_factory=lambda: secrets.token_hex(24))
     proxy_port: int = field(default_factory=free_port)
@@ -83,9 +83,16 @@ class HubSetup:
 
     def config(self) -> str:
         """The ``jupyterhub_config.py`` lines for all of the above."""
-        return HUB_SETUP_CONFIG.format(proxy_port=self.proxy_port, hub_port=self.hub_port, api_port=self.api_port,
-                                      chp=self.chp, root=str(self.root), user=self.user, service=self.service,
-                                      token=self.token)
+        return HUB_SETUP_CONFIG.format(
+            proxy_port=self.proxy_port,
+            hub_port=self.hub_port,
+            api_port=self.api_port,
+            chp=self.chp,
+            root=str(self.root),
+            user=self.user,
+            service=self.service,
+            token=self.token,
+        )
 
 
 HUB_SETUP_CONFIG = """\

@@ -66,20 +66,28 @@ class KernelSite:
 
 def site_env(hpc: Hpc, root: Path) -> dict[str, str]:
     env = dict(hpc.env)
-    env.update({
-        "JUPYTER_PATH": str(root / "prefix" / "share" / "jupyter"),
-        "JUPYTER_DATA_DIR": str(root / "data"),
-        "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
-        "JUPYTER_CONFIG_DIR": str(root / "config"),
-        "JUPYTER_PLATFORM_DIRS": "0",
-        "PATH": f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
-    })
+    env.update(
+        {
+            "JUPYTER_PATH": str(root / "prefix" / "share" / "jupyter"),
+            "JUPYTER_DATA_DIR": str(root / "data"),
+            "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(root / "config"),
+            "JUPYTER_PLATFORM_DIRS": "0",
+            "PATH": f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
+        }
+    )
     return env
 
 
 def use_env(monkeypatch, env: dict[str, str]) -> None:
-    for name in (*ENGINE_VARS, "JUPYTER_PATH", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
-                 "JUPYTER_CONFIG_DIR", "JUPYTER_PLATFORM_DIRS"):
+    for name in (
+        *ENGINE_VARS,
+        "JUPYTER_PATH",
+        "JUPYTER_DATA_DIR",
+        "JUPYTER_RUNTIME_DIR",
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_PLATFORM_DIRS",
+    ):
         monkeypatch.setenv(name, env[name])
 
 

@@ -31,8 +31,9 @@ def wait_running(job, env, timeout=300):  # generous: another job may hold the n
 @contextlib.contextmanager
 def allocation(stack, env):
     """A job holding every node (its id) for the steps of a test, cancelled however the test ends."""
-    job = run(["sbatch", "--parsable", f"-N{len(stack.nodes)}", "-o", "/dev/null", "--wrap", "sleep 1800"],
-              env=env).stdout.strip()
+    job = run(
+        ["sbatch", "--parsable", f"-N{len(stack.nodes)}", "-o", "/dev/null", "--wrap", "sleep 1800"], env=env
+    ).stdout.strip()
     try:
         wait_running(job, env)
         yield job

@@ -26,8 +26,8 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 class Cell:
     code: str
     reply: dict
-    outputs: list[dict] = field(default_factory=list)   # {"msg_type", "content", "time"}
-    comms: list[dict] = field(default_factory=list)     # comm_open / comm_msg of the cell
+    outputs: list[dict] = field(default_factory=list)  # {"msg_type", "content", "time"}
+    comms: list[dict] = field(default_factory=list)  # comm_open / comm_msg of the cell
     started: float = 0.0
     ended: float = 0.0
 
@@ -36,8 +36,9 @@ class Cell:
         return self.reply.get("status") == "ok"
 
     def stream(self, name: str) -> str:
-        return "".join(o["content"]["text"] for o in self.outputs
-                       if o["msg_type"] == "stream" and o["content"]["name"] == name)
+        return "".join(
+            o["content"]["text"] for o in self.outputs if o["msg_type"] == "stream" and o["content"]["name"] == name
+        )
 
     @property
     def stdout(self) -> str:
@@ -57,8 +58,11 @@ class Cell:
         return "\n".join(error["traceback"]) if error else ""
 
     def data(self, mime: str) -> list:
-        return [o["content"]["data"][mime] for o in self.outputs
-                if o["msg_type"] in ("display_data", "execute_result") and mime in o["content"]["data"]]
+        return [
+            o["content"]["data"][mime]
+            for o in self.outputs
+            if o["msg_type"] in ("display_data", "execute_result") and mime in o["content"]["data"]
+        ]
 
     @property
     def result(self) -> dict | None:
@@ -90,20 +94,23 @@ class KernelSession:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
-        self.comms: list[dict] = []     # every comm message seen, in order
+        self.comms: list[dict] = []  # every comm message seen, in order
         cell = self.execute("%load_ext jupyter_podman_hpc")
         assert cell.ok, cell.show()
 
     def _record(self, msg: dict, cell: Cell | None) -> None:
         kind = msg["header"]["msg_type"]
-        entry = {"msg_type": kind, "content": msg["content"], "time": time.monotonic(),
-                 "parent": msg.get("parent_header", {}).get("msg_id")}
+        entry = {
+            "msg_type": kind,
+            "content": msg["content"],
+            "time": time.monotonic(),
+            "parent": msg.get("parent_header", {}).get("msg_id"),
+        }
         if kind in ("comm_open", "comm_msg", "comm_close"):
             self.comms.append(entry)
             if cell is not None:
                 cell.comms.append(entry)
-        elif cell is not None and kind in ("stream", "display_data", "execute_result", "error",
-                                           "update_display_data"):
+        elif cell is not None and kind in ("stream", "display_data", "execute_result", "error", "update_display_data"):
             cell.outputs.append(entry)
 
     def execute(self, code: str, *, allow_stdin: bool = False, timeout: float = 600) -> Cell:
@@ -158,9 +165,13 @@ class KernelSession:
 
     def updates(self, comm_id: str) -> list[dict]:
         """The state updates sent to one widget, in order, with their times."""
-        return [{**e["content"]["data"].get("state", {}), "_time": e["time"]} for e in self.comms
-                if e["msg_type"] == "comm_msg" and e["content"]["comm_id"] == comm_id
-                and e["content"].get("data", {}).get("method") == "update"]
+        return [
+            {**e["content"]["data"].get("state", {}), "_time": e["time"]}
+            for e in self.comms
+            if e["msg_type"] == "comm_msg"
+            and e["content"]["comm_id"] == comm_id
+            and e["content"].get("data", {}).get("method") == "update"
+        ]
 
     def close(self) -> None:
         self.kc.stop_channels()
@@ -172,15 +183,17 @@ def kernel_env(hpc: Hpc, root: Path) -> dict[str, str]:
     in the test's own directory."""
     env = dict(hpc.env)
     env.pop("PODMAN_HPC_WIDGETS", None)
-    env.update({
-        "SCRATCH": str(hpc.work / "scratch"),
-        "JUPYTER_DATA_DIR": str(root / "data"),
-        "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
-        "JUPYTER_CONFIG_DIR": str(root / "config"),
-        "JUPYTER_PATH": str(root / "data"),
-        "JUPYTER_PLATFORM_DIRS": "0",
-        "IPYTHONDIR": str(root / "ipython"),
-    })
+    env.update(
+        {
+            "SCRATCH": str(hpc.work / "scratch"),
+            "JUPYTER_DATA_DIR": str(root / "data"),
+            "JUPYTER_RUNTIME_DIR": str(root / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(root / "config"),
+            "JUPYTER_PATH": str(root / "data"),
+            "JUPYTER_PLATFORM_DIRS": "0",
+            "IPYTHONDIR": str(root / "ipython"),
+        }
+    )
     (hpc.work / "scratch").mkdir(exist_ok=True)
     return env
 
@@ -192,8 +205,7 @@ def start_session(hpc: Hpc, root: Path, **extra: str) -> KernelSession:
 
 
 # Open MPI inside the stack's containers talks over loopback and TCP only.
-MPI_ENV = ("--env OMPI_MCA_btl=self,tcp --env OMPI_MCA_btl_tcp_if_include=lo "
-           "--env OMPI_MCA_oob_tcp_if_include=lo")
+MPI_ENV = "--env OMPI_MCA_btl=self,tcp --env OMPI_MCA_btl_tcp_if_include=lo --env OMPI_MCA_oob_tcp_if_include=lo"
 
 
 def short_error(cell) -> str:

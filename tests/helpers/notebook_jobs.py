@@ -17,7 +17,8 @@ BARE_PYTHON = "/usr/bin/python3"  # Debian's, no site packages: no IPython, nbfo
 def notebook_job(tmp_path, cells, name="nb", **options):
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_markdown_cell("# Title")] + [
-        c if isinstance(c, nbformat.NotebookNode) else nbformat.v4.new_code_cell(c) for c in cells]
+        c if isinstance(c, nbformat.NotebookNode) else nbformat.v4.new_code_cell(c) for c in cells
+    ]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     source = tmp_path / f"{name}.ipynb"
     nbformat.write(notebook, str(source))
@@ -28,12 +29,17 @@ def notebook_job(tmp_path, cells, name="nb", **options):
 
 
 def run_rank(directory, number, size=2, python=sys.executable, wait=True, extra_env=None, args=()):
-    env = {"PATH": os.environ["PATH"], "HOME": str(directory), "SLURM_PROCID": str(number),
-           "SLURM_NTASKS": str(size), "SLURMD_NODENAME": f"n{number + 1}", "SLURM_JOB_ID": "4242",
-           **(extra_env or {})}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(directory),
+        "SLURM_PROCID": str(number),
+        "SLURM_NTASKS": str(size),
+        "SLURMD_NODENAME": f"n{number + 1}",
+        "SLURM_JOB_ID": "4242",
+        **(extra_env or {}),
+    }
     argv = [python, "-u", str(directory / "nbrunner.py"), str(directory / "nbrun" / "plan.json"), *args]
-    process = subprocess.Popen(argv, cwd=directory, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(argv, cwd=directory, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if not wait:
         return process
     out, err = process.communicate(timeout=120)
@@ -42,8 +48,9 @@ def run_rank(directory, number, size=2, python=sys.executable, wait=True, extra_
 
 def finish_job(directory, code):
     """The finish as the batch script runs it: this package's runner, not the job directory's copy."""
-    subprocess.run([*finish_argv(str(directory / "nbrun" / "plan.json")), str(code)], check=True, timeout=60,
-                   cwd=directory)
+    subprocess.run(
+        [*finish_argv(str(directory / "nbrun" / "plan.json")), str(code)], check=True, timeout=60, cwd=directory
+    )
 
 
 def output_notebook(directory, name="nb"):

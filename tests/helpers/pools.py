@@ -32,12 +32,17 @@ def wait_for(what, condition, timeout: float, interval: float = 0.25):
 def install(site, stack, name: str, pool: int | None) -> None:
     """Install a kernelspec of the base image with the CLI; ``pool`` None: the server's default pool size."""
     size = ["--pool", str(pool)] if pool is not None else []
-    run_command([str(BIN / "jupyter"), "podman-hpc", "kernel", "install", stack.base_image, "--name", name, *size],
-                env=site.env)
+    run_command(
+        [str(BIN / "jupyter"), "podman-hpc", "kernel", "install", stack.base_image, "--name", name, *size], env=site.env
+    )
 
 
 def open_notebook(base: str, token: str, path: str, kernel_name: str) -> str:
-    status, session = http("POST", f"{base}/api/sessions", token, {
-        "path": path, "name": os.path.basename(path), "type": "notebook", "kernel": {"name": kernel_name}})
+    status, session = http(
+        "POST",
+        f"{base}/api/sessions",
+        token,
+        {"path": path, "name": os.path.basename(path), "type": "notebook", "kernel": {"name": kernel_name}},
+    )
     assert status == 201, session
     return session["kernel"]["id"]

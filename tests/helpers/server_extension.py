@@ -10,17 +10,20 @@ from traitlets.config import Config
 def server_config(job_root) -> Config:
     """The server's configuration in the server tests (and the Jupyter fault tests): our extension,
     at most 4 nodes, job directories in ``job_root``, a small limit on a Containerfile's size."""
-    return Config({
-        "ServerApp": {"jpserver_extensions": {"jupyter_podman_hpc": True}},
-        "PodmanHPC": {"max_nodes": 4, "job_root": str(job_root), "max_containerfile_bytes": 10_000},
-    })
+    return Config(
+        {
+            "ServerApp": {"jpserver_extensions": {"jupyter_podman_hpc": True}},
+            "PodmanHPC": {"max_nodes": 4, "job_root": str(job_root), "max_containerfile_bytes": 10_000},
+        }
+    )
 
 
 def jobs_server_config(jobs_root) -> Config:
     """The server's configuration for a test whose jobs the magic's kernel lists too (``jobs_root``);
     a module that wants it names it in its own ``jp_server_config``, the others keep the one above."""
-    return Config({"ServerApp": {"jpserver_extensions": {"jupyter_podman_hpc": True}},
-                   "PodmanHPC": {"job_root": str(jobs_root)}})
+    return Config(
+        {"ServerApp": {"jpserver_extensions": {"jupyter_podman_hpc": True}}, "PodmanHPC": {"job_root": str(jobs_root)}}
+    )
 
 
 async def finished(api, task, timeout=300):

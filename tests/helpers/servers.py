@@ -28,8 +28,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_http(url: str, timeout: float, process: subprocess.Popen | None = None, log: Path | None = None,
-              headers: dict[str, str] | None = None) -> None:
+def wait_http(
+    url: str,
+    timeout: float,
+    process: subprocess.Popen | None = None,
+    log: Path | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Until ``url`` answers 200 (a proxy's 404 before its backend is up does not count)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -73,8 +78,9 @@ def processes_mentioning(text: str) -> list[int]:
 def http(method: str, url: str, token: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
     """One JSON request with token auth; (status, decoded body or {})."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Authorization": f"token {token}", "Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             text = response.read()
@@ -94,10 +100,20 @@ def jupyter_server(site, root: Path, log_path: Path):
     port, token = free_port(), secrets.token_hex(16)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [str(BIN / "jupyter-server"), "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
-             f"--ServerApp.root_dir={root}"],
-            env=site.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                str(BIN / "jupyter-server"),
+                "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={port}",
+                "--ServerApp.port_retries=0",
+                f"--IdentityProvider.token={token}",
+                "--ServerApp.open_browser=False",
+                f"--ServerApp.root_dir={root}",
+            ],
+            env=site.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         base = f"http://127.0.0.1:{port}"
         try:
             wait_http(f"{base}/api/status", 90, process, log_path, {"Authorization": f"token {token}"})
@@ -118,13 +134,32 @@ async def execute_over_websocket(url: str, token: str, code: str, timeout: float
     try:
         msg_id = uuid.uuid4().hex
         session = uuid.uuid4().hex
-        connection.write_message(json.dumps({
-            "header": {"msg_id": msg_id, "username": "test", "session": session, "msg_type": "execute_request",
-                       "version": "5.3", "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                        "allow_stdin": False, "stop_on_error": True},
-        }))
+        connection.write_message(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "username": "test",
+                        "session": session,
+                        "msg_type": "execute_request",
+                        "version": "5.3",
+                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "channel": "shell",
+                    "buffers": [],
+                    "content": {
+                        "code": code,
+                        "silent": False,
+                        "store_history": False,
+                        "user_expressions": {},
+                        "allow_stdin": False,
+                        "stop_on_error": True,
+                    },
+                }
+            )
+        )
         out: list[str] = []
         reply: dict | None = None
         idle = False

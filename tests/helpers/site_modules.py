@@ -19,7 +19,8 @@ def library_module(tmp_path: Path, name: str, destinations: list[str], conf_dir:
     copies = "".join(f"  - {library}:{destination}\n" for destination in destinations)
     (modules / f"{name}.yaml").write_text(
         f"name: {name}\ncli_arg: {name}\nenv: ENABLE_{name.upper()}\nhelp: test module\n"
-        f"copy:\n{copies}  - ../{name}.conf:/etc/ld.so.conf.d/{name}.conf\n")
+        f"copy:\n{copies}  - ../{name}.conf:/etc/ld.so.conf.d/{name}.conf\n"
+    )
     for path in (tmp_path, modules):
         path.chmod(0o755)
     return modules

@@ -32,8 +32,18 @@ class StandInSlurm(SlurmClient):
     def statuses(self, job_ids):
         self.asked += 1
         state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
-        return {j: JobStatus(j, state, raw_state=state, exit_code=0 if state == "COMPLETED" else None,
-                             nodelist="n[1-2]", nodes=("n1", "n2"), source="squeue") for j in job_ids}
+        return {
+            j: JobStatus(
+                j,
+                state,
+                raw_state=state,
+                exit_code=0 if state == "COMPLETED" else None,
+                nodelist="n[1-2]",
+                nodes=("n1", "n2"),
+                source="squeue",
+            )
+            for j in job_ids
+        }
 
     def cancel(self, job_id, *, signal=None):
         self.cancelled.append(job_id)
@@ -44,11 +54,13 @@ def squashed_config(tmp_path) -> SiteConfig:
     store = tmp_path / "squash"
     (store / "overlay-images").mkdir(parents=True, exist_ok=True)
     (store / "overlay-images" / "images.json").write_text(
-        json.dumps([{"id": "ab" * 32, "names": [IMAGE], "layer": "cd" * 32}]))
+        json.dumps([{"id": "ab" * 32, "names": [IMAGE], "layer": "cd" * 32}])
+    )
     return SiteConfig(squash_dir=str(store))
 
 
 def submit(tmp_path, spec=None, client=None, **kwargs):
     spec = spec or JobSpec(image=IMAGE, command=["echo", "hi"], nodes=2, tasks_per_node=2)
-    return Job.submit(spec, tmp_path / "jobs", client=client or StandInSlurm(), config=squashed_config(tmp_path),
-                      **kwargs)
+    return Job.submit(
+        spec, tmp_path / "jobs", client=client or StandInSlurm(), config=squashed_config(tmp_path), **kwargs
+    )

@@ -16,6 +16,8 @@ def squashed_image(store, image_id, layer, link, names):
     (store.root / "overlay" / layer / "link").write_text(link)
     (store.links / link).symlink_to(f"../{layer}/diff")
     (store.links / f"{link}.squash").write_bytes(b"hsqs" + os.urandom(1000))
-    for path, record in ((store.images_json, {"id": image_id, "layer": layer, "names": names}),
-                         (store.layers_json, {"id": layer})):
+    for path, record in (
+        (store.images_json, {"id": image_id, "layer": layer, "names": names}),
+        (store.layers_json, {"id": layer}),
+    ):
         path.write_text(json.dumps(json.loads(path.read_text()) + [record]))

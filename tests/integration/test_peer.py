@@ -52,11 +52,25 @@ def test_peer_pulls_squashes_and_runs_from_the_squashed_store(stack, peer, peer_
         # Nothing left in the peer's own storage: the image must come from the squashed store.
         run(["podman", "unshare", "rm", "-rf", env["PODMANHPC_GRAPH_ROOT"], env["PODMANHPC_RUN_ROOT"]])
         assert not Path(env["PODMANHPC_GRAPH_ROOT"]).exists()
-        listed = run([peer.bin, "--squash-dir", squash, "images",
-                      "--format", "{{.Repository}}:{{.Tag}} {{.ReadOnly}}"], env=env)
+        listed = run(
+            [peer.bin, "--squash-dir", squash, "images", "--format", "{{.Repository}}:{{.Tag}} {{.ReadOnly}}"], env=env
+        )
         assert f"{stack.base_image} true" in listed.stdout.splitlines()
-        result = run([peer.bin, "--squash-dir", squash, "run", "--rm", "--network", "host",
-                      stack.base_image, "cat", "/etc/os-release"], env=env)
+        result = run(
+            [
+                peer.bin,
+                "--squash-dir",
+                squash,
+                "run",
+                "--rm",
+                "--network",
+                "host",
+                stack.base_image,
+                "cat",
+                "/etc/os-release",
+            ],
+            env=env,
+        )
         assert "VERSION_CODENAME=bookworm" in result.stdout
         own_images = Path(env["PODMANHPC_GRAPH_ROOT"], "overlay-images", "images.json")
         assert not own_images.exists() or image["id"] not in own_images.read_text()

@@ -29,7 +29,7 @@ def test_status_reports_every_component_up(stack):
 def test_rootless_podman_runs_the_base_image(stack):
     assert run(["id", "-u"]).stdout.strip() != "0"
     result = run(["podman", "run", "--rm", stack.base_image, "cat", "/etc/os-release"])
-    assert 'VERSION_CODENAME=bookworm' in result.stdout
+    assert "VERSION_CODENAME=bookworm" in result.stdout
     assert run(["podman", "info", "--format", "{{.Host.Security.Rootless}}"]).stdout.strip() == "true"
 
 
@@ -40,9 +40,7 @@ def test_srun_spreads_two_tasks_on_each_of_four_nodes(stack):
     per_node = collections.defaultdict(list)
     for node, localid, _ in rows:
         per_node[node].append(int(localid))
-    assert {node: sorted(ids) for node, ids in per_node.items()} == {
-        node: [0, 1] for node in stack.nodes
-    }
+    assert {node: sorted(ids) for node, ids in per_node.items()} == {node: [0, 1] for node in stack.nodes}
 
 
 def test_bare_metal_mpi_allreduce_across_four_nodes(stack):
@@ -52,8 +50,7 @@ def test_bare_metal_mpi_allreduce_across_four_nodes(stack):
         "comm = MPI.COMM_WORLD\n"
         "print(comm.rank, comm.size, comm.allreduce(comm.rank + 1), MPI.Get_processor_name())\n"
     )
-    result = run(["srun", "-N4", "-n8", "--mpi=pmix", "/usr/bin/python3", program],
-                 env=_env_with(MPI_ENV))
+    result = run(["srun", "-N4", "-n8", "--mpi=pmix", "/usr/bin/python3", program], env=_env_with(MPI_ENV))
     rows = sorted(line.split() for line in result.stdout.splitlines())
     assert [int(r[0]) for r in rows] == list(range(8))
     assert {(r[1], r[2]) for r in rows} == {("8", "36")}  # size 8, sum of 1..8
@@ -91,11 +88,20 @@ def test_each_node_accounts_the_cpu_of_everything_it_runs(stack, squashed_base):
     """The scale benchmark's per-node CPU (bench/scale.py): a node's cpuacct cgroup holds its steps,
     and a container's processes, which rootless podman cannot move out of it."""
     root = Path(os.environ["STACK_NODE_CGROUPS"])
-    cgroups = run(["srun", "-N4", "--ntasks-per-node=1", "sh", "-c",
-                   'echo "$SLURMD_NODENAME $(grep -E "^[0-9]+:([^:]*,)?cpuacct(,[^:]*)?:" /proc/self/cgroup)"'])
+    cgroups = run(
+        [
+            "srun",
+            "-N4",
+            "--ntasks-per-node=1",
+            "sh",
+            "-c",
+            'echo "$SLURMD_NODENAME $(grep -E "^[0-9]+:([^:]*,)?cpuacct(,[^:]*)?:" /proc/self/cgroup)"',
+        ]
+    )
     by_node = dict(line.split(" ", 1) for line in cgroups.stdout.splitlines())
-    assert {node: line.rsplit(":", 1)[1] for node, line in by_node.items()} == \
-        {node: f"/{root.name}/{node}" for node in stack.nodes}
+    assert {node: line.rsplit(":", 1)[1] for node, line in by_node.items()} == {
+        node: f"/{root.name}/{node}" for node in stack.nodes
+    }
     usage = root / "n3" / "cpuacct.usage"
     before = int(usage.read_text())
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\n"
@@ -108,8 +114,11 @@ def test_stack_listens_on_loopback_only(stack):
     listeners = _tcp_listeners()
     stack_ports = {5000, 16306, 16817, 16819, 17001, 17002, 17003, 17004}
     assert stack_ports <= {port for _, port in listeners}, "a stack daemon is not listening"
-    exposed = [(addr, port) for addr, port in listeners
-               if port in stack_ports and not addr.startswith("127.") and addr != "::1"]
+    exposed = [
+        (addr, port)
+        for addr, port in listeners
+        if port in stack_ports and not addr.startswith("127.") and addr != "::1"
+    ]
     assert exposed == []
 
 
@@ -128,7 +137,7 @@ def _tcp_listeners() -> list[tuple[str, int]]:
 def _decode_addr(hex_addr: str, width: int) -> str:
     raw = bytes.fromhex(hex_addr)
     # /proc/net/tcp* print each 32-bit word in host (little-endian) order.
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return str(ipaddress.ip_address(words))
 
 

@@ -47,7 +47,8 @@ def cancel_and_wait(client: SlurmClient, job_id: str) -> None:
 
 def forge(view, forged: dict) -> str:
     """Code in the engine (the image) rewrites the cluster.json of its working directory; what happened."""
-    view.execute(textwrap.dedent(f"""
+    view.execute(
+        textwrap.dedent(f"""
         import json, os
         try:
             with open({RECORD!r}) as file:
@@ -59,32 +60,44 @@ def forge(view, forged: dict) -> str:
             forged_here = "rewritten"
         except OSError as err:
             forged_here = f"refused: {{err}}"
-        """), block=True)
+        """),
+        block=True,
+    )
     return view.pull("forged_here", block=True)[0]
 
 
 def test_a_record_an_engine_rewrote_makes_the_stop_signal_and_cancel_nothing_else(squashed_base, stack, root):
     client = SlurmClient(env=squashed_base.env)
-    victim = subprocess.Popen(["sleep", "600"], start_new_session=True)   # a process group leader, as a server is
-    other_job = run(["sbatch", "--parsable", "-p", stack.partition, "-t", "5", "-o", "/dev/null",
-                     "--wrap", "sleep 600"], env=squashed_base.env).stdout.strip()
+    victim = subprocess.Popen(["sleep", "600"], start_new_session=True)  # a process group leader, as a server is
+    other_job = run(
+        ["sbatch", "--parsable", "-p", stack.partition, "-t", "5", "-o", "/dev/null", "--wrap", "sleep 600"],
+        env=squashed_base.env,
+    ).stdout.strip()
     cluster = None
     try:
-        cluster = Cluster.start(stack.base_image, nodes=1, time="5", root=root, timeout=300, client=client,
-                                partition=stack.partition, environment=store_env(squashed_base))
+        cluster = Cluster.start(
+            stack.base_image,
+            nodes=1,
+            time="5",
+            root=root,
+            timeout=300,
+            client=client,
+            partition=stack.partition,
+            environment=store_env(squashed_base),
+        )
         genuine = ClusterRecord.read(cluster.directory)
         assert owner_alive(genuine.controller) and owner_alive(genuine.watchdog), genuine
         view = cluster.client()[:]
-        assert view.apply_sync(int, 7) == [7]                               # the engines work
+        assert view.apply_sync(int, 7) == [7]  # the engines work
 
         token = owner_token(victim.pid)
         forged = {"controller": token, "watchdog": token, "job_id": other_job}
         outcome = forge(view, forged)
-        if outcome != "rewritten":      # the job directory is out of the engines' reach: the user stands in
+        if outcome != "rewritten":  # the job directory is out of the engines' reach: the user stands in
             path = cluster.directory / RECORD
             path.write_text(json.dumps({**json.loads(path.read_text()), **forged}))
 
-        found = find_cluster(cluster.id, root, client=client)          # as the server's Containers panel does
+        found = find_cluster(cluster.id, root, client=client)  # as the server's Containers panel does
         found.stop(timeout=120)
 
         assert victim.poll() is None, f"the user's process was signalled ({victim.returncode}; engine: {outcome})"

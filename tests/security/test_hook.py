@@ -60,13 +60,22 @@ def test_hostile_image_cannot_write_outside_its_root_through_the_hook(victim, st
     image = f"localhost/tests/hostile-ldconfig:{uuid.uuid4().hex[:6]}"
     victim("build", "-t", image, context)
 
-    result = victim.sh("podman-hpc", "run", "--rm", "--jphevil", image, "sh", "-c",
-                       f"ls /opt/jphevil/; ls /opt/jphrel/; ls {precious}; test -e /ldconfig-ran && echo RAN; true",
-                       check=False)
+    result = victim.sh(
+        "podman-hpc",
+        "run",
+        "--rm",
+        "--jphevil",
+        image,
+        "sh",
+        "-c",
+        f"ls /opt/jphevil/; ls /opt/jphrel/; ls {precious}; test -e /ldconfig-ran && echo RAN; true",
+        check=False,
+    )
 
     assert not marker.exists(), "the image's /sbin/ldconfig ran outside its container"
-    assert sorted(p.name for p in precious.iterdir()) == ["notes.txt"], \
+    assert sorted(p.name for p in precious.iterdir()) == ["notes.txt"], (
         "a copy followed the image's symlink onto the host"
+    )
     assert (precious / "notes.txt").read_text() == "mine\n"
     assert result.returncode == 0, result.stderr
     # the copies landed inside the container's root, where its symlinks point there
@@ -74,8 +83,21 @@ def test_hostile_image_cannot_write_outside_its_root_through_the_hook(victim, st
     assert "RAN" not in result.stdout, "the image's /sbin/ldconfig ran"
 
     # the normal flow: a plain image gets its copies and a library cache that lists them
-    normal = victim.sh("podman-hpc", "run", "--rm", "--jphevil", stack.base_image, "sh", "-c",
-                       "ls /opt/jphevil /opt/jphrel; cat /etc/ld.so.conf.d/jphevil.conf; "
-                       "ldconfig -p | grep -c libjphevil")
-    assert normal.stdout.split() == ["/opt/jphevil:", "libjphevil.so.1", "/opt/jphrel:", "libjphevil.so.1",
-                                     "/opt/jphevil", "1"], normal.stdout
+    normal = victim.sh(
+        "podman-hpc",
+        "run",
+        "--rm",
+        "--jphevil",
+        stack.base_image,
+        "sh",
+        "-c",
+        "ls /opt/jphevil /opt/jphrel; cat /etc/ld.so.conf.d/jphevil.conf; ldconfig -p | grep -c libjphevil",
+    )
+    assert normal.stdout.split() == [
+        "/opt/jphevil:",
+        "libjphevil.so.1",
+        "/opt/jphrel:",
+        "libjphevil.so.1",
+        "/opt/jphevil",
+        "1",
+    ], normal.stdout

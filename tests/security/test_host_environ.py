@@ -16,8 +16,8 @@ import pytest
 
 from tests.helpers.commands import run
 
-KEPT_OUT = "JPH_KEPT_OUT"   # in the tasks' environment, never passed in
-PASSED = "JPH_PASSED_IN"    # passed with -e NAME: podman takes its value from its own environment
+KEPT_OUT = "JPH_KEPT_OUT"  # in the tasks' environment, never passed in
+PASSED = "JPH_PASSED_IN"  # passed with -e NAME: podman takes its value from its own environment
 
 # In every rank: each readable environment that holds KEPT_OUT, with its process's command line
 # (readable whatever the process), then how many host processes of podman-hpc it sees (the step's
@@ -43,12 +43,30 @@ MODES = {
 def test_no_host_process_of_ours_shows_the_jobs_environment_to_the_image(squashed_tiny, stack, mode):
     hpc = squashed_tiny
     env = {**hpc.env, KEPT_OUT: f"kept-out-{uuid.uuid4().hex}", PASSED: f"passed-{uuid.uuid4().hex[:8]}"}
-    result = run(["srun", "--mpi=pmix", "-N2", "-n4", "podman-hpc", *MODES[mode], "--openmpi-pmix", "-e", PASSED,
-                  stack.tiny_image, "sh", "-c", PROBE], env=env, timeout=300)
+    result = run(
+        [
+            "srun",
+            "--mpi=pmix",
+            "-N2",
+            "-n4",
+            "podman-hpc",
+            *MODES[mode],
+            "--openmpi-pmix",
+            "-e",
+            PASSED,
+            stack.tiny_image,
+            "sh",
+            "-c",
+            PROBE,
+        ],
+        env=env,
+        timeout=300,
+    )
     lines = result.stdout.splitlines()
     # the normal flow: every rank ran in its container, with the variable passed in
-    assert sorted(line for line in lines if line.startswith("rank ")) == \
-        [f"rank {rank} passed={env[PASSED]}" for rank in range(4)], result.stdout + result.stderr
+    assert sorted(line for line in lines if line.startswith("rank ")) == [
+        f"rank {rank} passed={env[PASSED]}" for rank in range(4)
+    ], result.stdout + result.stderr
     # the attack: every rank sees the step's tasks on the host, and no environment it could read
     # holds the job's variable
     sees = [int(line.split()[1]) for line in lines if line.startswith("sees ")]

@@ -24,7 +24,7 @@ from tests.integration.slurm.notebooks import TIMEOUT, executed, notebook_file, 
 INPUTS = ("Attack.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py", "nbrun/plan.json", "job.sh")
 
 # Each rank tries to make the host run its code or write the user's files, and prints what came of it.
-ATTACK = '''
+ATTACK = """
 import json, os, sys, time
 job_dir = os.path.dirname(os.path.abspath(sys.argv[0]))  # the runner sets argv[0] to the notebook
 rank = int(os.environ["SLURM_PROCID"])
@@ -70,7 +70,7 @@ for what, attack in attacks:
         print(rank, what, "written")
     except OSError as err:
         print(rank, what, "refused:", err.strerror)
-'''
+"""
 
 
 def digests(directory: Path, names) -> dict[str, str]:
@@ -88,10 +88,12 @@ def home_target():
 
 
 def test_image_code_cannot_make_the_host_run_or_write_anything_from_the_job_directory(
-        squashed_base, stack, root, home_target):  # noqa: F811 (root: the fixture imported above)
+    squashed_base, stack, root, home_target
+):  # noqa: F811 (root: the fixture imported above)
     marker = root / "ran-on-the-host"
-    attack = ATTACK.format(marker=str(marker), home_file=str(home_target / "bashrc"),
-                           home_dir=str(home_target / "state"))
+    attack = ATTACK.format(
+        marker=str(marker), home_file=str(home_target / "bashrc"), home_dir=str(home_target / "state")
+    )
     path = notebook_file(root / "Attack.ipynb", ["print('before')", attack, "print('after', 6 * 7)"])
     job = Job.submit(notebook_spec(stack, squashed_base, path), root / "jobs")
     before = digests(job.directory, INPUTS)
@@ -127,7 +129,7 @@ def test_image_code_cannot_make_the_host_run_or_write_anything_from_the_job_dire
 
 # Run in a process of its own: a reader that follows the link to /dev/zero runs out of the memory
 # it is given, not the machine's, and one that waits on the FIFO is killed at the timeout.
-READER = '''
+READER = """
 import json, sys, time
 import nbformat  # loaded already in a Jupyter server: its import is no part of a read
 from jupyter_podman_hpc.slurm import Job
@@ -148,13 +150,15 @@ for name, call in (("logs", job.logs), ("errors", lambda: job.logs("err")), ("la
                    ("read_output", lambda: read_output(job.output_notebook()))):
     timed(name, call)
 print(json.dumps(seen))
-'''
+"""
 
 
 def read_back(root: Path, job: Job) -> dict:
     """What a fresh process (the Jupyter server's view) reads of the job: {call: [seconds, value]}."""
+
     def limit_memory():
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
     result = run([sys.executable, "-c", READER, str(root / "jobs"), job.id], timeout=60, preexec_fn=limit_memory)
     return json.loads(result.stdout)
 
@@ -170,8 +174,7 @@ def as_an_older_version_left_it(directory: Path, output: str) -> None:
     (directory / "job.json").write_text(json.dumps(record))
 
 
-def test_logs_and_outputs_planted_as_links_or_fifos_are_one_line_each_and_answer_at_once(
-        squashed_base, stack, root):  # noqa: F811 (root: the fixture imported above)
+def test_logs_and_outputs_planted_as_links_or_fifos_are_one_line_each_and_answer_at_once(squashed_base, stack, root):  # noqa: F811 (root: the fixture imported above)
     path = notebook_file(root / "Plain.ipynb", ["import os\nprint('rank', os.environ['SLURM_PROCID'])"])
     job = Job.submit(notebook_spec(stack, squashed_base, path, nodes=1, tasks_per_node=2), root / "jobs")
     status = job.wait(timeout=TIMEOUT, poll_interval=0.5)
@@ -195,10 +198,13 @@ def test_logs_and_outputs_planted_as_links_or_fifos_are_one_line_each_and_answer
     seen = read_back(root, job)
     slow = {name: seconds for name, (seconds, _) in seen.items() if seconds >= 2}
     assert slow == {}
-    assert seen["logs"][1] == {"0": "rank-0.out is a symbolic link: not read\n",
-                               "1": "rank-1.out is not a regular file: not read\n"}
-    assert seen["labelled"][1] == ("0: rank-0.out is a symbolic link: not read\n"
-                                   "1: rank-1.out is not a regular file: not read\n")
+    assert seen["logs"][1] == {
+        "0": "rank-0.out is a symbolic link: not read\n",
+        "1": "rank-1.out is not a regular file: not read\n",
+    }
+    assert seen["labelled"][1] == (
+        "0: rank-0.out is a symbolic link: not read\n1: rank-1.out is not a regular file: not read\n"
+    )
     assert seen["batch"][1] == f"slurm-{job.id}.out is a symbolic link: not read\n"
     output = seen["output_info"][1]
     assert (output["exists"], output["progress"]) == (False, None)

@@ -16,8 +16,13 @@ import pytest
 
 from jupyter_podman_hpc.slurm import Job, JobSpec
 
-STORE_VARS = ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME",
-              "PODMANHPC_SQUASH_UNPACK_DIR")
+STORE_VARS = (
+    "SQUASH_DIR",
+    "PODMANHPC_GRAPH_ROOT",
+    "PODMANHPC_RUN_ROOT",
+    "PODMANHPC_CONFIG_HOME",
+    "PODMANHPC_SQUASH_UNPACK_DIR",
+)
 
 
 @pytest.fixture
@@ -32,9 +37,15 @@ def root(stack):
 def test_other_users_cannot_read_a_job_record(squashed_tiny, stack, root, outsider, member):
     token = f"s3cret-{secrets.token_hex(8)}"
     environment = {name: squashed_tiny.env[name] for name in STORE_VARS}
-    spec = JobSpec(image=stack.tiny_image, command=["sh", "-c", "echo rank-$SLURM_PROCID-ran"], nodes=1,
-                   tasks_per_node=1, time="5:00", partition=stack.partition,
-                   environment={**environment, "JPH_TOKEN": token})
+    spec = JobSpec(
+        image=stack.tiny_image,
+        command=["sh", "-c", "echo rank-$SLURM_PROCID-ran"],
+        nodes=1,
+        tasks_per_node=1,
+        time="5:00",
+        partition=stack.partition,
+        environment={**environment, "JPH_TOKEN": token},
+    )
     job = Job.submit(spec, root)
     status = job.wait(timeout=300, poll_interval=0.5)
     assert status.state == "COMPLETED", (status, job.batch_log())
@@ -42,8 +53,12 @@ def test_other_users_cannot_read_a_job_record(squashed_tiny, stack, root, outsid
     assert token in record.read_text() and token in job.script
 
     for other in (outsider, member):
-        for argv in (["cat", str(record)], ["cat", str(job.directory / "job.sh")],
-                     ["cat", str(job.directory / "rank-0.out")], ["ls", str(job.directory)]):
+        for argv in (
+            ["cat", str(record)],
+            ["cat", str(job.directory / "job.sh")],
+            ["cat", str(job.directory / "rank-0.out")],
+            ["ls", str(job.directory)],
+        ):
             attempt = other.sh(*argv, check=False)
             assert attempt.returncode != 0 and "Permission denied" in attempt.stderr, (other.user, argv, attempt)
             assert token not in attempt.stdout

@@ -52,26 +52,40 @@ def shared_jupyter_dirs(member):
 def plant(member, kernels: Path, name: str, image: str, payload: Path) -> Path:
     """A kernelspec of ``image`` written by the member into ``kernels``, its containers importing
     the member's ``payload`` directory at their start; its directory."""
-    spec = kernelspec.kernel_json(image, display_name=f"Project kernel ({name})",
-                                  podman_args=["-v", f"{payload}:/planted:ro", "-e", "PYTHONPATH=/planted"])
+    spec = kernelspec.kernel_json(
+        image,
+        display_name=f"Project kernel ({name})",
+        podman_args=["-v", f"{payload}:/planted:ro", "-e", "PYTHONPATH=/planted"],
+    )
     member.sh("sh", "-c", WRITE_FILE, "sh", kernels / name, "kernel.json", input=json.dumps(spec))
     return kernels / name
 
 
-def test_a_planted_kernelspec_starts_only_when_picked(kernel_site, stack, member,  # noqa: F811 (fixture)
-                                                      shared_jupyter_dirs, tmp_path):
+def test_a_planted_kernelspec_starts_only_when_picked(
+    kernel_site,
+    stack,
+    member,  # noqa: F811 (fixture)
+    shared_jupyter_dirs,
+    tmp_path,
+):
     root = tmp_path / "notebooks"
     root.mkdir()
     marker = root / "member-ran"  # the server's root directory: every kernel container mounts it
     payload = shared_jupyter_dirs[0].parent / "payload"
     member.sh("sh", "-c", WRITE_FILE, "sh", payload, "sitecustomize.py", input=SITECUSTOMIZE.format(marker=str(marker)))
     # named to come first: the server would warm them before the user's own
-    planted = {f"a-project-{d.name}": plant(member, d / "kernels", f"a-project-{d.name}", stack.base_image, payload)
-               for d in shared_jupyter_dirs}
+    planted = {
+        f"a-project-{d.name}": plant(member, d / "kernels", f"a-project-{d.name}", stack.base_image, payload)
+        for d in shared_jupyter_dirs
+    }
     install(kernel_site, stack, "z-own", None)  # the user's own, in their data directory: the default pool
-    site = dataclasses.replace(kernel_site, env={
-        **kernel_site.env, "JUPYTER_PATH": os.pathsep.join([*map(str, shared_jupyter_dirs),
-                                                            kernel_site.env["JUPYTER_PATH"]])})
+    site = dataclasses.replace(
+        kernel_site,
+        env={
+            **kernel_site.env,
+            "JUPYTER_PATH": os.pathsep.join([*map(str, shared_jupyter_dirs), kernel_site.env["JUPYTER_PATH"]]),
+        },
+    )
     log = tmp_path / "server.log"
     with jupyter_server(site, root, log) as (base, token, _):
         wait_for("the pool container of the user's own kernelspec", lambda: pool_containers(site, "z-own"), 90)
@@ -80,8 +94,11 @@ def test_a_planted_kernelspec_starts_only_when_picked(kernel_site, stack, member
             assert pool_containers(site, name) == [], name
             assert f"kernel(s) of {name}:" not in text, text[-3000:]
             [line] = [line for line in text.splitlines() if f"no kernel pool for {name}:" in line]
-            assert line.startswith("[W ") and f"kernelspec {directory}/kernel.json starts only when picked: " \
-                in line and "jphproj" in line, line
+            assert (
+                line.startswith("[W ")
+                and f"kernelspec {directory}/kernel.json starts only when picked: " in line
+                and "jphproj" in line
+            ), line
         assert not marker.exists()
 
         # picked by the user for a notebook: it starts, as the member wrote it

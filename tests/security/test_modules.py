@@ -41,8 +41,19 @@ def probe(victim, module: str, image: str) -> list[str]:
     state = engine_state(victim)
     for path in state.values():
         assert os.path.isdir(path), f"the probe needs {path} to exist on the host"
-    result = victim("run", "--rm", f"--{module}", "-e", f"RUN_ROOT={state['RUN_ROOT']}",
-                    "-e", f"UNPACK={state['UNPACK']}", image, "sh", "-c", PROBE)
+    result = victim(
+        "run",
+        "--rm",
+        f"--{module}",
+        "-e",
+        f"RUN_ROOT={state['RUN_ROOT']}",
+        "-e",
+        f"UNPACK={state['UNPACK']}",
+        image,
+        "sh",
+        "-c",
+        PROBE,
+    )
     lines = result.stdout.splitlines()
     assert lines[-1:] == ["probed"], result.stdout + result.stderr
     for path in state.values():
@@ -68,8 +79,15 @@ def test_jupyter_module_binds_home_and_runtime_dir_not_tmp(prepared, stack):
     victim.env["JUPYTER_RUNTIME_DIR"] = str(runtime)
     home_file = os.path.join(victim.env["HOME"], f".jph-test-{os.path.basename(victim.work)}")
     try:
-        victim("run", "--rm", "--jupyter", stack.tiny_image, "sh", "-c",
-               f"echo kernel > {runtime}/kernel-1.json && echo nb > {home_file}")
+        victim(
+            "run",
+            "--rm",
+            "--jupyter",
+            stack.tiny_image,
+            "sh",
+            "-c",
+            f"echo kernel > {runtime}/kernel-1.json && echo nb > {home_file}",
+        )
         assert (runtime / "kernel-1.json").read_text() == "kernel\n"
         assert open(home_file).read() == "nb\n"
     finally:
@@ -93,13 +111,26 @@ def test_mpi_modules_share_private_memory_not_the_engine_state(prepared, stack, 
     cma = victim.work / "cma.py"
     cma.write_text(CROSS_MEMORY)
     cma.chmod(0o644)
-    holder = victim.command(["podman-hpc", "run", "--rm", f"--{flag}", "-v", f"{cma}:/cma.py:ro",
-                             stack.base_image, "python3", "/cma.py", "hold"])
+    holder = victim.command(
+        [
+            "podman-hpc",
+            "run",
+            "--rm",
+            f"--{flag}",
+            "-v",
+            f"{cma}:/cma.py:ro",
+            stack.base_image,
+            "python3",
+            "/cma.py",
+            "hold",
+        ]
+    )
     process = subprocess.Popen(holder[0], env=holder[1], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline().strip() == "holding"
-        reader = victim("run", "--rm", f"--{flag}", "-v", f"{cma}:/cma.py:ro", stack.base_image,
-                        "python3", "/cma.py", "read")
+        reader = victim(
+            "run", "--rm", f"--{flag}", "-v", f"{cma}:/cma.py:ro", stack.base_image, "python3", "/cma.py", "read"
+        )
         assert reader.stdout.strip() == "read b'from-rank-0'", reader.stdout + reader.stderr
     finally:
         process.wait(timeout=60)
@@ -132,13 +163,24 @@ CROSS_MEMORY = textwrap.dedent("""\
 def test_slurm_module_mounts_the_uid_shim_read_only(prepared, stack):
     victim = prepared
     victim.env["XDG_CACHE_HOME"] = str(victim.work / "cache")  # not the user's own shim: the test may fail
-    shim = victim.sh("python", "-c", "import os; from jupyter_podman_hpc.engine.site.hostslurm import uid_shim; "
-                     "print(uid_shim(os.environ))").stdout.strip()
+    shim = victim.sh(
+        "python",
+        "-c",
+        "import os; from jupyter_podman_hpc.engine.site.hostslurm import uid_shim; print(uid_shim(os.environ))",
+    ).stdout.strip()
     assert os.path.isfile(shim), shim
     before = hashlib.sha256(open(shim, "rb").read()).hexdigest()
     victim.env["PODMANHPC_SLURM_UID_SHIM"] = shim
-    attack = victim("run", "--rm", "--slurm", stack.tiny_image, "sh", "-c",
-                    "cp /bin/sh /opt/podman-hpc/slurm/uid.so 2>&1; echo replaced=$?", check=False)
+    attack = victim(
+        "run",
+        "--rm",
+        "--slurm",
+        stack.tiny_image,
+        "sh",
+        "-c",
+        "cp /bin/sh /opt/podman-hpc/slurm/uid.so 2>&1; echo replaced=$?",
+        check=False,
+    )
     assert "Read-only file system" in attack.stdout and "replaced=1" in attack.stdout, attack.stdout
     assert hashlib.sha256(open(shim, "rb").read()).hexdigest() == before
     assert oct(os.stat(shim).st_mode & 0o777) == "0o500"

@@ -23,15 +23,24 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.browser import ConsoleLog
-from tests.browser.lab import (PNG_B64, get_json, open_dialog, open_lab, open_notebook, open_panel,
-                               run_at_scale_notebook, shape_job, submit_job, wait_for_job)
+from tests.browser.lab import (
+    PNG_B64,
+    get_json,
+    open_dialog,
+    open_lab,
+    open_notebook,
+    open_panel,
+    run_at_scale_notebook,
+    shape_job,
+    submit_job,
+    wait_for_job,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 MARKERS = ("__H1", "__H2", "__H3")
 PLANTED_TEXT = "planted by the image"
-PLANTED_HTML = (f'<p>{PLANTED_TEXT}</p><script>window.__H1 = 1</script>'
-                '<img src="x" onerror="window.__H2 = 1">')
+PLANTED_HTML = f'<p>{PLANTED_TEXT}</p><script>window.__H1 = 1</script><img src="x" onerror="window.__H2 = 1">'
 PLANTED_CELL = {
     "cell_type": "code",
     "execution_count": 99,
@@ -39,12 +48,17 @@ PLANTED_CELL = {
     "metadata": {"trusted": True},
     "source": "# written by the image after the run",
     "outputs": [
-        {"output_type": "display_data", "metadata": {},
-         "data": {"text/html": PLANTED_HTML, "text/plain": "html"}},
-        {"output_type": "display_data", "metadata": {},
-         "data": {"application/javascript": "window.__H3 = 1", "text/plain": "javascript"}},
-        {"output_type": "display_data", "metadata": {},
-         "data": {"image/png": PNG_B64, "text/plain": "<planted image>"}},
+        {"output_type": "display_data", "metadata": {}, "data": {"text/html": PLANTED_HTML, "text/plain": "html"}},
+        {
+            "output_type": "display_data",
+            "metadata": {},
+            "data": {"application/javascript": "window.__H3 = 1", "text/plain": "javascript"},
+        },
+        {
+            "output_type": "display_data",
+            "metadata": {},
+            "data": {"image/png": PNG_B64, "text/plain": "<planted image>"},
+        },
     ],
 }
 
@@ -121,8 +135,9 @@ def test_an_output_notebook_rewritten_by_the_image_runs_no_script_in_the_lab(pag
     lab_only_console = ConsoleLog()
     lab_only.on("console", lambda message: lab_only_console.messages.append((message.type, message.text)))
     # (the Lab adds a cache-busting query to the URL)
-    lab_only.route(lambda url: urllib.parse.urlsplit(url).path.endswith(f"/podman-hpc/api/jobs/{job_id}/output"),
-                   as_written)
+    lab_only.route(
+        lambda url: urllib.parse.urlsplit(url).path.endswith(f"/podman-hpc/api/jobs/{job_id}/output"), as_written
+    )
     open_lab(lab_only, stack_lab, lab_only_console)
     view = open_output(lab_only, job_id)
     assert served, "the output notebook was not fetched through the route"

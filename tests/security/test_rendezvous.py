@@ -28,7 +28,7 @@ STEPS = range(0, 12)  # the job's next steps: every one is squatted
 # Binds every name it can derive for the steps, serves a plan whose argv creates the marker on the
 # host (in the old plan format too: podman-hpc before keyed names ran argv[0] from any plan of a
 # peer with the victim's uid). Prints "key ..." and "ready N", then "connected" per connection.
-SQUATTER = r'''
+SQUATTER = r"""
 import _blake2, marshal, os, select, signal, socket, sys
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # as a container's PID 1 too
 uid, job, node, steps, key_path, marker = sys.argv[1:7]
@@ -73,10 +73,10 @@ while True:
             c.sendall(len(data).to_bytes(4, "big") + data)
         except OSError:
             pass
-'''
+"""
 # From inside a container of the victim: connect to a running step's monitor (its true name,
 # from the key) and ask for a plan; prints "refused" if the monitor closes without answering.
-ASKER = r'''
+ASKER = r"""
 import _blake2, marshal, os, signal, socket, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # as a container's PID 1 too
 uid, job, node, steps, key_path = sys.argv[1:6]
@@ -108,15 +108,16 @@ try:
 except (BrokenPipeError, ConnectionResetError):  # closed by the monitor before or after the request
     answer = b""
 print("answered" if answer else "refused", flush=True)
-'''
+"""
 
 
 @pytest.fixture
 def job(squashed_tiny, stack):
     """A job of the victim holding node n1, whose steps the tests launch (step ids 0, 1, ...)."""
     env = squashed_tiny.env
-    job_id = run(["sbatch", "--parsable", "-N1", "-w", NODE, "-o", "/dev/null", "--wrap", "sleep 900"],
-                 env=env).stdout.strip()
+    job_id = run(
+        ["sbatch", "--parsable", "-N1", "-w", NODE, "-o", "/dev/null", "--wrap", "sleep 900"], env=env
+    ).stdout.strip()
     deadline = time.monotonic() + 120
     while run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env, check=False).stdout.strip() != "RUNNING":
         assert time.monotonic() < deadline, f"job {job_id} did not start"
@@ -137,8 +138,25 @@ def cancel(hpc, job_id):
 def victim_step(hpc, stack, job_id, *command, check=True):
     """One podman-exec step of the victim on n1: 4 tasks print their rank and the image's name."""
     command = command or ("sh", "-c", 'echo "$SLURM_PROCID $(head -1 /etc/os-release)"')
-    return run(["srun", "--jobid", job_id, "--overlap", "-w", NODE, "-N1", "-n4", "podman-hpc", "shared-run",
-                stack.tiny_image, *command], env=hpc.env, check=check, timeout=300)
+    return run(
+        [
+            "srun",
+            "--jobid",
+            job_id,
+            "--overlap",
+            "-w",
+            NODE,
+            "-N1",
+            "-n4",
+            "podman-hpc",
+            "shared-run",
+            stack.tiny_image,
+            *command,
+        ],
+        env=hpc.env,
+        check=check,
+        timeout=300,
+    )
 
 
 def assert_ran(result):
@@ -181,8 +199,22 @@ def in_container(base, name, *python_args, home=False):
     """``python3 -c ...`` in a --network host container of the victim (the base image)."""
     hpc, image = base
     mounts = ["-v", f"{hpc.env['HOME']}:{hpc.env['HOME']}:ro"] if home else []
-    return hpc.command(["podman-hpc", "run", "--rm", "--name", name, "--network", "host", *mounts, image,
-                        "python3", "-c", *python_args])
+    return hpc.command(
+        [
+            "podman-hpc",
+            "run",
+            "--rm",
+            "--name",
+            name,
+            "--network",
+            "host",
+            *mounts,
+            image,
+            "python3",
+            "-c",
+            *python_args,
+        ]
+    )
 
 
 @pytest.fixture
@@ -206,8 +238,9 @@ def test_another_user_cannot_squat_the_victims_next_steps(squashed_tiny, outside
     victim_step(victim, stack, job, "true")  # the victim has run a step: its key exists
     refused = outsider.sh("cat", key, check=False)
     assert refused.returncode != 0 and "Permission denied" in refused.stderr
-    argv, env = outsider.command([stack.venv / "bin" / "python", "-c", SQUATTER,
-                                  *squatter_args(os.getuid(), job, key, marker)])
+    argv, env = outsider.command(
+        [stack.venv / "bin" / "python", "-c", SQUATTER, *squatter_args(os.getuid(), job, key, marker)]
+    )
     squatter = Squatter(argv, env)
     try:
         for _ in range(3):  # steps 1, 2, 3 of the job: all squatted by name
@@ -252,9 +285,11 @@ def test_a_container_with_the_key_is_refused_in_one_line_and_runs_nothing(squash
     assert refused.stdout == ""  # nothing ran
     errors = [line for line in refused.stderr.splitlines() if not line.startswith(("srun:", "slurmstepd"))]
     assert len(errors) == 4, refused.stderr  # one line a task
-    assert all(line.startswith("Error: shared-run: a process in another user namespace (pid ")
-               and line.endswith(": a container?) holds this step's rendezvous: refusing it, nothing was run")
-               for line in errors), refused.stderr
+    assert all(
+        line.startswith("Error: shared-run: a process in another user namespace (pid ")
+        and line.endswith(": a container?) holds this step's rendezvous: refusing it, nothing was run")
+        for line in errors
+    ), refused.stderr
     assert "connected" in lines  # the tasks did connect, and refused what they found
     assert not marker.exists()
     assert_ran(victim_step(victim, stack, job))  # the container gone, the next step runs
@@ -267,8 +302,7 @@ def test_a_container_asking_a_running_steps_monitor_for_a_plan_is_refused(squash
     key = key_path(victim)
     victim_step(victim, stack, job, "true")  # step 0: the key exists
     name = f"asker-{uuid.uuid4().hex[:8]}"
-    argv, env = in_container(base, name, ASKER, str(os.getuid()), job, NODE, f"{STEPS[0]}-{STEPS[-1]}", key,
-                             home=True)
+    argv, env = in_container(base, name, ASKER, str(os.getuid()), job, NODE, f"{STEPS[0]}-{STEPS[-1]}", key, home=True)
     asker = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert asker.stdout.readline().strip() == "ready", asker.stderr.read()[-2000:]
@@ -279,8 +313,17 @@ def test_a_container_asking_a_running_steps_monitor_for_a_plan_is_refused(squash
         base[0]("rm", "--force", "--time", "0", name, check=False)
     assert out.strip() == "refused", err[-2000:]
     assert_ran(step)  # the step itself was not disturbed
-    log = victim.srun("--jobid", job, "--overlap", "-w", NODE, "-N1", "-n1", "cat",
-                      f"{victim.env['PODMANHPC_RUN_ROOT']}/shared-run-monitor.log").stdout
+    log = victim.srun(
+        "--jobid",
+        job,
+        "--overlap",
+        "-w",
+        NODE,
+        "-N1",
+        "-n1",
+        "cat",
+        f"{victim.env['PODMANHPC_RUN_ROOT']}/shared-run-monitor.log",
+    ).stdout
     assert "refused a connection from a process in another user namespace" in log, log
 
 
@@ -288,15 +331,26 @@ def test_the_squatter_scripts_bind_what_they_claim(stack, job):
     """The attack scripts themselves work: on a step no rendezvous protects (a name of the old
     scheme), the squatter is found and its plan would run: so the tests above can fail."""
     uid, name = os.getuid(), f"{job}.{STEPS[0]}.{NODE}"
-    argv = [str(stack.venv / "bin" / "python"), "-c", SQUATTER, str(uid), job, NODE, "0-0", "/nonexistent",
-            "/nonexistent/marker"]
+    argv = [
+        str(stack.venv / "bin" / "python"),
+        "-c",
+        SQUATTER,
+        str(uid),
+        job,
+        NODE,
+        "0-0",
+        "/nonexistent",
+        "/nonexistent/marker",
+    ]
     squatter = Squatter(argv, dict(os.environ))
     try:
-        probe = ("import marshal, socket, sys\n"
-                 f"c = socket.socket(socket.AF_UNIX); c.connect({chr(0) + 'podman-hpc/' + str(uid) + '/' + name!r})\n"
-                 "c.sendall(b'x')\nsize = int.from_bytes(c.recv(4), 'big')\ndata = b''\n"
-                 "while len(data) < size: data += c.recv(size - len(data))\n"
-                 "print(' '.join(marshal.loads(data)['plan']['argv'][:3]))\n")
+        probe = (
+            "import marshal, socket, sys\n"
+            f"c = socket.socket(socket.AF_UNIX); c.connect({chr(0) + 'podman-hpc/' + str(uid) + '/' + name!r})\n"
+            "c.sendall(b'x')\nsize = int.from_bytes(c.recv(4), 'big')\ndata = b''\n"
+            "while len(data) < size: data += c.recv(size - len(data))\n"
+            "print(' '.join(marshal.loads(data)['plan']['argv'][:3]))\n"
+        )
         result = run([str(stack.venv / "bin" / "python"), "-c", probe], timeout=60)
     finally:
         squatter.stop()

@@ -36,8 +36,9 @@ def a_victim_process(socket: Path) -> subprocess.Popen:
 
 
 def owner_record(socket: Path, service: subprocess.Popen) -> str:
-    return json.dumps({"caller": GONE, "service": processes.owner_token(service.pid), "socket": str(socket),
-                       "started": time.time()})
+    return json.dumps(
+        {"caller": GONE, "service": processes.owner_token(service.pid), "socket": str(socket), "started": time.time()}
+    )
 
 
 @pytest.fixture
@@ -80,8 +81,14 @@ def test_a_planted_service_record_kills_nothing_and_the_victims_own_is_swept(vic
 
 def test_a_planted_task_record_is_refused_in_one_line_and_never_listed(victim, plant):
     root = Path(victim.env["PODMANHPC_RUN_ROOT"])
-    record = {"id": "0123456789ab", "kind": "build", "title": "build localhost/evil:1", "state": "running",
-              "created": time.time(), "owner": GONE}
+    record = {
+        "id": "0123456789ab",
+        "kind": "build",
+        "title": "build localhost/evil:1",
+        "state": "running",
+        "created": time.time(),
+        "owner": GONE,
+    }
     plant(root / DIRECTORY / "0123456789ab.json", json.dumps(record), mode="0644")
 
     with pytest.raises(PermissionDenied) as refused:

@@ -68,8 +68,16 @@ def test_host_ipc_gives_the_image_the_users_own_shm_not_the_unpack_cache(victim_
     assert oct(os.stat(victim.env[PRIVATE_SHM]).st_mode & 0o777) == "0o700"
 
     # the normal flow: the host's IPC namespace, and /dev/shm shared by the user's --ipc=host containers
-    writer = victim("run", "--rm", "--ipc", "host", stack.tiny_image, "sh", "-c",
-                    f"readlink /proc/self/ns/ipc; echo segment > /dev/shm/jph-seg; {ROOT_MOUNT}")
+    writer = victim(
+        "run",
+        "--rm",
+        "--ipc",
+        "host",
+        stack.tiny_image,
+        "sh",
+        "-c",
+        f"readlink /proc/self/ns/ipc; echo segment > /dev/shm/jph-seg; {ROOT_MOUNT}",
+    )
     namespace, root = writer.stdout.split("\n", 1)
     assert namespace == os.readlink("/proc/self/ns/ipc")
     assert f"lowerdir={unpack}/" in root, root  # still run from the unpacked copy
@@ -81,8 +89,9 @@ def test_host_ipc_gives_the_image_the_users_own_shm_not_the_unpack_cache(victim_
     context = victim.work / "build"
     context.mkdir()
     (context / "plant.sh").write_text(PLANT)
-    (context / "Containerfile").write_text(f"FROM {stack.tiny_image}\nCOPY plant.sh /\n"
-                                           f"RUN UNPACK={unpack} sh /plant.sh\n")
+    (context / "Containerfile").write_text(
+        f"FROM {stack.tiny_image}\nCOPY plant.sh /\nRUN UNPACK={unpack} sh /plant.sh\n"
+    )
     built = victim("build", "--ipc=host", "-t", f"localhost/jph-shm-{uuid.uuid4().hex[:8]}", context)
     assert "planted: " not in built.stdout + built.stderr and "visible: " not in built.stdout + built.stderr
     assert "shm: jph-seg" in built.stdout + built.stderr  # the user's own /dev/shm
@@ -90,8 +99,13 @@ def test_host_ipc_gives_the_image_the_users_own_shm_not_the_unpack_cache(victim_
 
 
 # binds whose host source is, contains or lies inside the engine's state ({shm}: the unpack cache's parent)
-STATE_BINDS = [["-v", "/dev/shm:/dev/shm"], ["-v", "/dev:/dev"], ["--volume", "{shm}:/x"],
-               ["--mount", "type=bind,src=/dev/shm,dst=/mnt"], ["-v", "/tmp:/tmp"]]
+STATE_BINDS = [
+    ["-v", "/dev/shm:/dev/shm"],
+    ["-v", "/dev:/dev"],
+    ["--volume", "{shm}:/x"],
+    ["--mount", "type=bind,src=/dev/shm,dst=/mnt"],
+    ["-v", "/tmp:/tmp"],
+]
 
 
 def test_a_bind_that_reaches_engine_state_is_refused_in_one_line_with_nothing_started(victim_unpacked, stack):
@@ -99,15 +113,29 @@ def test_a_bind_that_reaches_engine_state_is_refused_in_one_line_with_nothing_st
     name = f"jph-shm-{uuid.uuid4().hex[:8]}"
     for bind in STATE_BINDS:
         bind = [word.format(shm=victim.unpack_dir.parent) for word in bind]
-        attack = victim("run", "--rm", "--name", name, *bind, "-e", f"UNPACK={victim.unpack_dir}",
-                        stack.tiny_image, "sh", "-c", PLANT, check=False)
+        attack = victim(
+            "run",
+            "--rm",
+            "--name",
+            name,
+            *bind,
+            "-e",
+            f"UNPACK={victim.unpack_dir}",
+            stack.tiny_image,
+            "sh",
+            "-c",
+            PLANT,
+            check=False,
+        )
         assert attack.returncode == 125, attack.stdout + attack.stderr
         assert attack.stdout == ""
         lines = attack.stderr.splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"Error: {' '.join(bind)} would give the container "
-                                                       "podman-hpc's own state ("), attack.stderr
-        assert lines[0].endswith("bind a directory of your own (--ipc=host alone shares /dev/shm between "
-                                 "your containers)")
+        assert len(lines) == 1 and lines[0].startswith(
+            f"Error: {' '.join(bind)} would give the container podman-hpc's own state ("
+        ), attack.stderr
+        assert lines[0].endswith(
+            "bind a directory of your own (--ipc=host alone shares /dev/shm between your containers)"
+        )
     assert victim("ps", "-a", "--filter", f"name={name}", "--format", "{{.Names}}").stdout == ""
     assert planted(victim.unpack_dir) == []
     # the normal flow: a directory of one's own is bound as asked
@@ -119,8 +147,21 @@ def test_a_bind_that_reaches_engine_state_is_refused_in_one_line_with_nothing_st
 
 def test_a_shared_run_step_is_refused_the_same_way(victim_unpacked, stack):
     victim = victim_unpacked
-    step = victim.srun("-N1", "-n1", "podman-hpc", "shared-run", "-v", "/dev/shm:/dev/shm", "-e",
-                       f"UNPACK={victim.unpack_dir}", stack.tiny_image, "sh", "-c", PLANT, check=False)
+    step = victim.srun(
+        "-N1",
+        "-n1",
+        "podman-hpc",
+        "shared-run",
+        "-v",
+        "/dev/shm:/dev/shm",
+        "-e",
+        f"UNPACK={victim.unpack_dir}",
+        stack.tiny_image,
+        "sh",
+        "-c",
+        PLANT,
+        check=False,
+    )
     assert step.returncode != 0
     assert "Error: -v /dev/shm:/dev/shm would give the container podman-hpc's own state (" in step.stderr
     assert planted(victim.unpack_dir) == []

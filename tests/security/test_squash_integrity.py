@@ -67,6 +67,7 @@ def stores(member):
     def make(mode: int) -> Path:
         made.append(project_store(mode))
         return made[-1]
+
     yield make
     for path in made:
         member.sh("rm", "-rf", path, check=False)
@@ -100,13 +101,13 @@ def test_a_squash_file_a_member_changed_is_refused_before_it_is_mounted(victim, 
 
     victim.wipe_local_storage()  # run from the store, as on a node that never pulled it
     node = stack.nodes[0]
-    refused = victim.srun("-w", node, "podman-hpc", "run", "--rm", stack.tiny_image, "echo", "it ran",
-                          check=False)
+    refused = victim.srun("-w", node, "podman-hpc", "run", "--rm", stack.tiny_image, "echo", "it ran", check=False)
     assert refused.returncode != 0 and "it ran" not in refused.stdout, refused
     errors = [line for line in refused.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, refused.stderr
-    assert (f"squash file {squash} does not match its record: it was changed after it was squashed; "
-            "squash the image again") in errors[0], errors[0]
+    assert (
+        f"squash file {squash} does not match its record: it was changed after it was squashed; squash the image again"
+    ) in errors[0], errors[0]
     assert sum("does not match its record" in line for line in refused.stderr.splitlines()) == 1
     assert victim.mounts(node) == []  # nothing was mounted or left mounted
 
@@ -114,15 +115,17 @@ def test_a_squash_file_a_member_changed_is_refused_before_it_is_mounted(victim, 
     again = victim("pull", stack.tiny_image)
     assert "already squashed" not in again.stdout and "squashed" in again.stdout, again.stdout
     squash = the_squash_file(store)
-    assert sha256(squash) == json.loads((store / "overlay-images" / "images.json").read_text())[0][
-        "flags"]["podman-hpc.squash-digest"].removeprefix("sha256:")
+    assert sha256(squash) == json.loads((store / "overlay-images" / "images.json").read_text())[0]["flags"][
+        "podman-hpc.squash-digest"
+    ].removeprefix("sha256:")
     victim.wipe_local_storage()
     ran = victim.srun("-w", node, "podman-hpc", "run", "--rm", stack.tiny_image, "cat", "/etc/os-release")
     assert "ID=tiny" in ran.stdout
 
 
-def test_in_a_sticky_project_store_a_member_can_neither_rewrite_nor_replace_a_squash_file(victim, member, stores,
-                                                                                        stack):
+def test_in_a_sticky_project_store_a_member_can_neither_rewrite_nor_replace_a_squash_file(
+    victim, member, stores, stack
+):
     store = stores(0o3770)
     victim = in_store(victim, store)
     victim("pull", stack.tiny_image)

@@ -30,8 +30,9 @@ def marker(outsider):
 
 
 def attack_program(plant, marker: Path) -> Path:
-    return plant(marker.parent.with_name(marker.parent.name + "-bin") / "evil",
-                 ATTACK_SCRIPT.format(marker=marker), mode="0755")
+    return plant(
+        marker.parent.with_name(marker.parent.name + "-bin") / "evil", ATTACK_SCRIPT.format(marker=marker), mode="0755"
+    )
 
 
 def assert_refused(result, path: str) -> None:
@@ -71,7 +72,7 @@ def test_once_the_plant_is_gone_the_victims_state_is_private_and_runs(victim, st
 
 def test_a_planted_hook_is_never_run(victim, stack, plant, marker):
     evil = attack_program(plant, marker)
-    hook = ('{"version": "1.0.0", "hook": {"path": "%s"}, "when": {"always": true}, "stages": ["prestart"]}' % evil)
+    hook = '{"version": "1.0.0", "hook": {"path": "%s"}, "when": {"always": true}, "stages": ["prestart"]}' % evil
     plant(f"{victim.env['PODMANHPC_RUN_ROOT']}/hooks.d/01-evil.json", hook, mode="0444")
 
     result = victim("run", "--rm", stack.tiny_image, "true", check=False)
@@ -82,8 +83,7 @@ def test_a_planted_hook_is_never_run(victim, stack, plant, marker):
 def test_a_planted_unpacked_copy_never_becomes_the_victims_root(victim, stack, plant, marker):
     unpack_dir = victim.env["PODMANHPC_SQUASH_UNPACK_DIR"]
     # an "unpacked image" whose every program is the attacker's
-    plant(f"{unpack_dir}/0123456789abcdef0123456789abcdef/bin/sh",
-          ATTACK_SCRIPT.format(marker=marker), mode="0755")
+    plant(f"{unpack_dir}/0123456789abcdef0123456789abcdef/bin/sh", ATTACK_SCRIPT.format(marker=marker), mode="0755")
 
     result = victim("pull", stack.tiny_image, check=False)
     assert_refused(result, str(Path(unpack_dir).parent))
@@ -97,8 +97,9 @@ def test_without_scratch_nothing_falls_back_to_a_shared_tmp_storage(victim, stac
         outsider.sh("mkdir", "-m", "2777", shared)
     try:
         before = sorted(os.listdir(shared))
-        pulled = victim.sh("env", "-u", "SCRATCH", "-u", "SQUASH_DIR", "podman-hpc", "pull", stack.tiny_image,
-                           check=False)
+        pulled = victim.sh(
+            "env", "-u", "SCRATCH", "-u", "SQUASH_DIR", "podman-hpc", "pull", stack.tiny_image, check=False
+        )
         lines = pulled.stderr.strip().splitlines()
         assert pulled.returncode == 125 and len(lines) == 1, pulled.stderr
         assert "no squashed image store: SCRATCH is not set" in lines[0]

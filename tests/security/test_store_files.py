@@ -48,12 +48,16 @@ def squashed_names(store: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("lock", ["records", "image"])
-def test_a_lock_file_swapped_for_a_link_to_the_victims_key_is_refused(victim, member, project_store, ssh_key,
-                                                                     stack, lock):
+def test_a_lock_file_swapped_for_a_link_to_the_victims_key_is_refused(
+    victim, member, project_store, ssh_key, stack, lock
+):
     victim = in_store(victim, project_store)
     victim("pull", stack.tiny_image)  # the store exists, with the victim's lock files
-    tag = build(victim, f"localhost/tests/locks:{uuid.uuid4().hex[:6]}",
-                f"FROM {stack.tiny_image}\nRUN echo {uuid.uuid4().hex} > /id\n")
+    tag = build(
+        victim,
+        f"localhost/tests/locks:{uuid.uuid4().hex[:6]}",
+        f"FROM {stack.tiny_image}\nRUN echo {uuid.uuid4().hex} > /id\n",
+    )
     if lock == "records":  # the victim's images.lock (its directory is writable by every member)
         path = project_store / "overlay-images" / "images.lock"
         member.sh("sh", "-c", 'rm -f "$1" && ln -s "$2" "$1"', "sh", path, ssh_key)
@@ -66,7 +70,8 @@ def test_a_lock_file_swapped_for_a_link_to_the_victims_key_is_refused(victim, me
     assert refused.returncode == 125, refused
     assert refused.stderr.strip().splitlines() == [
         f"Error: refusing to use {path}: it is a symbolic link (another member of the store's group may have "
-        "put it there); remove it, or ask its owner to"], refused.stderr
+        "put it there); remove it, or ask its owner to"
+    ], refused.stderr
     assert intact(ssh_key), "the victim's key was chmod-ed or written to"
     assert tag not in squashed_names(project_store)
 
@@ -75,4 +80,3 @@ def test_a_lock_file_swapped_for_a_link_to_the_victims_key_is_refused(victim, me
     assert tag in squashed_names(project_store) and intact(ssh_key)
     victim.wipe_local_storage()
     assert victim("run", "--rm", tag, "cat", "/id").stdout.strip()
-

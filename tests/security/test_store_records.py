@@ -47,8 +47,9 @@ def squash_files(store: Path) -> list[Path]:
 def test_layer_records_that_lead_out_of_the_store_are_never_removed(victim, member, project_store, precious, stack):
     victim = in_store(victim, project_store)
     victim("pull", stack.tiny_image)
-    unrelated = build(victim, f"localhost/tests/unrelated:{uuid.uuid4().hex[:6]}",
-                      f"FROM {stack.tiny_image}\nRUN echo mine > /mine\n")
+    unrelated = build(
+        victim, f"localhost/tests/unrelated:{uuid.uuid4().hex[:6]}", f"FROM {stack.tiny_image}\nRUN echo mine > /mine\n"
+    )
     victim("migrate", unrelated)
     assert len(squash_files(project_store)) == 2
 
@@ -81,25 +82,35 @@ def test_layer_records_that_lead_out_of_the_store_are_never_removed(victim, memb
     assert (precious / "chapter1.tex").read_text() == "years of work\n"
 
 
-def test_an_image_record_whose_id_is_a_path_is_neither_listed_nor_removed(victim, member, project_store,
-                                                                        precious, stack):
+def test_an_image_record_whose_id_is_a_path_is_neither_listed_nor_removed(
+    victim, member, project_store, precious, stack
+):
     victim = in_store(victim, project_store)
     victim("pull", stack.tiny_image)
     images = project_store / "overlay-images" / "images.json"
-    member.sh("python3", "-c", r"""
+    member.sh(
+        "python3",
+        "-c",
+        r"""
 import json, sys
 path, target, name = sys.argv[1:]
 records = json.load(open(path))
 records.append({"id": target, "layer": target, "names": [name]})
 json.dump(records, open(path, "w"))
-""", images, str(precious), "localhost/tests/bait:1")
+""",
+        images,
+        str(precious),
+        "localhost/tests/bait:1",
+    )
     refused = victim("rmsqi", "localhost/tests/bait:1", check=False)
     assert refused.returncode == 125, refused
     assert [line for line in refused.stderr.splitlines() if line.startswith("Error:")] == [
-        f"Error: image localhost/tests/bait:1 is not in the squashed store {project_store}"]
+        f"Error: image localhost/tests/bait:1 is not in the squashed store {project_store}"
+    ]
     assert (precious / "chapter1.tex").read_text() == "years of work\n"
     assert "bait" not in victim("images").stdout
     victim("rmsqi", stack.tiny_image)  # the normal flow
     assert squash_files(project_store) == []
-    assert any(r.get("names") == ["localhost/tests/bait:1"] for r in json.loads(images.read_text())), \
+    assert any(r.get("names") == ["localhost/tests/bait:1"] for r in json.loads(images.read_text())), (
         "the member's record is left as it was, not acted on"
+    )

@@ -28,16 +28,20 @@ def public_functions(body: list[ast.stmt], prefix: str = "") -> Iterator[tuple[s
         elif isinstance(node, ast.If):
             yield from public_functions(node.body + node.orelse, prefix)
         elif isinstance(node, ast.Try):
-            yield from public_functions(node.body + node.orelse + node.finalbody
-                                        + [s for h in node.handlers for s in h.body], prefix)
+            yield from public_functions(
+                node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body], prefix
+            )
 
 
 def missing(path: Path, root: Path) -> list[str]:
     """``path:line: name`` of each public function or method in ``path`` without a docstring."""
     tree = ast.parse(path.read_text(), str(path))
     where = path.relative_to(root)
-    return [f"{where}:{node.lineno}: {name}" for name, node in public_functions(tree.body)
-            if not (ast.get_docstring(node) or "").strip()]
+    return [
+        f"{where}:{node.lineno}: {name}"
+        for name, node in public_functions(tree.body)
+        if not (ast.get_docstring(node) or "").strip()
+    ]
 
 
 def test_every_public_function_and_method_has_a_docstring():
@@ -61,8 +65,15 @@ def test_the_checker_sees_a_missing_docstring(tmp_path):
         "    class Inner:\n        def method(self):\n            pass\n"
         "class _Hidden:\n    def shown(self):\n        pass\n"
         "if True:\n    def conditional():\n        pass\n"
-        "try:\n    pass\nexcept ImportError:\n    def fallback():\n        pass\n")
+        "try:\n    pass\nexcept ImportError:\n    def fallback():\n        pass\n"
+    )
     assert missing(module, tmp_path) == [
-        "m.py:5: bare", "m.py:7: bare_async", "m.py:9: blank", "m.py:17: Thing.size",
-        "m.py:20: Thing.Inner.method", "m.py:23: _Hidden.shown", "m.py:26: conditional",
-        "m.py:31: fallback"]
+        "m.py:5: bare",
+        "m.py:7: bare_async",
+        "m.py:9: blank",
+        "m.py:17: Thing.size",
+        "m.py:20: Thing.Inner.method",
+        "m.py:23: _Hidden.shown",
+        "m.py:26: conditional",
+        "m.py:31: fallback",
+    ]

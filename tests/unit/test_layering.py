@@ -52,9 +52,19 @@ ALWAYS_LOADED = {"os", "sys", "__future__"}  # loaded before any module of ours 
 # The engine's rooms (a subpackage, or a module at its top), from the bottom up; rooms on
 # one rank do not import each other. ``hook`` is the old path of ``site.hook``'s console script.
 ENGINE_ORDER = [
-    {"errors"}, {"progress", "text"}, {"reference"},
-    {"base"}, {"site"}, {"store"}, {"mount"}, {"statebinds"}, {"podman"},
-    {"service", "info"}, {"images"}, {"run"}, {"hook", "__init__"},
+    {"errors"},
+    {"progress", "text"},
+    {"reference"},
+    {"base"},
+    {"site"},
+    {"store"},
+    {"mount"},
+    {"statebinds"},
+    {"podman"},
+    {"service", "info"},
+    {"images"},
+    {"run"},
+    {"hook", "__init__"},
 ]
 ENGINE = f"{NAME}.engine"
 
@@ -77,7 +87,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -89,15 +99,17 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
 
 def part(module: str) -> str:
     """The part of the package a module of ours belongs to (``engine``, ``cli``, ...)."""
-    rest = module[len(NAME) + 1:]
+    rest = module[len(NAME) + 1 :]
     return rest.split(".")[0] if rest else "__init__"
 
 
 def graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)
-    return {name: {t for t in imports(name, path, known) if t == NAME or t.startswith(NAME + ".")}
-            for name, path in found.items()}
+    return {
+        name: {t for t in imports(name, path, known) if t == NAME or t.startswith(NAME + ".")}
+        for name, path in found.items()
+    }
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -154,7 +166,7 @@ def test_no_part_imports_a_part_above_it():
 
 def engine_room(module: str) -> str:
     """The room of the engine a module of it sits in (``store`` for ``engine.store.fs``)."""
-    rest = module[len(ENGINE) + 1:]
+    rest = module[len(ENGINE) + 1 :]
     return rest.split(".")[0] if rest else "__init__"
 
 
@@ -185,14 +197,19 @@ def test_the_engine_imports_only_rooms_below_each_room():
 
 def test_the_checker_sees_an_import_against_the_engine_order(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("from ..errors import EngineError\n\ndef f():\n    from ..run import join\n    from ..podman import Podman\n")
+    module.write_text(
+        "from ..errors import EngineError\n\ndef f():\n    from ..run import join\n    from ..podman import Podman\n"
+    )
     known = {f"{ENGINE}.run.join", f"{ENGINE}.errors", f"{ENGINE}.podman"}
     found = imports(f"{ENGINE}.store.m", module, known)
     assert found == {f"{ENGINE}.run.join", f"{ENGINE}.errors", f"{ENGINE}.podman"}
     assert engine_imports_against_order({f"{ENGINE}.store.m": found}) == [
-        f"{ENGINE}.store.m -> {ENGINE}.podman", f"{ENGINE}.store.m -> {ENGINE}.run.join"]
+        f"{ENGINE}.store.m -> {ENGINE}.podman",
+        f"{ENGINE}.store.m -> {ENGINE}.run.join",
+    ]
     assert engine_imports_against_order({f"{ENGINE}.text": {f"{ENGINE}.progress"}}) == [
-        f"{ENGINE}.text -> {ENGINE}.progress"]  # one rank: neither imports the other
+        f"{ENGINE}.text -> {ENGINE}.progress"
+    ]  # one rank: neither imports the other
     assert engine_imports_against_order({f"{ENGINE}.run.m": found}) == []
 
 

@@ -12,8 +12,12 @@ import jupyter_podman_hpc
 PACKAGE = Path(jupyter_podman_hpc.__file__).parent
 
 
-PARTS = ["engine", "slurm", "kernels",
-         *(f"engine/{room.name}" for room in sorted((PACKAGE / "engine").iterdir()) if (room / "__init__.py").exists())]
+PARTS = [
+    "engine",
+    "slurm",
+    "kernels",
+    *(f"engine/{room.name}" for room in sorted((PACKAGE / "engine").iterdir()) if (room / "__init__.py").exists()),
+]
 
 
 @pytest.mark.parametrize("part", PARTS)

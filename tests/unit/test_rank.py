@@ -16,9 +16,14 @@ from jupyter_podman_hpc.engine.site.config import load_config
 
 def _plan(key="7.1.n2", **changes):
     name = stepsocket.container_name(os.getuid(), key)
-    plan = {"join": False, "command": ["true"], "env": None, "workdir": None,
-            "argv": ["/usr/bin/podman", "--root", "/r", "exec", "-e", "A", name, "true"],
-            "podman_env": {"set": {"XDG_CONFIG_HOME": "/c"}, "unset": ["XDG_RUNTIME_DIR"]}}
+    plan = {
+        "join": False,
+        "command": ["true"],
+        "env": None,
+        "workdir": None,
+        "argv": ["/usr/bin/podman", "--root", "/r", "exec", "-e", "A", name, "true"],
+        "podman_env": {"set": {"XDG_CONFIG_HOME": "/c"}, "unset": ["XDG_RUNTIME_DIR"]},
+    }
     plan.update(changes)
     return plan
 
@@ -47,12 +52,16 @@ def test_a_plan_may_run_in_the_container_the_jobs_steps_share_on_this_node_and_n
     shared = stepsocket.container_name(os.getuid(), stepsocket.reuse_key("7", "n2", "0123456789ab"))
     plan = _plan(argv=["/usr/bin/podman", "exec", shared, "true"])
     assert rank.checked_plan(plan, "7.1.n2", environ) == plan
-    for other_job, node, digest in (("8", "n2", "0123456789ab"), ("7", "n3", "0123456789ab"),
-                                    ("7", "n2", "0123456789"), ("7", "n2", "0123456789aX")):
+    for other_job, node, digest in (
+        ("8", "n2", "0123456789ab"),
+        ("7", "n3", "0123456789ab"),
+        ("7", "n2", "0123456789"),
+        ("7", "n2", "0123456789aX"),
+    ):
         name = stepsocket.container_name(os.getuid(), stepsocket.reuse_key(other_job, node, digest))
         with pytest.raises(rank.Refused):
             rank.checked_plan(_plan(argv=["/usr/bin/podman", "exec", name, "true"]), "7.1.n2", environ)
-    with pytest.raises(rank.Refused):   # not in a Slurm step: no job to share with
+    with pytest.raises(rank.Refused):  # not in a Slurm step: no job to share with
         rank.checked_plan(plan, "7.1.n2", {})
 
 
@@ -61,7 +70,7 @@ def test_the_variables_a_plan_may_set_are_those_podman_hpc_gives_podman(monkeypa
     name exactly what SiteConfig.podman_env sets, or a --no-join task refuses its monitor's plan."""
     monkeypatch.setenv("PODMANHPC_CONFIG_FILE", str(tmp_path / "none.yaml"))
     (tmp_path / "none.yaml").write_text("{}\n")
-    monkeypatch.setenv("SLURM_JOB_ID", "7")   # a job: every read-path variable is set
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # a job: every read-path variable is set
     before = {"XDG_RUNTIME_DIR": "/run/user/1", "KEPT": "x"}
     after = load_config().podman_env(before)
     assert {key for key, value in after.items() if before.get(key) != value} == rank.PODMAN_ENV_SET
@@ -83,7 +92,7 @@ def test_argv0_must_be_the_configured_podman(tmp_path):
     other = tmp_path / "site-podman"
     shutil.copy(podman, other)
     config = tmp_path / "podman_hpc.yaml"
-    config.write_text(f"# site\nrun_root: /x\npodman_bin: \"{other}\"  # ours\n")
+    config.write_text(f'# site\nrun_root: /x\npodman_bin: "{other}"  # ours\n')
     with pytest.raises(rank.Refused):
         rank.check_podman(str(podman), {**env, "PODMANHPC_CONFIG_FILE": str(config)})
     rank.check_podman(str(other), {**env, "PODMANHPC_CONFIG_FILE": str(config)})
@@ -104,14 +113,20 @@ def _serve_one_plan(address, plan, fds=()):
         server.recv(1)  # until the task ends
         server.close()
         listener.close()
+
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     return thread
 
 
 def _task(env):
-    return subprocess.run([sys.executable, "-m", "jupyter_podman_hpc.rank", "shared-run", "img", "true"],
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "jupyter_podman_hpc.rank", "shared-run", "img", "true"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("how", ["another program", "podman with LD_PRELOAD", "a host process to join"])
@@ -125,11 +140,15 @@ def test_a_task_refuses_a_malicious_plan_in_one_line_and_runs_nothing(tmp_path, 
     if how == "another program":
         plan = _plan(key, command=["true"], argv=["/bin/sh", "-c", f"touch {marker}", "exec", name, "true"])
     elif how == "podman with LD_PRELOAD":
-        plan = _plan(key, argv=[shutil.which("true"), "exec", name, "true"],
-                     podman_env={"set": {"LD_PRELOAD": str(marker)}, "unset": []})
+        plan = _plan(
+            key,
+            argv=[shutil.which("true"), "exec", name, "true"],
+            podman_env={"set": {"LD_PRELOAD": str(marker)}, "unset": []},
+        )
     else:  # join "the container" whose first process is this test: the command would run on the host
-        plan = _plan(key, join=True, command=["touch", str(marker)],
-                     argv=["/usr/bin/podman", "exec", name, "touch", str(marker)])
+        plan = _plan(
+            key, join=True, command=["touch", str(marker)], argv=["/usr/bin/podman", "exec", name, "touch", str(marker)]
+        )
         fds = (os.pidfd_open(os.getpid()),)
     thread = _serve_one_plan(stepsocket.address_of(key), plan, fds)
     result = _task(env)
@@ -153,16 +172,34 @@ def test_a_task_runs_the_configured_podman_of_a_good_plan(tmp_path):
     name = stepsocket.container_name(os.getuid(), key)
     plan = _plan(key, argv=[str(podman), "exec", name, "true"])
     thread = _serve_one_plan(stepsocket.address_of(key), plan)
-    result = _task({"SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n1",
-                    "PATH": f"{bin_dir}:{os.environ['PATH']}", "XDG_RUNTIME_DIR": "/run/x",
-                    "PODMANHPC_CONFIG_FILE": str(tmp_path / "none.yaml")})
+    result = _task(
+        {
+            "SLURM_JOB_ID": job,
+            "SLURM_STEP_ID": "0",
+            "SLURMD_NODENAME": "n1",
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "XDG_RUNTIME_DIR": "/run/x",
+            "PODMANHPC_CONFIG_FILE": str(tmp_path / "none.yaml"),
+        }
+    )
     thread.join(10)
     assert result.returncode == 0, result.stderr
     assert out.read_text() == f"/c unset exec {name} true\n"
 
 
-NEVER_LOADED = ("re", "enum", "json", "socket", "subprocess", "logging", "signal", "hashlib",
-                "jupyter_podman_hpc.cli", "jupyter_podman_hpc.engine.site.config", "jupyter_podman_hpc.engine.run.launcher")
+NEVER_LOADED = (
+    "re",
+    "enum",
+    "json",
+    "socket",
+    "subprocess",
+    "logging",
+    "signal",
+    "hashlib",
+    "jupyter_podman_hpc.cli",
+    "jupyter_podman_hpc.engine.site.config",
+    "jupyter_podman_hpc.engine.run.launcher",
+)
 
 
 @pytest.mark.parametrize("how", ["podman exec", "join"])
@@ -185,22 +222,33 @@ def test_a_task_that_is_not_the_first_imports_almost_nothing(tmp_path, how):
         fds = (os.pidfd_open(os.getpid()),)
     thread = _serve_one_plan(stepsocket.address_of(key), plan, fds)
     root = os.path.dirname(os.path.dirname(rank.__file__))
-    script = (f"import sys; sys.path.insert(0, {root!r}); sys.argv = ['podman-hpc', 'shared-run', 'img', 'true']\n"
-              "from jupyter_podman_hpc import rank\n"
-              "code = rank.main()\n"
-              "sys.stdout.write(' '.join(sorted(sys.modules)))\n"
-              "sys.exit(code)\n")
-    env = {**os.environ, "SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n1",
-           "PATH": f"{bin_dir}:{os.environ['PATH']}", "PODMANHPC_CONFIG_FILE": str(tmp_path / "none.yaml")}
-    result = subprocess.run([sys.executable, "-I", "-S", "-c", script], env=env, capture_output=True, text=True,
-                            timeout=60)
+    script = (
+        f"import sys; sys.path.insert(0, {root!r}); sys.argv = ['podman-hpc', 'shared-run', 'img', 'true']\n"
+        "from jupyter_podman_hpc import rank\n"
+        "code = rank.main()\n"
+        "sys.stdout.write(' '.join(sorted(sys.modules)))\n"
+        "sys.exit(code)\n"
+    )
+    env = {
+        **os.environ,
+        "SLURM_JOB_ID": job,
+        "SLURM_STEP_ID": "0",
+        "SLURMD_NODENAME": "n1",
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PODMANHPC_CONFIG_FILE": str(tmp_path / "none.yaml"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
     thread.join(10)
     for fd in fds:
         os.close(fd)
     assert result.returncode == (125 if how == "join" else 0), result.stderr
     loaded = set(result.stdout.split())
     assert "jupyter_podman_hpc.stepsocket" in loaded
-    assert ("jupyter_podman_hpc.engine.run.join" in loaded) == ("jupyter_podman_hpc.engine" in loaded) == (how == "join")
+    assert (
+        ("jupyter_podman_hpc.engine.run.join" in loaded) == ("jupyter_podman_hpc.engine" in loaded) == (how == "join")
+    )
     assert [module for module in NEVER_LOADED if module in loaded] == []
     if how == "podman exec":  # rank and stepsocket alone: not even __future__
         assert "__future__" not in loaded

@@ -54,8 +54,11 @@ def test_outside_a_step_there_is_no_rendezvous():
 def test_the_step_key_has_one_definition():
     """The console script's rendezvous, the CLI's and the container name come from one key."""
     config = load_config({})
-    for env in (NAMED, {"SLURM_JOBID": "8", "SLURM_STEPID": "0", "SLURMD_NODENAME": "n/1 x"},
-                {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "4294967290"}):
+    for env in (
+        NAMED,
+        {"SLURM_JOBID": "8", "SLURM_STEPID": "0", "SLURMD_NODENAME": "n/1 x"},
+        {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "4294967290"},
+    ):
         context = step_context(config, env)
         assert stepsocket.environ_step_key(env) == context.key
         assert stepsocket.step_address(env) == stepsocket.address_of(context.key)
@@ -79,8 +82,7 @@ def _key_in(directory):
 def test_the_key_is_made_once_private_and_shared_by_simultaneous_first_tasks(tmp_path):
     path = _key_in(tmp_path)
     script = f"from jupyter_podman_hpc import stepsocket; import sys; sys.stdout.write(stepsocket.load_secret({path!r}).hex())"
-    children = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-                for _ in range(8)]
+    children = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(8)]
     keys = {child.communicate()[0] for child in children}
     assert len(keys) == 1 and len(bytes.fromhex(keys.pop())) == stepsocket.KEY_SIZE
     assert os.stat(path).st_mode & 0o777 == 0o600
@@ -124,8 +126,9 @@ def test_a_key_or_directory_others_could_touch_is_refused(tmp_path):
 
 def _in_another_userns(script: str) -> subprocess.Popen:
     """``script`` in a new user namespace (as a rootless container is), same uid outside."""
-    child = subprocess.Popen(["unshare", "--user", "--map-root-user", sys.executable, "-c", script],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        ["unshare", "--user", "--map-root-user", sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout.readline().strip() == "ready"
     return child
 
@@ -136,7 +139,8 @@ def test_a_rendezvous_held_from_another_user_namespace_is_refused_in_one_line(mo
     squatter = _in_another_userns(
         "import socket, time\n"
         f"s = socket.socket(socket.AF_UNIX); s.bind({address!r}); s.listen(0)\n"
-        "print('ready', flush=True); time.sleep(30)\n")
+        "print('ready', flush=True); time.sleep(30)\n"
+    )
     try:
         with pytest.raises(stepsocket.Refused) as refused:
             stepsocket.rendezvous(address)
@@ -156,7 +160,8 @@ def test_the_monitor_side_refuses_a_task_from_another_user_namespace():
     intruder = _in_another_userns(
         "import socket, time\n"
         f"s = socket.socket(socket.AF_UNIX); s.connect({address!r})\n"
-        "print('ready', flush=True); time.sleep(30)\n")
+        "print('ready', flush=True); time.sleep(30)\n"
+    )
     try:
         server = socket.socket(fileno=listener._accept()[0])
         assert "another user namespace" in stepsocket.peer_problem(server)
@@ -171,9 +176,14 @@ def test_the_monitor_side_refuses_a_task_from_another_user_namespace():
 
 
 def _exec_plan(podman: str, *args: str) -> dict:
-    return {"join": False, "command": ["true"], "env": None, "workdir": None,
-            "argv": [podman, "exec", *args], "podman_env": {"set": {"XDG_CONFIG_HOME": "/c"},
-                                                            "unset": ["XDG_RUNTIME_DIR"]}}
+    return {
+        "join": False,
+        "command": ["true"],
+        "env": None,
+        "workdir": None,
+        "argv": [podman, "exec", *args],
+        "podman_env": {"set": {"XDG_CONFIG_HOME": "/c"}, "unset": ["XDG_RUNTIME_DIR"]},
+    }
 
 
 def _stand_in(tmp_path, body: str) -> str:
@@ -193,7 +203,9 @@ def test_podman_killed_by_a_signal_is_128_plus_n(tmp_path, signum):
 def test_an_exit_code_is_passed_through_and_podmans_environment_applied(tmp_path):
     out = tmp_path / "out"
     podman = _stand_in(tmp_path, f'echo "$XDG_CONFIG_HOME ${{XDG_RUNTIME_DIR-unset}} $*" > {out}; exit 3')
-    assert stepsocket.run_plan(_exec_plan(podman, "c", "true"), None, {"XDG_RUNTIME_DIR": "/run/x", "PATH": "/bin"}) == 3
+    assert (
+        stepsocket.run_plan(_exec_plan(podman, "c", "true"), None, {"XDG_RUNTIME_DIR": "/run/x", "PATH": "/bin"}) == 3
+    )
     assert out.read_text() == "/c unset exec c true\n"
 
 
@@ -207,8 +219,10 @@ def test_the_signals_a_task_gets_reach_its_command_and_its_code_says_which(tmp_p
     reports the command's death by signal N as 128 + N."""
     started = tmp_path / "started"
     podman = _stand_in(tmp_path, f"touch {started}; exec sleep 30")
-    script = (f"import sys; from jupyter_podman_hpc import stepsocket; "
-              f"sys.exit(stepsocket.run_plan({_exec_plan(podman)!r}, None, {{}}))")
+    script = (
+        f"import sys; from jupyter_podman_hpc import stepsocket; "
+        f"sys.exit(stepsocket.run_plan({_exec_plan(podman)!r}, None, {{}}))"
+    )
     task = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 30
     while not started.exists() and time.monotonic() < deadline:
@@ -224,10 +238,17 @@ def test_pmi_fd_reaches_podman_as_fd_3(tmp_path):
     read_end, write_end = os.pipe()
     os.write(write_end, b"pmi")
     os.close(write_end)
-    script = (f"import os, sys; from jupyter_podman_hpc import stepsocket; "
-              f"sys.exit(stepsocket.run_plan({_exec_plan(podman)!r}, None, dict(os.environ)))")
-    subprocess.run([sys.executable, "-c", script], env={**os.environ, "PMI_FD": str(read_end)},
-                   pass_fds=(read_end,), check=True, timeout=30)
+    script = (
+        f"import os, sys; from jupyter_podman_hpc import stepsocket; "
+        f"sys.exit(stepsocket.run_plan({_exec_plan(podman)!r}, None, dict(os.environ)))"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PMI_FD": str(read_end)},
+        pass_fds=(read_end,),
+        check=True,
+        timeout=30,
+    )
     os.close(read_end)
     assert out.read_text() == "3 pmi\n"
     assert stepsocket.pmi_fd_args({"PMI_FD": "7"}) == ["--preserve-fds", "1"] and stepsocket.pmi_fd_args({}) == []

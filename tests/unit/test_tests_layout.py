@@ -33,28 +33,42 @@ def imported_conftests(path: Path) -> list[str]:
 
 
 def test_no_test_module_imports_another():
-    offenders = {str(path.relative_to(TESTS)): imported for path in sorted(TESTS.rglob("*.py"))
-                 if (imported := imported_test_modules(path))}
+    offenders = {
+        str(path.relative_to(TESTS)): imported
+        for path in sorted(TESTS.rglob("*.py"))
+        if (imported := imported_test_modules(path))
+    }
     assert offenders == {}
 
 
 def test_the_check_sees_an_import_of_a_test_module(tmp_path):
     module = tmp_path / "test_x.py"
-    module.write_text("from tests.integration.engine.test_launcher_stress import wait_running\n"
-                      "from .test_pool import install\nimport tests.unit.test_y\nfrom .conftest import run\n")
-    assert imported_test_modules(module) == ["tests.integration.engine.test_launcher_stress", ".test_pool", "tests.unit.test_y"]
+    module.write_text(
+        "from tests.integration.engine.test_launcher_stress import wait_running\n"
+        "from .test_pool import install\nimport tests.unit.test_y\nfrom .conftest import run\n"
+    )
+    assert imported_test_modules(module) == [
+        "tests.integration.engine.test_launcher_stress",
+        ".test_pool",
+        "tests.unit.test_y",
+    ]
 
 
 def test_no_module_imports_from_a_conftest():
-    offenders = {str(path.relative_to(TESTS)): imported for path in sorted(TESTS.rglob("*.py"))
-                 if (imported := imported_conftests(path))}
+    offenders = {
+        str(path.relative_to(TESTS)): imported
+        for path in sorted(TESTS.rglob("*.py"))
+        if (imported := imported_conftests(path))
+    }
     assert offenders == {}
 
 
 def test_the_check_sees_an_import_from_a_conftest(tmp_path):
     module = tmp_path / "test_x.py"
-    module.write_text("from tests.conftest import run\nfrom .conftest import start\nimport tests.unit.conftest\n"
-                      "from tests.helpers.commands import run\nfrom . import conftest_like\n")
+    module.write_text(
+        "from tests.conftest import run\nfrom .conftest import start\nimport tests.unit.conftest\n"
+        "from tests.helpers.commands import run\nfrom . import conftest_like\n"
+    )
     assert imported_conftests(module) == ["tests.conftest", ".conftest", "tests.unit.conftest"]
 
 

@@ -123,8 +123,16 @@ def logged_to(stream: TextIO, level: str = "debug") -> Iterator[None]:
         log.setLevel(old_level)
 
 
-PODMAN_LEVELS = {"trace": "DEBUG", "debug": "DEBUG", "info": "INFO", "warn": "WARNING",
-                 "warning": "WARNING", "error": "ERROR", "fatal": "CRITICAL", "panic": "CRITICAL"}
+PODMAN_LEVELS = {
+    "trace": "DEBUG",
+    "debug": "DEBUG",
+    "info": "INFO",
+    "warn": "WARNING",
+    "warning": "WARNING",
+    "error": "ERROR",
+    "fatal": "CRITICAL",
+    "panic": "CRITICAL",
+}
 
 
 def log_to_stderr(podman_level: str) -> None:

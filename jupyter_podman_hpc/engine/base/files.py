@@ -20,8 +20,9 @@ _UNTRUSTED_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _UNTRUSTED_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int | None = None, *,
-                 dir_fd: int | None = None) -> None:
+def atomic_write(
+    path: str | os.PathLike, data: str | bytes, mode: int | None = None, *, dir_fd: int | None = None
+) -> None:
     """Write ``data`` to a temporary file beside ``path``, flush it to disk and rename it over
     ``path``. ``mode`` is the new file's mode (else the umask's); with ``dir_fd``, ``path`` is a
     name in that directory. A failure leaves ``path`` as it was and no temporary file behind.
@@ -34,8 +35,12 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int | None = 
     tmp_name = f".{path.name}.{os.uname().nodename}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
     tmp = tmp_name if dir_fd is not None else str(path.with_name(tmp_name))
     target = path.name if dir_fd is not None else str(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600 if mode is not None else 0o666, dir_fd=dir_fd)
+    fd = os.open(
+        tmp,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600 if mode is not None else 0o666,
+        dir_fd=dir_fd,
+    )
     try:
         with os.fdopen(fd, "wb") as out:
             if mode is not None:
@@ -62,8 +67,7 @@ def read_own_json(path: str | os.PathLike, limit: int = 1 << 16):
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022 \
-                or st.st_size > limit:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022 or st.st_size > limit:
             return None
         return json.loads(os.read(fd, limit))
     except (OSError, ValueError):

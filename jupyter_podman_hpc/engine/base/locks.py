@@ -33,13 +33,15 @@ def flocked(path: str | Path, mode: int = 0o644) -> Iterator[None]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise PermissionDenied(f"refusing to use the lock file {path}: it is a symbolic link; "
-                                   f"remove it and run again") from None
+            raise PermissionDenied(
+                f"refusing to use the lock file {path}: it is a symbolic link; remove it and run again"
+            ) from None
         raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise PermissionDenied(f"refusing to use the lock file {path}: it is not a regular file; "
-                                   f"remove it and run again")
+            raise PermissionDenied(
+                f"refusing to use the lock file {path}: it is not a regular file; remove it and run again"
+            )
         # flock, not lockf: POSIX record locks belong to the process, so a
         # server's threads would not exclude each other.
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -60,8 +62,8 @@ def held_flock(directory: Path, name: str, how: int, create: bool = True) -> int
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
         except OSError as err:
             if not create:
-                return None   # nothing there to lock
-            if isinstance(err, FileNotFoundError):   # the directory went between the two calls
+                return None  # nothing there to lock
+            if isinstance(err, FileNotFoundError):  # the directory went between the two calls
                 continue
             raise
         try:

@@ -69,8 +69,9 @@ def group_name(gid: int) -> str:
 
 def describe_access(path: Path, want: int = os.W_OK | os.X_OK) -> str:
     """Why this user may not use ``path``: who owns what blocks it, its mode, our relation to it."""
-    blocker = next((parent for parent in reversed(path.parents)
-                    if parent.exists() and not os.access(parent, os.X_OK)), path)
+    blocker = next(
+        (parent for parent in reversed(path.parents) if parent.exists() and not os.access(parent, os.X_OK)), path
+    )
     try:
         st = blocker.stat()
     except OSError as err:
@@ -95,8 +96,10 @@ def private_dir(path: str | os.PathLike) -> Path:
     _check_own(path, st, below_shared)
     if st.st_mode & GROUP_OTHER:
         if st.st_mode & OTHERS_WRITE:
-            raise UnsafeDirectory(f"refusing to use {describe(path, st)}: others may have written into it; "
-                                  f"remove it (rm -rf {path}) and run again")
+            raise UnsafeDirectory(
+                f"refusing to use {describe(path, st)}: others may have written into it; "
+                f"remove it (rm -rf {path}) and run again"
+            )
         os.chmod(path, 0o700, follow_symlinks=False)
     return path
 
@@ -110,8 +113,10 @@ def own_dir(path: str | os.PathLike) -> Path:
     st = _make_or_lstat(path)
     _check_own(path, st, below_shared=True)
     if st.st_mode & OTHERS_WRITE:
-        raise UnsafeDirectory(f"refusing to use {describe(path, st)}: others may have written into it; "
-                              f"remove it (rm -rf {path}) and run again")
+        raise UnsafeDirectory(
+            f"refusing to use {describe(path, st)}: others may have written into it; "
+            f"remove it (rm -rf {path}) and run again"
+        )
     return path
 
 
@@ -162,8 +167,10 @@ def _check_parents(path: Path, create: bool) -> bool:
                 raise UnsafeDirectory(f"refusing to use {path}: {parent} is not a directory")
         if st.st_mode & OTHERS_WRITE:
             if not st.st_mode & stat.S_ISVTX and st.st_uid != os.getuid():
-                raise UnsafeDirectory(f"refusing to use {path}: {describe(parent, st)}, so others may "
-                                      f"replace what is in it; choose a directory of your own")
+                raise UnsafeDirectory(
+                    f"refusing to use {path}: {describe(parent, st)}, so others may "
+                    f"replace what is in it; choose a directory of your own"
+                )
             below_shared = below_shared or st.st_uid != os.getuid() or bool(st.st_mode & stat.S_ISVTX)
     return below_shared
 
@@ -179,14 +186,18 @@ def _check_component(path: Path, st: os.stat_result, below_shared: bool) -> None
 
 def _check_own(path: Path, st: os.stat_result, below_shared: bool) -> None:
     if stat.S_ISLNK(st.st_mode):
-        raise UnsafeDirectory(f"refusing to use {path}: it is a symbolic link"
-                              + (" in a directory others may write" if below_shared else ""))
+        raise UnsafeDirectory(
+            f"refusing to use {path}: it is a symbolic link"
+            + (" in a directory others may write" if below_shared else "")
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeDirectory(f"refusing to use {path}: it is not a directory")
     if st.st_uid != os.getuid():
-        raise UnsafeDirectory(f"refusing to use {describe(path, st)}: it belongs to another user, who may "
-                              f"have planted what is in it; ask them or an administrator to remove it, "
-                              f"or point the setting at a directory of your own")
+        raise UnsafeDirectory(
+            f"refusing to use {describe(path, st)}: it belongs to another user, who may "
+            f"have planted what is in it; ask them or an administrator to remove it, "
+            f"or point the setting at a directory of your own"
+        )
 
 
 def _make_or_lstat(path: Path) -> os.stat_result:

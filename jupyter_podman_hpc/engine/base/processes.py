@@ -18,6 +18,7 @@ from typing import Iterable, Mapping, Sequence
 def running(pid: int) -> bool:
     """The process exists and is not a zombie."""
     import psutil
+
     try:
         return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
@@ -43,6 +44,7 @@ def start_time(pid: int) -> str | None:
 def _wall_clock_start(pid: int) -> str | None:
     """The start time of earlier versions' owner tokens (psutil's create_time, with two decimals)."""
     import psutil
+
     try:
         return f"{psutil.Process(pid).create_time():.2f}"
     except psutil.Error:
@@ -74,6 +76,7 @@ def wait_any(tokens: Sequence[str], wake_fds: Sequence[int] = ()) -> str | None:
     under us once one is open (each is opened first and checked after, so a process that was
     already gone counts at once). A readable descriptor of ``wake_fds`` ends the wait too: None."""
     import select
+
     pidfds: dict[str, int] = {}
     try:
         for token in tokens:
@@ -106,6 +109,7 @@ def runs_command(pid: int, argv: Sequence[str]) -> bool | None:
 def cmdline(pid: int) -> list[str]:
     """The command line of process ``pid``; empty when it is gone or we may not look at it."""
     import psutil
+
     try:
         return psutil.Process(pid).cmdline()
     except psutil.Error:
@@ -123,9 +127,9 @@ def ancestor_pidfd(name: str) -> int | None:
         while pid > 1:
             with open(f"/proc/{pid}/stat") as stat:
                 text = stat.read()
-            if text[text.index("(") + 1:text.rindex(")")] == name:
+            if text[text.index("(") + 1 : text.rindex(")")] == name:
                 return os.pidfd_open(pid)
-            pid = int(text[text.rindex(")") + 2:].split()[1])  # after the name: state, parent pid
+            pid = int(text[text.rindex(")") + 2 :].split()[1])  # after the name: state, parent pid
     except (OSError, ValueError):
         pass
     return None
@@ -153,10 +157,10 @@ def detach() -> bool:
         os._exit(1)
     try:
         pidfd = os.pidfd_open(middle)
-    except ProcessLookupError:   # gone already: we were adopted
+    except ProcessLookupError:  # gone already: we were adopted
         return True
     try:
-        if os.getppid() == middle:   # a pidfd is readable once its process has exited and its children moved
+        if os.getppid() == middle:  # a pidfd is readable once its process has exited and its children moved
             select.select([pidfd], [], [])
     finally:
         os.close(pidfd)
@@ -166,8 +170,12 @@ def detach() -> bool:
 def parents() -> dict[int, int]:
     """pid -> parent pid of every process we can see (one pass over the process table)."""
     import psutil
-    return {process.info["pid"]: process.info["ppid"] for process in psutil.process_iter(["pid", "ppid"])
-            if process.info["ppid"] is not None}
+
+    return {
+        process.info["pid"]: process.info["ppid"]
+        for process in psutil.process_iter(["pid", "ppid"])
+        if process.info["ppid"] is not None
+    }
 
 
 def descendants(pid: int, table: Mapping[int, int] | None = None) -> list[int]:
@@ -195,8 +203,12 @@ def kill_conmon(container: str) -> list[int]:
     doomed: list[int] = []
     for info in infos:
         args = info["cmdline"] or []
-        if info["name"] == "conmon" and _ours(info) \
-                and "-n" in args and args[args.index("-n") + 1:args.index("-n") + 2] == [container]:
+        if (
+            info["name"] == "conmon"
+            and _ours(info)
+            and "-n" in args
+            and args[args.index("-n") + 1 : args.index("-n") + 2] == [container]
+        ):
             doomed += [info["pid"], *descendants(info["pid"], table)]
     doomed += [pid for pid in _orphaned_runc_inits(infos) if pid not in doomed]
     for pid in doomed:
@@ -216,15 +228,21 @@ def orphaned_runc_inits() -> list[int]:
 
 def _orphaned_runc_inits(infos: Sequence[dict]) -> list[int]:
     names = {info["pid"]: info["name"] or "" for info in infos}
-    return [info["pid"] for info in infos
-            if (info["cmdline"] or [""])[1:] == ["init"] and os.path.basename(info["cmdline"][0]) == "runc"
-            and _ours(info) and names.get(info["ppid"], "") != "conmon"
-            and not names.get(info["ppid"], "").startswith("runc")]
+    return [
+        info["pid"]
+        for info in infos
+        if (info["cmdline"] or [""])[1:] == ["init"]
+        and os.path.basename(info["cmdline"][0]) == "runc"
+        and _ours(info)
+        and names.get(info["ppid"], "") != "conmon"
+        and not names.get(info["ppid"], "").startswith("runc")
+    ]
 
 
 def _process_infos() -> list[dict]:
     """One pass over the process table: pid, parent, name, command line and uids of each process."""
     import psutil
+
     return [process.info for process in psutil.process_iter(["pid", "ppid", "name", "cmdline", "uids"])]
 
 
@@ -235,6 +253,7 @@ def _ours(info: dict) -> bool:
 def open_files_under(pids: Iterable[int], roots: Iterable[str]) -> list[str]:
     """The regular files the processes hold open below any of the directories ``roots``."""
     import psutil
+
     prefixes = tuple(root.rstrip("/") + "/" for root in roots)
     found: list[str] = []
     for pid in pids:

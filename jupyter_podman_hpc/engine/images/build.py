@@ -38,14 +38,26 @@ from ..podman import Podman
 from ..progress import Progress, ProgressCallback, ignore
 from .pull import PullResult
 from ..service.rest import PrivateService
-from ..service.stream import (CancelHook, Cancelled, CancelWatch, Stream, StreamBroken, cancel_requested,
-                            cut_connection, error_text, response_error, stored_image_id)
+from ..service.stream import (
+    CancelHook,
+    Cancelled,
+    CancelWatch,
+    Stream,
+    StreamBroken,
+    cancel_requested,
+    cut_connection,
+    error_text,
+    response_error,
+    stored_image_id,
+)
 
-TAIL_LINES = 20           # lines of a failed step's output kept in BuildError
-CANCEL_GRACE = 3.0        # seconds a cancelled build may take to end before its connection is cut
+TAIL_LINES = 20  # lines of a failed step's output kept in BuildError
+CANCEL_GRACE = 3.0  # seconds a cancelled build may take to end before its connection is cut
 
-STEP = re.compile(r"^(?:\[(?P<stage>\d+)/(?P<stages>\d+)\]\s+)?"
-                  r"STEP (?P<number>\d+)/(?P<total>\d+): (?P<instruction>.*)$")
+STEP = re.compile(
+    r"^(?:\[(?P<stage>\d+)/(?P<stages>\d+)\]\s+)?"
+    r"STEP (?P<number>\d+)/(?P<total>\d+): (?P<instruction>.*)$"
+)
 _FAILED_AT = re.compile(r'^building at STEP "(?P<instruction>.*)": (?P<reason>.*)$', re.S)
 _IMAGE_ID = re.compile(r"^[0-9a-f]{64}$")
 
@@ -53,8 +65,9 @@ _IMAGE_ID = re.compile(r"^[0-9a-f]{64}$")
 class BuildError(EngineError):
     """A build failed: ``step`` is the failing step ("STEP 3/4: RUN ..."), ``output`` its last lines."""
 
-    def __init__(self, message: str, *, step: str = "", reason: str = "", output: str = "",
-                 exit_code: int | None = None):
+    def __init__(
+        self, message: str, *, step: str = "", reason: str = "", output: str = "", exit_code: int | None = None
+    ):
         super().__init__(message, exit_code)
         self.step = step
         self.reason = reason
@@ -65,8 +78,8 @@ class BuildError(EngineError):
 class Step:
     number: int
     total: int
-    instruction: str        # "RUN make"
-    line: str               # "STEP 3/7: RUN make" (with a "[1/2] " stage prefix in multi-stage builds)
+    instruction: str  # "RUN make"
+    line: str  # "STEP 3/7: RUN make" (with a "[1/2] " stage prefix in multi-stage builds)
     stage: int | None = None
     stages: int | None = None
 
@@ -77,9 +90,14 @@ def parse_step(line: str) -> Step | None:
     if not match:
         return None
     stage = match.group("stage")
-    return Step(int(match.group("number")), int(match.group("total")), match.group("instruction"),
-                line.strip(), int(stage) if stage else None,
-                int(match.group("stages")) if stage else None)
+    return Step(
+        int(match.group("number")),
+        int(match.group("total")),
+        match.group("instruction"),
+        line.strip(),
+        int(stage) if stage else None,
+        int(match.group("stages")) if stage else None,
+    )
 
 
 class BuildLog:
@@ -115,17 +133,23 @@ class BuildLog:
         if step is not None:
             self.step = step
             self.step_output.clear()
-            self.progress(Progress("build", step.line, step.number, step.total,
-                                   item=self._item(step), log=step.line))
+            self.progress(Progress("build", step.line, step.number, step.total, item=self._item(step), log=step.line))
             return
         if _IMAGE_ID.match(line.strip()):
             self.image_id = line.strip()
         if not line.startswith("--> ") and not line.startswith("COMMIT ") and not _IMAGE_ID.match(line):
             self.step_output.append(line)
         step = self.step
-        self.progress(Progress("build", step.line if step else "", step.number if step else None,
-                               step.total if step else None, item=self._item(step) if step else "",
-                               log=line))
+        self.progress(
+            Progress(
+                "build",
+                step.line if step else "",
+                step.number if step else None,
+                step.total if step else None,
+                item=self._item(step) if step else "",
+                log=line,
+            )
+        )
 
     @staticmethod
     def _item(step: Step) -> str:
@@ -143,13 +167,21 @@ class BuildLog:
             step_line = f"STEP: {match.group('instruction').strip()}"
         output = "\n".join(self.step_output)
         where = f" at {step_line}" if step_line else ""
-        return BuildError(f"build of {tag} failed{where}: {reason}", step=step_line, reason=reason,
-                          output=output)
+        return BuildError(f"build of {tag} failed{where}: {reason}", step=step_line, reason=reason, output=output)
 
 
-def build(config: SiteConfig, containerfile: str, tag: str, context_dir: str | os.PathLike | None = None,
-          build_args: Mapping[str, str] | None = None, progress: ProgressCallback = ignore, *,
-          cancel: CancelHook = None, no_cache: bool = False, environ: Mapping[str, str] | None = None) -> str:
+def build(
+    config: SiteConfig,
+    containerfile: str,
+    tag: str,
+    context_dir: str | os.PathLike | None = None,
+    build_args: Mapping[str, str] | None = None,
+    progress: ProgressCallback = ignore,
+    *,
+    cancel: CancelHook = None,
+    no_cache: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> str:
     """Build ``containerfile`` (its text) as ``tag`` through the API; the image id.
 
     The context is ``context_dir`` (its ``.containerignore``/``.dockerignore``
@@ -189,8 +221,9 @@ def build(config: SiteConfig, containerfile: str, tag: str, context_dir: str | o
     with _context_tar(context, containerfile, name) as body, PrivateService(config, environ=environ) as service:
         api = service.client().api
         before = stored_image_id(api, tag)
-        response = api.post("/build", params=params, data=body,
-                            headers={"Content-Type": "application/x-tar"}, stream=True)
+        response = api.post(
+            "/build", params=params, data=body, headers={"Content-Type": "application/x-tar"}, stream=True
+        )
         if response.status_code >= 400:
             raise BuildError(f"build of {tag} failed: {response_error(response)}")
         error = None
@@ -205,8 +238,11 @@ def build(config: SiteConfig, containerfile: str, tag: str, context_dir: str | o
                 log.flush()
             except StreamBroken as err:
                 if not watch.cancelled.is_set():
-                    raise BuildError(f"build of {tag} was interrupted: {err} (podman: {service.last_log_line()})",
-                                     step=_line(log.step), output="\n".join(log.step_output))
+                    raise BuildError(
+                        f"build of {tag} was interrupted: {err} (podman: {service.last_log_line()})",
+                        step=_line(log.step),
+                        output="\n".join(log.step_output),
+                    )
             except BaseException:
                 # KeyboardInterrupt, or the progress callback failed: stop the build before re-raising.
                 _abort_build(service, response, events)
@@ -220,22 +256,32 @@ def build(config: SiteConfig, containerfile: str, tag: str, context_dir: str | o
         if error is not None or not log.image_id:
             _restore_tag(api, tag, before)
             if error is None:
-                raise BuildError(f"build of {tag} ended without an image", step=_line(log.step),
-                                 output="\n".join(log.step_output))
+                raise BuildError(
+                    f"build of {tag} ended without an image", step=_line(log.step), output="\n".join(log.step_output)
+                )
             raise log.failure(error, tag)
         image_id = log.image_id
     progress(Progress("build", f"built {tag} ({image_id[:12]})", 1, 1))
     return image_id
 
 
-def build_and_squash(config: SiteConfig, containerfile: str, tag: str, context_dir: str | os.PathLike | None = None,
-                     build_args: Mapping[str, str] | None = None, progress: ProgressCallback = ignore, *,
-                     cancel: CancelHook = None, no_cache: bool = False,
-                     environ: Mapping[str, str] | None = None) -> PullResult:
+def build_and_squash(
+    config: SiteConfig,
+    containerfile: str,
+    tag: str,
+    context_dir: str | os.PathLike | None = None,
+    build_args: Mapping[str, str] | None = None,
+    progress: ProgressCallback = ignore,
+    *,
+    cancel: CancelHook = None,
+    no_cache: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> PullResult:
     """``build`` then squash ``tag`` into the squashed store, with both stages' progress
     (``cancel`` as for ``pull_and_squash``)."""
-    image_id = build(config, containerfile, tag, context_dir, build_args, progress, cancel=cancel,
-                     no_cache=no_cache, environ=environ)
+    image_id = build(
+        config, containerfile, tag, context_dir, build_args, progress, cancel=cancel, no_cache=no_cache, environ=environ
+    )
     if cancel_requested(cancel):
         raise Cancelled(f"cancelled after building {tag}, before squashing it")
     progress(Progress("squash", f"squashing {tag}"))
@@ -293,8 +339,9 @@ def _restore_tag(api, tag: str, before: str | None) -> None:
     now = stored_image_id(api, tag)
     if now is not None and now != before:
         parsed = reference.parse(tag)
-        api.post(f"/images/{now}/untag", params={"repo": f"{parsed.domain}/{parsed.path}",
-                                                 "tag": parsed.tag or "latest"})
+        api.post(
+            f"/images/{now}/untag", params={"repo": f"{parsed.domain}/{parsed.path}", "tag": parsed.tag or "latest"}
+        )
 
 
 @contextlib.contextmanager
@@ -337,7 +384,6 @@ def _context_tar(context: Path | None, containerfile: str, name: str) -> Iterato
                 tar.addfile(info, io.BytesIO(data))
         body.seek(0)
         yield body
-
 
 
 __all__ = ["BuildError", "BuildLog", "Cancelled", "Step", "build", "build_and_squash", "parse_step"]

@@ -15,11 +15,11 @@ from ..store.access import readable_stores
 class ImageInfo:
     id: str
     names: list[str]
-    size: int            # bytes: the squash file for a squashed-only image
-    created: str         # ISO 8601
-    local: bool          # in the node-local graph root
-    squashed: bool       # in a squashed store
-    store: str = ""      # the squashed store it runs from (the first that has it)
+    size: int  # bytes: the squash file for a squashed-only image
+    created: str  # ISO 8601
+    local: bool  # in the node-local graph root
+    squashed: bool  # in a squashed store
+    store: str = ""  # the squashed store it runs from (the first that has it)
     additional: bool = False  # that store is an additional (project or site) store, not the user's own
     # names an image of higher precedence also has (node-local, then the personal
     # store, then the additional stores in order): `run NAME` gets that one
@@ -82,14 +82,30 @@ def list_images(podman: Podman) -> list[ImageInfo]:
     for image in local:
         names = image.get("Names") or []
         stored, directory = squashed.get(image["Id"], (None, ""))
-        add(ImageInfo(
-            id=image["Id"], names=sorted(set(names) | set(stored.names if stored else ())),
-            size=int(image.get("Size") or 0), created=_created(image.get("Created")),
-            local=True, squashed=stored is not None, store=directory,
-            additional=bool(directory) and directory != personal))
+        add(
+            ImageInfo(
+                id=image["Id"],
+                names=sorted(set(names) | set(stored.names if stored else ())),
+                size=int(image.get("Size") or 0),
+                created=_created(image.get("Created")),
+                local=True,
+                squashed=stored is not None,
+                store=directory,
+                additional=bool(directory) and directory != personal,
+            )
+        )
     for image, directory in squashed.values():
         if image.id not in found:
-            add(ImageInfo(id=image.id, names=list(image.names), size=image.size, created=image.created,
-                          local=False, squashed=True, store=directory, additional=directory != personal))
+            add(
+                ImageInfo(
+                    id=image.id,
+                    names=list(image.names),
+                    size=image.size,
+                    created=image.created,
+                    local=False,
+                    squashed=True,
+                    store=directory,
+                    additional=directory != personal,
+                )
+            )
     return sorted(found.values(), key=lambda i: i.created, reverse=True)
-

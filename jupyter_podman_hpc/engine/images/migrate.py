@@ -114,17 +114,28 @@ def _store_full(root: Path, ref: str, written: int = 0, free: int | None = None)
         free = free_bytes(root)
     wrote = f" after {written >> 20} MiB of its squash file" if written else ""
     room = f", {free >> 20} MiB free" if free is not None else ""
-    return StorageFull(f"the squashed store {root} is full (ENOSPC{room}): {ref} was not squashed{wrote}; "
-                       f"nothing of it was kept and the store's other images are unchanged: free space there "
-                       f"(or set squash_dir to another store), then squash it again")
+    return StorageFull(
+        f"the squashed store {root} is full (ENOSPC{room}): {ref} was not squashed{wrote}; "
+        f"nothing of it was kept and the store's other images are unchanged: free space there "
+        f"(or set squash_dir to another store), then squash it again"
+    )
 
 
 def _why(err: OSError) -> str:
     return f"{err.filename}: {err.strerror}" if err.filename else str(err.strerror or err)
 
 
-def _squash_into(store: SquashStore, link: str, podman: Podman, ref: str, image_id: str, graph: GraphRoot,
-                 chain: list[dict], verified: VerifiedFiles, progress: ProgressCallback) -> str:
+def _squash_into(
+    store: SquashStore,
+    link: str,
+    podman: Podman,
+    ref: str,
+    image_id: str,
+    graph: GraphRoot,
+    chain: list[dict],
+    verified: VerifiedFiles,
+    progress: ProgressCallback,
+) -> str:
     """Squash the image into the store's squash file of ``link``; its sha256."""
     fd, partial = store.new_squash(link)
     try:
@@ -146,23 +157,28 @@ def _squash_into(store: SquashStore, link: str, podman: Podman, ref: str, image_
         store.remove_stale_temporaries(link)  # ours, if it failed before the rename
 
 
-def _make_squash(podman: Podman, image_id: str, graph: GraphRoot, chain: list[dict],
-                 output: Path, progress: ProgressCallback) -> None:
+def _make_squash(
+    podman: Podman, image_id: str, graph: GraphRoot, chain: list[dict], output: Path, progress: ProgressCallback
+) -> None:
     config = podman.config
     mounted = len(chain) > 1
     if mounted:
-        source = podman.run(podman.command("unshare", *podman.command(["image", "mount"], image_id,
-                                                                      squashed=False))).stdout.strip()
+        source = podman.run(
+            podman.command("unshare", *podman.command(["image", "mount"], image_id, squashed=False))
+        ).stdout.strip()
     else:
         source = str(graph.diff(chain[0]["id"]))
     try:
-        argv = podman.command("unshare", config.mksquashfs_bin, source, str(output),
-                              *config.mksquashfs_args, "-noappend", "-progress")
+        argv = podman.command(
+            "unshare", config.mksquashfs_bin, source, str(output), *config.mksquashfs_args, "-noappend", "-progress"
+        )
         _run_mksquashfs(podman, argv, progress)
     finally:
         if mounted:
-            podman.run(podman.command("unshare", *podman.command(["image", "unmount"], "--force", image_id,
-                                                                  squashed=False)), check=False)
+            podman.run(
+                podman.command("unshare", *podman.command(["image", "unmount"], "--force", image_id, squashed=False)),
+                check=False,
+            )
 
 
 def _run_mksquashfs(podman: Podman, argv: list[str], progress: ProgressCallback) -> None:

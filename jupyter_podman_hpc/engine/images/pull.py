@@ -45,16 +45,32 @@ from ..podman import Podman
 from ..progress import Progress, ProgressCallback, ignore
 from ..service.rest import PrivateService
 from ..base.space import free_bytes, looks_full
-from ..service.stream import (CancelHook, Cancelled, CancelWatch, Stream, StreamBroken, cancel_requested,
-                            cut_connection, error_text, response_error, stored_image_id)
+from ..service.stream import (
+    CancelHook,
+    Cancelled,
+    CancelWatch,
+    Stream,
+    StreamBroken,
+    cancel_requested,
+    cut_connection,
+    error_text,
+    response_error,
+    stored_image_id,
+)
 
 
 class PullError(EngineError):
     """A pull failed; the message is podman's."""
 
 
-def pull(config: SiteConfig, ref: str, progress: ProgressCallback = ignore, *,
-         cancel: CancelHook = None, environ: Mapping[str, str] | None = None) -> str:
+def pull(
+    config: SiteConfig,
+    ref: str,
+    progress: ProgressCallback = ignore,
+    *,
+    cancel: CancelHook = None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
     """Pull ``ref`` into the node-local storage through the API; the image id.
 
     Emits ``Progress(stage="pull")`` events: per layer (``item`` = the layer's
@@ -115,15 +131,15 @@ def _pull_event(event: Mapping, totals: dict[str, int], progress: ProgressCallba
         totals[layer] = total
     known = totals.get(layer)
     if status == "Downloading" and isinstance(current, int):
-        progress(Progress("pull", f"Downloading {layer}", current, total if isinstance(total, int) else known,
-                          item=layer))
+        progress(
+            Progress("pull", f"Downloading {layer}", current, total if isinstance(total, int) else known, item=layer)
+        )
     elif status in ("Download complete", "Already exists", "Pull complete"):
         progress(Progress("pull", f"{status} {layer}".strip(), known, known, item=layer))
     elif status == "Pulling fs layer":
         progress(Progress("pull", f"{status} {layer}", 0, None, item=layer))
     else:
         progress(Progress("pull", f"{status} {layer}".strip(), item=layer))
-
 
 
 @dataclass(frozen=True)
@@ -133,8 +149,14 @@ class PullResult:
 
 
 # how a registry that went away (killed, restarted, network lost) ends a pull, in podman's words
-_TRANSPORT_ENDS = ("unexpected EOF", "connection refused", "connection reset by peer", "broken pipe",
-                   "i/o timeout", "no route to host")
+_TRANSPORT_ENDS = (
+    "unexpected EOF",
+    "connection refused",
+    "connection reset by peer",
+    "broken pipe",
+    "i/o timeout",
+    "no route to host",
+)
 
 
 def _lost_registry(ref: str, failure: str) -> str:
@@ -157,12 +179,20 @@ def _storage_full(config: SiteConfig, ref: str, failure: str) -> str:
         return ""
     free = free_bytes(config.graph_root)
     room = f", {free >> 20} MiB free" if free is not None else ""
-    return (f"cannot pull {ref}: the node-local storage {config.graph_root} is full (ENOSPC{room}); "
-            f"free space there (podman-hpc rmi, or graph_root on a larger file system), then pull again")
+    return (
+        f"cannot pull {ref}: the node-local storage {config.graph_root} is full (ENOSPC{room}); "
+        f"free space there (podman-hpc rmi, or graph_root on a larger file system), then pull again"
+    )
 
 
-def pull_and_squash(config: SiteConfig, ref: str, progress: ProgressCallback = ignore, *,
-                    cancel: CancelHook = None, environ: Mapping[str, str] | None = None) -> PullResult:
+def pull_and_squash(
+    config: SiteConfig,
+    ref: str,
+    progress: ProgressCallback = ignore,
+    *,
+    cancel: CancelHook = None,
+    environ: Mapping[str, str] | None = None,
+) -> PullResult:
     """``pull`` then squash into the squashed store (``engine.images.migrate``), with both stages' progress.
 
     ``cancel`` stops the pull; once squashing has started it runs to its end
@@ -176,13 +206,19 @@ def pull_and_squash(config: SiteConfig, ref: str, progress: ProgressCallback = i
     return PullResult(image_id, migrate(Podman(config, environ), ref, progress))
 
 
-def podman_pull(podman: Podman, ref: str, *, squash: bool = True, pull_args: list[str] | None = None,
-                progress: ProgressCallback = ignore, quiet: bool = True) -> MigrateResult | None:
+def podman_pull(
+    podman: Podman,
+    ref: str,
+    *,
+    squash: bool = True,
+    pull_args: list[str] | None = None,
+    progress: ProgressCallback = ignore,
+    quiet: bool = True,
+) -> MigrateResult | None:
     """``podman pull`` into the node-local storage, then squash it (unless told not to)."""
     ref = reference.normalize(ref)
     try:
-        podman.run(podman.command("pull", *(pull_args or []), *(["--quiet"] if quiet else []), ref),
-                   capture=quiet)
+        podman.run(podman.command("pull", *(pull_args or []), *(["--quiet"] if quiet else []), ref), capture=quiet)
     except PodmanError as err:
         full = _storage_full(podman.config, ref, str(err))
         if full:

@@ -12,4 +12,5 @@ def main() -> None:
     """``podman-hpc-mount``'s old entry point (``jupyter_podman_hpc.engine.mount:main``): the console
     script of an install made before the engine had rooms names it until it is installed again."""
     from .program import main as program_main
+
     program_main()

@@ -94,14 +94,27 @@ class CachedCopy:
 
 def copies(cache: Path) -> list[CachedCopy]:
     """Every copy in the cache, least recently used first."""
-    found = [CachedCopy(key, size, last, in_use(cache, key),
-                        **{k: str(v) for k, v in meta.items() if k in ("squash", "job", "node")})
-             for key, size, last, meta in _refs(cache)]
+    found = [
+        CachedCopy(
+            key,
+            size,
+            last,
+            in_use(cache, key),
+            **{k: str(v) for k, v in meta.items() if k in ("squash", "job", "node")},
+        )
+        for key, size, last, meta in _refs(cache)
+    ]
     return sorted(found, key=lambda c: c.last_use)
 
 
-def sweep(cache: Path, settings: ReadPathSettings, keep: Collection[str] = frozenset(), now: float | None = None,
-          ended: Callable[[str], bool] | None = None, release_job: bool = False) -> list[tuple[str, str]]:
+def sweep(
+    cache: Path,
+    settings: ReadPathSettings,
+    keep: Collection[str] = frozenset(),
+    now: float | None = None,
+    ended: Callable[[str], bool] | None = None,
+    release_job: bool = False,
+) -> list[tuple[str, str]]:
     """Remove the unused copies idle past ``settings.idle_minutes`` or made by a Slurm job that
     has ended (``ended(job)``, default: asks Slurm), then the least recently used unused ones
     while the copies take more than the budget; (key, why) of each. Call under the cache lock.
@@ -118,8 +131,10 @@ def sweep(cache: Path, settings: ReadPathSettings, keep: Collection[str] = froze
             continue
         why = ""
         if now - copy.last_use > settings.idle_minutes * 60:
-            why = (f"unused for {(now - copy.last_use) / 60:.1f} min, more than squash_unpack_idle_minutes "
-                   f"({settings.idle_minutes:g})")
+            why = (
+                f"unused for {(now - copy.last_use) / 60:.1f} min, more than squash_unpack_idle_minutes "
+                f"({settings.idle_minutes:g})"
+            )
         elif release_job and copy.job and copy.job == settings.job:
             why = f"released at the end of job {copy.job}"
         elif copy.job and copy.job != settings.job:

@@ -39,7 +39,7 @@ def probe_kernel_overlay(scratch: Path) -> str:
     dirs = {name: scratch / name for name in ("lower", "upper", "work", "merged")}
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
-    options = (f"lowerdir={dirs['lower']},upperdir={dirs['upper']},workdir={dirs['work']},userxattr")
+    options = f"lowerdir={dirs['lower']},upperdir={dirs['upper']},workdir={dirs['work']},userxattr"
     try:
         mount_overlay(str(dirs["merged"]), options)
     except OSError as err:

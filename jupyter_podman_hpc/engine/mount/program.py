@@ -69,7 +69,7 @@ def lower_dirs(options: list[str]) -> list[str]:
     for option in options:
         for item in option.split(","):
             if item.startswith("lowerdir="):
-                return [d for d in item[len("lowerdir="):].split(":") if d]
+                return [d for d in item[len("lowerdir=") :].split(":") if d]
     return []
 
 
@@ -129,7 +129,9 @@ def _squash_in(store: str, layer: str) -> tuple[Path, Path, set[str]] | None:
     return None
 
 
-def squash_of_local_image(lowers: list[Path], graph_root: Path, stores: list[str]) -> tuple[Path, Path, set[str]] | None:
+def squash_of_local_image(
+    lowers: list[Path], graph_root: Path, stores: list[str]
+) -> tuple[Path, Path, set[str]] | None:
     """The squash file that stands for a whole local image, or None.
 
     Once an image is squashed, its squashed copy is what containers read,
@@ -184,7 +186,13 @@ def _only_ours(store: Path, layer: str, squash: Path) -> bool:
     """Whether nobody but this user could have written the store's records and squash file of
     ``layer``: every directory on the way ours and not group- or other-writable, the files ours."""
     me = os.geteuid()  # in podman's user namespace the user's own files are root's
-    directories = [store, store / "overlay-images", store / "overlay", store / "overlay" / "l", store / "overlay" / layer]
+    directories = [
+        store,
+        store / "overlay-images",
+        store / "overlay",
+        store / "overlay" / "l",
+        store / "overlay" / layer,
+    ]
     files = [store / "overlay-images" / "images.json", store / "overlay" / layer / "link", squash]
     for path in directories + files:
         try:
@@ -227,8 +235,7 @@ def _with_lowers(argv: list[str], lowers: list[str]) -> list[str]:
     """``argv`` with its lowerdir option listing ``lowers``."""
     result = []
     for arg in argv:
-        items = ["lowerdir=" + ":".join(lowers) if item.startswith("lowerdir=") else item
-                 for item in arg.split(",")]
+        items = ["lowerdir=" + ":".join(lowers) if item.startswith("lowerdir=") else item for item in arg.split(",")]
         result.append(",".join(items))
     return result
 
@@ -275,8 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         # work, squashfuse below fuse-overlayfs does not (podman-hpc's #83: "creating /etc/mtab symlink").
         wanted = settings.unpacks and settings.kernel_overlay and kernel_options(options, ["-"]) is not None
         whole = squash_of_local_image(paths, Path(merged).parents[2], _podman_stores()) if wanted else None
-        root = _squash_lower(*whole, settings, state_dir, held, verified, instead="the local layers") \
-            if whole else ""
+        root = _squash_lower(*whole, settings, state_dir, held, verified, instead="the local layers") if whole else ""
         if whole and root:
             log(f"local image {paths[0]} read from its squashed copy {whole[0]}")
             lowers.append(root)
@@ -288,8 +294,12 @@ def main(argv: list[str] | None = None) -> int:
                     lowers.append(lower)
                 else:
                     lowers.append(_squash_lower(*found, settings, state_dir, held, verified))
-        mounted = bool(held) and all_squashed and settings.kernel_overlay and \
-            _kernel_overlay(options, lowers, merged, state_dir)
+        mounted = (
+            bool(held)
+            and all_squashed
+            and settings.kernel_overlay
+            and _kernel_overlay(options, lowers, merged, state_dir)
+        )
         code = 0 if mounted else _fuse_overlay(_with_lowers(argv, lowers))
     except EngineError as err:  # a squash file that is not its record's: one line, in podman's error
         _release(held)
@@ -328,8 +338,16 @@ class _Verified:
         return self.files
 
 
-def _squash_lower(squash: Path, lower: Path, digests: set[str], settings: ReadPathSettings, state_dir: Path,
-                  held: list, verified: _Verified, instead: str = "squashfuse") -> str:
+def _squash_lower(
+    squash: Path,
+    lower: Path,
+    digests: set[str],
+    settings: ReadPathSettings,
+    state_dir: Path,
+    held: list,
+    verified: _Verified,
+    instead: str = "squashfuse",
+) -> str:
     """The directory that stands for a squashed lower: an unpacked copy, else a squashfuse mount,
     of a squash file that matches its record; with ``instead`` other than squashfuse, '' when there
     is no unpacked copy (the caller keeps what ``instead`` names)."""
@@ -353,8 +371,11 @@ def _squash_lower(squash: Path, lower: Path, digests: set[str], settings: ReadPa
             for key, why in copy.removed:  # past their time, or made room: infohpc says which and why
                 note_fallback(state_dir, f"removed unpacked copy {key}: {why}")
             if copy.lost:
-                note_fallback(state_dir, f"unpacked copy {copy.key} of {squash.name} was gone from {copy.cache} "
-                                         "(removed outside podman-hpc): unpacked again")
+                note_fallback(
+                    state_dir,
+                    f"unpacked copy {copy.key} of {squash.name} was gone from {copy.cache} "
+                    "(removed outside podman-hpc): unpacked again",
+                )
             if root is not None:
                 log(f"{squash} unpacked at {root}")
                 held.append(copy)
@@ -365,8 +386,10 @@ def _squash_lower(squash: Path, lower: Path, digests: set[str], settings: ReadPa
         mount.acquire()
         held.append(mount)
         if mount.revived:
-            note_fallback(state_dir, f"the squashfuse mount of {squash.name} had died under its containers: "
-                                     "mounted again for the next ones")
+            note_fallback(
+                state_dir,
+                f"the squashfuse mount of {squash.name} had died under its containers: mounted again for the next ones",
+            )
         return str(mount.target)
     finally:
         os.close(fd)

@@ -100,12 +100,14 @@ class SquashMount:
             if not mounted:
                 self.target.mkdir(mode=0o700, exist_ok=True)
                 log(f"mount {self.squash} on {self.target}")
-                result = commands.run([squashfuse(), str(self.squash), str(self.target)],
-                                      capture_output=True, text=True)
+                result = commands.run(
+                    [squashfuse(), str(self.squash), str(self.target)], capture_output=True, text=True
+                )
                 if result.returncode != 0:
                     self._drop_ref()
-                    raise SystemExit(f"podman-hpc-mount: cannot mount {self.squash}: "
-                                     f"{(result.stderr or result.stdout).strip()}")
+                    raise SystemExit(
+                        f"podman-hpc-mount: cannot mount {self.squash}: {(result.stderr or result.stdout).strip()}"
+                    )
         finally:
             os.close(mutex)
 

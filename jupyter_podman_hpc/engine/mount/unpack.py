@@ -38,8 +38,14 @@ class UnpackedCopy:
     (``<key>.tmp-*``) is removed by the next one.
     """
 
-    def __init__(self, squash: Path, cache_dir: Path, max_bytes: int, source_fd: int | None = None,
-                 settings: ReadPathSettings | None = None):
+    def __init__(
+        self,
+        squash: Path,
+        cache_dir: Path,
+        max_bytes: int,
+        source_fd: int | None = None,
+        settings: ReadPathSettings | None = None,
+    ):
         self.squash = squash
         self.cache = cache_dir
         self.max_bytes = max_bytes
@@ -57,13 +63,17 @@ class UnpackedCopy:
         self.ref_fd: int | None = None
         self.estimate = st.st_size * UNPACK_ESTIMATE
         self.removed: list[tuple[str, str]] = []  # (key, why) of the copies acquire() removed
-        self.lost = False  # acquire() found this copy's tree gone (removed outside the cache's policy) and made it again
+        self.lost = (
+            False  # acquire() found this copy's tree gone (removed outside the cache's policy) and made it again
+        )
 
     def acquire(self) -> Path:
         """The unpacked tree, made if needed; NoRoom if the node cannot hold it."""
         if self.estimate > self.max_bytes:
-            raise NoRoom(f"{self.squash.name} would take about {self.estimate >> 20} MiB unpacked, "
-                         f"more than {budget_key(self.settings)} ({self.max_bytes >> 20} MiB)")
+            raise NoRoom(
+                f"{self.squash.name} would take about {self.estimate >> 20} MiB unpacked, "
+                f"more than {budget_key(self.settings)} ({self.max_bytes >> 20} MiB)"
+            )
         own_dir(self.cache)  # made, and its parents judged, by the podman-hpc that started podman
         with flocked(self.cache / ".lock", 0o600):
             self.ref_fd = os.open(self.ref_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -103,31 +113,45 @@ class UnpackedCopy:
         fds: tuple[int, ...] = ()
         if self.source_fd is not None:
             source, fds = f"/proc/self/fd/{self.source_fd}", (self.source_fd,)
-        result = commands.run([unsquashfs, "-no-progress", "-quiet", "-dest", str(staging), source],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, pass_fds=fds)
+        result = commands.run(
+            [unsquashfs, "-no-progress", "-quiet", "-dest", str(staging), source],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            pass_fds=fds,
+        )
         if result.returncode != 0:
             full, free = looks_full(self.cache), free_bytes(self.cache) or 0
             shutil.rmtree(staging, ignore_errors=True)
             if full:
-                raise NoRoom(f"the unpack cache {self.cache} is full (ENOSPC, {free >> 20} MiB free) "
-                             f"while unpacking {self.squash.name}")
-            raise NoRoom(f"unsquashfs of {self.squash.name} failed: "
-                         f"{(result.stderr.strip().splitlines() or ['?'])[-1]}")
+                raise NoRoom(
+                    f"the unpack cache {self.cache} is full (ENOSPC, {free >> 20} MiB free) "
+                    f"while unpacking {self.squash.name}"
+                )
+            raise NoRoom(
+                f"unsquashfs of {self.squash.name} failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}"
+            )
         os.chmod(staging, 0o755)
         os.rename(staging, self.root)
         self._write_ref(tree_bytes(self.root))
 
     def _write_ref(self, size: int) -> None:
         assert self.ref_fd is not None  # written only under acquire(), which holds the ref file open
-        write_ref(self.ref_fd, size, {"squash": str(self.squash), "job": self.settings.job or "",
-                                      "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname()})
+        write_ref(
+            self.ref_fd,
+            size,
+            {
+                "squash": str(self.squash),
+                "job": self.settings.job or "",
+                "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            },
+        )
 
     def _make_room(self) -> None:
         free = shutil.disk_usage(self.cache).free
         entries = cache_entries(self.cache)
         used = sum(size for _, size, _ in entries)
-        unused = sorted((e for e in entries if e[0] != self.key and not in_use(self.cache, e[0])),
-                        key=lambda e: e[2])
+        unused = sorted((e for e in entries if e[0] != self.key and not in_use(self.cache, e[0])), key=lambda e: e[2])
         while unused and (used + self.estimate > self.max_bytes or free < self.estimate):
             key, size, _ = unused.pop(0)
             evict(self.cache, key)
@@ -135,8 +159,10 @@ class UnpackedCopy:
             used -= size
             free += size
         if used + self.estimate > self.max_bytes or free < self.estimate:
-            raise NoRoom(f"no room for {self.squash.name} in {self.cache} "
-                         f"({free >> 20} MiB free, {used >> 20} MiB in use by other images)")
+            raise NoRoom(
+                f"no room for {self.squash.name} in {self.cache} "
+                f"({free >> 20} MiB free, {used >> 20} MiB in use by other images)"
+            )
 
 
 def tree_bytes(root: Path) -> int:

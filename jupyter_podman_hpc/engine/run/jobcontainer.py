@@ -47,16 +47,16 @@ from ... import stepsocket
 
 CREATE = "create.lock"
 HOLDERS = "holders.lock"
-KEEP_ALIVE = "keep-alive"   # the owner token (pid and start) of the container's first process
-LAST_USED = "last-used"     # when a step last let go of it (CLOCK_BOOTTIME seconds)
-LINGER = "linger.lock"      # held by the one monitor that waits to remove it
-PIDFILE = "container.pid"   # podman run --pidfile
+KEEP_ALIVE = "keep-alive"  # the owner token (pid and start) of the container's first process
+LAST_USED = "last-used"  # when a step last let go of it (CLOCK_BOOTTIME seconds)
+LINGER = "linger.lock"  # held by the one monitor that waits to remove it
+PIDFILE = "container.pid"  # podman run --pidfile
 
 
 def reuse_key(job: str, node: str, run_words: Sequence[str]) -> str:
     """The key of the job's container on ``node`` for this ``podman run`` command (without its name and pid
     file): its rendezvous-free name and directory derive from it."""
-    digest = hashlib.sha256(json.dumps(list(run_words)).encode()).hexdigest()[:stepsocket.DIGEST_SIZE]
+    digest = hashlib.sha256(json.dumps(list(run_words)).encode()).hexdigest()[: stepsocket.DIGEST_SIZE]
     return stepsocket.reuse_key(job, node, digest)
 
 
@@ -110,8 +110,7 @@ def record(directory: Path, pid: int) -> None:
     atomic_write(directory / KEEP_ALIVE, processes.owner_token(pid), 0o600)
 
 
-def linger(directory: Path, seconds: float, remove: Callable[[], None],
-           remove_named: Callable[[str], object]) -> None:
+def linger(directory: Path, seconds: float, remove: Callable[[], None], remove_named: Callable[[str], object]) -> None:
     """Be the container's one lingerer, or return at once if another monitor is: wait until no step
     has used the container for ``seconds`` and none uses or starts it, then ``remove()`` it and the
     directory goes. First, the node's job containers whose lingerer was killed go the same way
@@ -136,7 +135,7 @@ def linger(directory: Path, seconds: float, remove: Callable[[], None],
 def _sweep(directory: Path, seconds: float, remove_named: Callable[[str], object]) -> None:
     """Remove another job container of the node if nobody lingers for it and it is idle."""
     lingering = held_flock(directory, LINGER, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    if lingering is None:      # its lingerer runs
+    if lingering is None:  # its lingerer runs
         return
     try:
         _removed_if_idle(directory, seconds, lambda: remove_named(directory.name))
@@ -148,13 +147,16 @@ def _removed_if_idle(directory: Path, seconds: float, remove: Callable[[], objec
     """``remove()`` the container and its directory if no step uses or starts it (both locks taken
     without waiting) and none used it for ``seconds``; whether it did."""
     # (made again if a lingerer before us removed them: then nothing holds them)
-    held = [fd for fd in (held_flock(directory, name, fcntl.LOCK_EX | fcntl.LOCK_NB) for name in (CREATE, HOLDERS))
-            if fd is not None]
+    held = [
+        fd
+        for fd in (held_flock(directory, name, fcntl.LOCK_EX | fcntl.LOCK_NB) for name in (CREATE, HOLDERS))
+        if fd is not None
+    ]
     try:
         if len(held) < 2 or _last_used(directory) + seconds > time.clock_gettime(time.CLOCK_BOOTTIME):
             return False
         remove()
-        for name in (KEEP_ALIVE, PIDFILE, LAST_USED, HOLDERS, CREATE, LINGER):   # the locks last
+        for name in (KEEP_ALIVE, PIDFILE, LAST_USED, HOLDERS, CREATE, LINGER):  # the locks last
             with contextlib.suppress(FileNotFoundError):
                 (directory / name).unlink()
         with contextlib.suppress(OSError):
@@ -171,4 +173,3 @@ def _last_used(directory: Path) -> float:
         return float((directory / LAST_USED).read_text())
     except (OSError, ValueError):
         return 0.0
-

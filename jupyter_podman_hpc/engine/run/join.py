@@ -46,18 +46,30 @@ from ...stepsocket import default_signals, wait_forwarding
 JOIN_FAILED = 125  # podman's code for errors of the tool itself
 
 # user first, mnt last (when joined one by one); the clone flags setns(pidfd) takes
-NAMESPACES = {"user": 0x10000000, "cgroup": 0x02000000, "ipc": 0x08000000, "uts": 0x04000000,
-              "net": 0x40000000, "pid": 0x20000000, "mnt": 0x00020000}
+NAMESPACES = {
+    "user": 0x10000000,
+    "cgroup": 0x02000000,
+    "ipc": 0x08000000,
+    "uts": 0x04000000,
+    "net": 0x40000000,
+    "pid": 0x20000000,
+    "mnt": 0x00020000,
+}
 _PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _CAP_VERSION_3 = 0x20080522
 _RLIMITS = {
-    "Max cpu time": resource.RLIMIT_CPU, "Max file size": resource.RLIMIT_FSIZE,
-    "Max data size": resource.RLIMIT_DATA, "Max stack size": resource.RLIMIT_STACK,
-    "Max core file size": resource.RLIMIT_CORE, "Max processes": resource.RLIMIT_NPROC,
-    "Max open files": resource.RLIMIT_NOFILE, "Max locked memory": resource.RLIMIT_MEMLOCK,
-    "Max address space": resource.RLIMIT_AS, "Max msgqueue size": resource.RLIMIT_MSGQUEUE,
+    "Max cpu time": resource.RLIMIT_CPU,
+    "Max file size": resource.RLIMIT_FSIZE,
+    "Max data size": resource.RLIMIT_DATA,
+    "Max stack size": resource.RLIMIT_STACK,
+    "Max core file size": resource.RLIMIT_CORE,
+    "Max processes": resource.RLIMIT_NPROC,
+    "Max open files": resource.RLIMIT_NOFILE,
+    "Max locked memory": resource.RLIMIT_MEMLOCK,
+    "Max address space": resource.RLIMIT_AS,
+    "Max msgqueue size": resource.RLIMIT_MSGQUEUE,
 }
 
 
@@ -72,8 +84,9 @@ class JoinFailed(Exception):
 class Credentials:
     """A process's user, groups, capabilities (CapInh, CapPrm, CapEff, CapBnd, CapAmb) and umask."""
 
-    def __init__(self, uid: int, gid: int, groups: tuple[int, ...], caps: dict[str, int],
-                 no_new_privs: bool, umask: int):
+    def __init__(
+        self, uid: int, gid: int, groups: tuple[int, ...], caps: dict[str, int], no_new_privs: bool, umask: int
+    ):
         self.uid, self.gid, self.groups, self.caps = uid, gid, groups, caps
         self.no_new_privs, self.umask = no_new_privs, umask
 
@@ -105,10 +118,12 @@ def _credentials(proc: int) -> Credentials:
     """The container process's credentials, as the reader's user namespace sees them."""
     status = _status(proc)
     return Credentials(
-        uid=int(status["Uid"].split()[0]), gid=int(status["Gid"].split()[0]),
+        uid=int(status["Uid"].split()[0]),
+        gid=int(status["Gid"].split()[0]),
         groups=tuple(int(g) for g in status.get("Groups", "").split()),
         caps={k: int(status[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")},
-        no_new_privs=status.get("NoNewPrivs", "0") == "1", umask=int(status.get("Umask", "0022"), 8),
+        no_new_privs=status.get("NoNewPrivs", "0") == "1",
+        umask=int(status.get("Umask", "0022"), 8),
     )
 
 
@@ -131,7 +146,7 @@ def _limits(proc: int) -> dict[int, tuple[int, int]]:
     for line in _text(proc, "limits").splitlines()[1:]:
         for label, which in _RLIMITS.items():
             if line.startswith(label):
-                soft, hard = line[len(label):].split()[:2]
+                soft, hard = line[len(label) :].split()[:2]
                 limits[which] = (_limit(soft), _limit(hard))
     return limits
 
@@ -164,8 +179,11 @@ def open_process(pidfd: int) -> int:
 
 def _namespaces(proc: int) -> list[str]:
     """The namespaces of the process that differ from this task's."""
-    return [kind for kind in NAMESPACES
-            if os.stat(f"ns/{kind}", dir_fd=proc).st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino]
+    return [
+        kind
+        for kind in NAMESPACES
+        if os.stat(f"ns/{kind}", dir_fd=proc).st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino
+    ]
 
 
 def out_of_reach() -> None:
@@ -186,8 +204,15 @@ def _set_caps(caps: dict[str, int]) -> None:
     header = struct.pack("Ii", _CAP_VERSION_3, 0)
     low = lambda v: v & 0xFFFFFFFF  # noqa: E731
     high = lambda v: v >> 32  # noqa: E731
-    data = struct.pack("IIIIII", low(caps["CapEff"]), low(caps["CapPrm"]), low(caps["CapInh"]),
-                       high(caps["CapEff"]), high(caps["CapPrm"]), high(caps["CapInh"]))
+    data = struct.pack(
+        "IIIIII",
+        low(caps["CapEff"]),
+        low(caps["CapPrm"]),
+        low(caps["CapInh"]),
+        high(caps["CapEff"]),
+        high(caps["CapPrm"]),
+        high(caps["CapInh"]),
+    )
     # libc's wrapper, not syscall(2) with a number: the numbers differ between machines
     _check(_libc.capset(ctypes.c_char_p(header), ctypes.c_char_p(data)), "setting capabilities")
 
@@ -243,8 +268,9 @@ def _enter(pidfd: int, proc: int, kinds: list[str]) -> None:
         os.close(fd)
 
 
-def join_and_run(pidfd: int, command: Sequence[str], env_overrides: Mapping[str, str] | None = None,
-                 workdir: str | None = None) -> int:
+def join_and_run(
+    pidfd: int, command: Sequence[str], env_overrides: Mapping[str, str] | None = None, workdir: str | None = None
+) -> int:
     """Run ``command`` in the container whose first process ``pidfd`` is; its exit code.
 
     Raises CannotJoin before anything irreversible when the container cannot
@@ -300,8 +326,9 @@ def join_and_run(pidfd: int, command: Sequence[str], env_overrides: Mapping[str,
     return wait_forwarding(child)
 
 
-def run_joined(pidfd: int, command: Sequence[str], env_overrides: Mapping[str, str] | None,
-               workdir: str | None) -> int | None:
+def run_joined(
+    pidfd: int, command: Sequence[str], env_overrides: Mapping[str, str] | None, workdir: str | None
+) -> int | None:
     """:func:`join_and_run` as a task's plan uses it (``stepsocket.run_plan``): its exit code,
     None where podman exec must run the command instead (nothing irreversible happened yet), or
     125 with one line on stderr when joining failed half-way."""

@@ -35,8 +35,16 @@ from .join import run_joined
 from ... import stepsocket
 
 
-def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str], image: str,
-               command: Sequence[str], environ: Mapping[str, str], join: bool, reuse: bool = False) -> int:
+def shared_run(
+    podman: Podman,
+    options: Sequence[str],
+    module_args: Sequence[str],
+    image: str,
+    command: Sequence[str],
+    environ: Mapping[str, str],
+    join: bool,
+    reuse: bool = False,
+) -> int:
     """Run ``command`` as this task inside the node's shared container; returns its exit code.
 
     ``join`` enters the container by joining its namespaces (falling back to
@@ -53,7 +61,7 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
     # ENTRYPOINT is for the tasks, which run what `podman run IMAGE ARGS` would.
     keep_alive = ["--entrypoint", json.dumps(config.shared_run_command)]
     # --rm: once its first process is killed, conmon's clean-up removes the container (stepmonitor)
-    head, tail = [*run_options, "-d", "--rm", "--replace"], [*keep_alive, image]   # around its name and pid file
+    head, tail = [*run_options, "-d", "--rm", "--replace"], [*keep_alive, image]  # around its name and pid file
     job_container = None
     if reuse and stepsocket.step_ids(environ) is not None:
         key = jobcontainer.reuse_key(context.job_id, context.node, [*head, *tail, *module_args])
@@ -61,17 +69,23 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
     else:
         name = context.container_name(os.getuid())
     pidfile = (job_container or directory) / jobcontainer.PIDFILE
-    known = None if entrypoint is not None else \
-        stored_command([config.graph_root, *configured_stores(config)], image)
+    known = None if entrypoint is not None else stored_command([config.graph_root, *configured_stores(config)], image)
     start = ContainerStart(
         podman.run_command([*head, "--name", name, "--pidfile", str(pidfile), *tail], module_args),
-        None if entrypoint is not None or known is not None else
-        podman.command(("image", "inspect"), "--format", IMAGE_COMMAND, image),
-        config.shared_run_command, pidfile, known, job_container, config.shared_run_reuse_linger)
+        None
+        if entrypoint is not None or known is not None
+        else podman.command(("image", "inspect"), "--format", IMAGE_COMMAND, image),
+        config.shared_run_command,
+        pidfile,
+        known,
+        job_container,
+        config.shared_run_reuse_linger,
+    )
     connection, container, pidfd = _join_step(podman, directory, name, start, context)
     try:
-        plan = task_plan(podman, name, task_command(entrypoint, container, command), exec_options, environ,
-                         join, os.getcwd())
+        plan = task_plan(
+            podman, name, task_command(entrypoint, container, command), exec_options, environ, join, os.getcwd()
+        )
         # the path every other task of the node takes with the monitor's plan (rank.shared_run_task)
         return stepsocket.run_plan(plan, pidfd, environ, join=run_joined, log=commands.log)
     finally:
@@ -79,8 +93,9 @@ def shared_run(podman: Podman, options: Sequence[str], module_args: Sequence[str
         os.close(pidfd)
 
 
-def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart,
-               context: StepContext) -> tuple[socket.socket, RunningContainer, int]:
+def _join_step(
+    podman: Podman, directory: Path, name: str, start: ContainerStart, context: StepContext
+) -> tuple[socket.socket, RunningContainer, int]:
     """Connect to the node's step monitor (starting it if we are first) and wait until ready;
     the connection, the container and a pidfd of its first process."""
     config = podman.config
@@ -102,13 +117,15 @@ def _join_step(podman: Podman, directory: Path, name: str, start: ContainerStart
         connection.close()
         for fd in pidfds:
             os.close(fd)
-        raise EngineError(f"shared-run: cannot start container {name}: "
-                          f"{(reply or {}).get('failed') or 'the step monitor exited'}")
+        raise EngineError(
+            f"shared-run: cannot start container {name}: {(reply or {}).get('failed') or 'the step monitor exited'}"
+        )
     return connection, RunningContainer(**reply["ready"]), pidfds[0]
 
 
-def _monitor_connection(podman: Podman, directory: Path, name: str, start: ContainerStart,
-                        context: StepContext) -> socket.socket:
+def _monitor_connection(
+    podman: Podman, directory: Path, name: str, start: ContainerStart, context: StepContext
+) -> socket.socket:
     """A connection to the node's step monitor, which this task starts if it is the node's first."""
     address = stepsocket.address_of(context.key)
     listener = stepsocket.take_listener()  # the console script may have won the election already
@@ -117,13 +134,15 @@ def _monitor_connection(podman: Podman, directory: Path, name: str, start: Conta
         if kind != "listener":
             return sock
         listener = sock
-    start_monitor(podman, directory, listener, name, start, context.tasks_on_node,
-                  processes.ancestor_pidfd("slurmstepd"))
+    start_monitor(
+        podman, directory, listener, name, start, context.tasks_on_node, processes.ancestor_pidfd("slurmstepd")
+    )
     kind, connection = stepsocket.rendezvous(address)
     if kind == "listener":  # nobody holds the address: the monitor is gone already
         connection.close()
-        raise EngineError(f"shared-run: the step monitor for {name} did not start (see {MONITOR_LOG} "
-                          f"in {podman.config.run_root})")
+        raise EngineError(
+            f"shared-run: the step monitor for {name} did not start (see {MONITOR_LOG} in {podman.config.run_root})"
+        )
     return connection
 
 

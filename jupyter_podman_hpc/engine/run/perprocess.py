@@ -17,8 +17,14 @@ from .stepcontext import pmi_fd_passthrough, step_context, step_env_args
 from ... import stepsocket
 
 
-def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequence[str], image: str,
-                    command: Sequence[str], environ: Mapping[str, str]) -> int:
+def per_process_run(
+    podman: Podman,
+    options: Sequence[str],
+    module_args: Sequence[str],
+    image: str,
+    command: Sequence[str],
+    environ: Mapping[str, str],
+) -> int:
     """One task's own container in a Slurm step (per-process mode); its exit code.
 
     podman runs as a child, not in our place: a detached reaper holding a pipe
@@ -58,8 +64,10 @@ def per_process_run(podman: Podman, options: Sequence[str], module_args: Sequenc
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     passthrough = pmi_fd_passthrough(environ)
     log_driver = log_driver_args(options, podman.options("run"))
-    argv = podman.run_command([*passthrough.run_args, *step_env_args(podman.config, environ), *named,
-                               *log_driver, *options, image, *command], module_args)
+    argv = podman.run_command(
+        [*passthrough.run_args, *step_env_args(podman.config, environ), *named, *log_driver, *options, image, *command],
+        module_args,
+    )
     env = podman.config.podman_env(passthrough.env) if passthrough.env else podman.env
     process = commands.popen(argv, env=env, pass_fds=passthrough.fds)
     passed = stepsocket.forward_signals(process.pid)
@@ -100,7 +108,7 @@ def log_driver_args(options: Sequence[str], run_table: Mapping[str, bool]) -> li
 # after it forked its conmon leaves a process that becomes conmon, and starts the container, later
 LATE_START_CHECKS = (1, 3, 6)
 
-LOCK_SUFFIX = ".lock"   # <container name>.lock beside its pid file
+LOCK_SUFFIX = ".lock"  # <container name>.lock beside its pid file
 
 # what ends a task (srun's and scancel's); SIGUSR1 and SIGUSR2 are the program's own business
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -153,7 +161,7 @@ def sweep_killed_tasks(podman: Podman) -> list[str]:
         if held is None:
             continue
         try:
-            name = lock.name[:-len(LOCK_SUFFIX)]
+            name = lock.name[: -len(LOCK_SUFFIX)]
             _remove(podman, name, _pidfile(podman, name))
             removed.append(name)
         finally:

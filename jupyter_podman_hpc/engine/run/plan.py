@@ -25,10 +25,10 @@ from ..podman import Podman, split_at_image
 class RunPlan:
     """A parsed ``[options] [module flags] IMAGE [COMMAND...]``, with the modules' podman arguments."""
 
-    options: list[str]          # podman run options (module and front flags removed)
-    image: str | None           # normalised (no transport prefix); None when the words name none
+    options: list[str]  # podman run options (module and front flags removed)
+    image: str | None  # normalised (no transport prefix); None when the words name none
     command: list[str]
-    modules: list[Module]       # chosen, checked for conflicts and dependencies
+    modules: list[Module]  # chosen, checked for conflicts and dependencies
     module_args: list[str]
     flags: list[str] = field(default_factory=list)  # the front's own flags that were given (``--join``)
 
@@ -48,16 +48,23 @@ class Site:
     environ: Mapping[str, str]
 
     @classmethod
-    def load(cls, environ: Mapping[str, str], *, squash_dir: str | None = None,
-             additional_stores: Sequence[str] = (), log_level: str | None = None) -> "Site":
+    def load(
+        cls,
+        environ: Mapping[str, str],
+        *,
+        squash_dir: str | None = None,
+        additional_stores: Sequence[str] = (),
+        log_level: str | None = None,
+    ) -> "Site":
         """Everything a run needs of this site for this user: the configuration (``squash_dir``, extra
         stores and log level as given), podman and the module set."""
         config = load_config(environ, squash_dir=squash_dir)
         config.additional_stores += list(additional_stores)
         if log_level:
             config.log_level = log_level
-        return cls(config, Podman(config, environ), ModuleSet.load(config.modules_dir, cache_dir=config.run_root),
-                   environ)
+        return cls(
+            config, Podman(config, environ), ModuleSet.load(config.modules_dir, cache_dir=config.run_root), environ
+        )
 
     def plan(self, args: Sequence[str], front_flags: Iterable[str] = ()) -> RunPlan:
         """Split ``[options] IMAGE [COMMAND...]`` and resolve the module flags among the options."""
@@ -72,8 +79,9 @@ class Site:
         (one line) when the image would come from a squash file that is no whole squashfs image."""
         if plan.image:
             refuse_damaged_squash(self.config, plan.image)
-        return self.podman.run_command([*extra_options, *plan.options, plan.image or "", *plan.command],
-                                       plan.module_args)
+        return self.podman.run_command(
+            [*extra_options, *plan.options, plan.image or "", *plan.command], plan.module_args
+        )
 
 
 def refuse_damaged_squash(config: SiteConfig, ref: str) -> None:
@@ -126,8 +134,9 @@ def wants_reuse(flags: Sequence[str], setting: bool) -> bool:
     return given[-1] == "--reuse" if given else setting
 
 
-def parse_run_args(podman: Podman, modules: ModuleSet, args: Sequence[str],
-                   extra_flags: Sequence[str] = SHARED_RUN_FLAGS) -> tuple[list[str], str | None, list[str], list[Module]]:
+def parse_run_args(
+    podman: Podman, modules: ModuleSet, args: Sequence[str], extra_flags: Sequence[str] = SHARED_RUN_FLAGS
+) -> tuple[list[str], str | None, list[str], list[Module]]:
     """``[options] IMAGE [COMMAND...]``: (podman options with ``extra_flags`` kept, image, command,
     chosen modules). Module flags (``--gpu``, ``--openmpi-pmix``...) are told apart from podman's
     own run options; the modules are checked for conflicts and dependencies."""

@@ -41,27 +41,28 @@ from ... import stepsocket
 
 MONITOR_LOG = "shared-run-monitor.log"  # in the run root: it outlives the step directories
 PER_TASK_PREFIXES = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "PALS_")
-MONITOR_LOCK = "monitor.lock"   # in the step directory, locked by its monitor while it lives
+MONITOR_LOCK = "monitor.lock"  # in the step directory, locked by its monitor while it lives
 
 
 @dataclass(frozen=True)
 class ContainerStart:
     """How a step monitor starts the node's container and learns what its tasks run."""
 
-    run: list[str]                 # podman run -d ... IMAGE, with the keep-alive as entrypoint
-    inspect: list[str] | None      # podman image inspect for the image's ENTRYPOINT and CMD
+    run: list[str]  # podman run -d ... IMAGE, with the keep-alive as entrypoint
+    inspect: list[str] | None  # podman image inspect for the image's ENTRYPOINT and CMD
     keep_alive: list[str]
-    pidfile: Path                  # where podman run writes the container's first pid
+    pidfile: Path  # where podman run writes the container's first pid
     image_command: tuple | None = None  # (ENTRYPOINT, CMD) read from the storages: no inspect
-    reuse: Path | None = None      # the job's container to lease (``jobcontainer``), its directory
-    linger: float = 0.0            # seconds a leased container waits for the job's next step
+    reuse: Path | None = None  # the job's container to lease (``jobcontainer``), its directory
+    linger: float = 0.0  # seconds a leased container waits for the job's next step
 
 
 IMAGE_COMMAND = "{{json .Config.Entrypoint}}\t{{json .Config.Cmd}}"
 
 
-def start_monitor(podman: Podman, directory: Path, listener, name: str, start: ContainerStart,
-                   tasks: int, step_daemon: int | None) -> None:
+def start_monitor(
+    podman: Podman, directory: Path, listener, name: str, start: ContainerStart, tasks: int, step_daemon: int | None
+) -> None:
     """Fork the detached monitor, which takes over the step's listening socket and
     ``step_daemon``, a pidfd of the node's slurmstepd for the step (if known)."""
     if processes.detach():  # it outlives the task
@@ -76,10 +77,12 @@ def start_monitor(podman: Podman, directory: Path, listener, name: str, start: C
             keep = sorted(fd for fd in (listener.fileno(), step_daemon) if fd is not None)
             for low, high in zip([2, *keep], [*keep, os.sysconf("SC_OPEN_MAX")]):
                 os.closerange(low + 1, high)
-            code = StepMonitor(podman, directory, socket.socket(fileno=listener.detach()), name, start,
-                               tasks, step_daemon).run()
+            code = StepMonitor(
+                podman, directory, socket.socket(fileno=listener.detach()), name, start, tasks, step_daemon
+            ).run()
         except BaseException:
             import traceback
+
             traceback.print_exc()
             code = 1
         os._exit(code)
@@ -92,10 +95,18 @@ class StepMonitor:
     """Owns the node's container for one step: starts it, counts tasks, removes it."""
 
     REMOVE_ATTEMPTS = 5
-    SELF_REMOVAL = 5.0   # seconds conmon's clean-up may take to remove the container once its first process died
+    SELF_REMOVAL = 5.0  # seconds conmon's clean-up may take to remove the container once its first process died
 
-    def __init__(self, podman: Podman, directory: Path, listener: socket.socket, name: str,
-                 start: ContainerStart, tasks: int, step_daemon: int | None = None):
+    def __init__(
+        self,
+        podman: Podman,
+        directory: Path,
+        listener: socket.socket,
+        name: str,
+        start: ContainerStart,
+        tasks: int,
+        step_daemon: int | None = None,
+    ):
         self.podman = podman
         self.directory = directory
         self.listener = listener
@@ -149,8 +160,10 @@ class StepMonitor:
             self.listener.close()
             shutil.rmtree(self.directory, ignore_errors=True)
             if self.stopped_by is not None:
-                self._log(f"stopped by {signal.Signals(self.stopped_by).name}"
-                          f"{': container removed' if self.lease is None else ''}")
+                self._log(
+                    f"stopped by {signal.Signals(self.stopped_by).name}"
+                    f"{': container removed' if self.lease is None else ''}"
+                )
             if self.lease is not None:
                 self._leave_job_container()
             self._sweep_killed_monitors()
@@ -183,8 +196,12 @@ class StepMonitor:
         used it for the linger."""
         assert self.lease is not None and self.start.reuse is not None  # a lease is taken on a job's container only
         self.lease.release(self.start.reuse)
-        jobcontainer.linger(self.start.reuse, self.start.linger, self._remove_container,
-                            lambda key: self.podman.remove_containers(stepsocket.container_name(os.getuid(), key)))
+        jobcontainer.linger(
+            self.start.reuse,
+            self.start.linger,
+            self._remove_container,
+            lambda key: self.podman.remove_containers(stepsocket.container_name(os.getuid(), key)),
+        )
 
     def _on_signal(self, signum: int, _frame) -> None:
         """A signal (scancel reaching the monitor) ends the step here at a safe point: while it
@@ -236,8 +253,11 @@ class StepMonitor:
     def _run_container(self) -> dict:
         """podman run the container (with --replace: it removes a stale container with the same name,
         a crashed step's); the line every task gets."""
-        inspect = self.podman.popen(self.start.inspect, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True) if self.start.inspect else None
+        inspect = (
+            self.podman.popen(self.start.inspect, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if self.start.inspect
+            else None
+        )
         result = self.podman.run(self.start.run, check=False)
         self.container_id = (result.stdout or "").strip().rpartition("\n")[2]
         if result.returncode != 0:
@@ -250,8 +270,10 @@ class StepMonitor:
             return {"failed": cmd}
         pid = self._wait_for_keep_alive()
         if pid is None:
-            return {"failed": f"the container's keep-alive command ({' '.join(self.start.keep_alive)}) "
-                              f"did not start: does the image have it?"}
+            return {
+                "failed": f"the container's keep-alive command ({' '.join(self.start.keep_alive)}) "
+                f"did not start: does the image have it?"
+            }
         self.container = RunningContainer(pid, entrypoint, cmd)
         return {"ready": dict(self.container.__dict__)}
 
@@ -311,9 +333,11 @@ class StepMonitor:
             for key, _ in events:
                 if key.fileobj == self.step_daemon:
                     if self.finished < self.tasks:
-                        self._log(f"the step ended on this node with {self.tasks - self.finished} of its "
-                                  f"{self.tasks} tasks not finished here ({len(self.buffers)} connections "
-                                  f"still open): removing the container")
+                        self._log(
+                            f"the step ended on this node with {self.tasks - self.finished} of its "
+                            f"{self.tasks} tasks not finished here ({len(self.buffers)} connections "
+                            f"still open): removing the container"
+                        )
                     return
                 if key.fileobj is self.listener:
                     self._accept()
@@ -374,7 +398,12 @@ class StepMonitor:
         try:
             env = request["env"]
             podman, modules = self._engine(env)
-            from .plan import SHARED_RUN_FLAGS, parse_run_args, wants_join  # the CLI's (loaded already: we are its fork)
+            from .plan import (
+                SHARED_RUN_FLAGS,
+                parse_run_args,
+                wants_join,
+            )  # the CLI's (loaded already: we are its fork)
+
             options, image, args, _ = parse_run_args(podman, modules, request["argv"][1:])
             if image is None:
                 raise EngineError("usage: podman-hpc shared-run [options] IMAGE [COMMAND...]", 125)
@@ -393,6 +422,7 @@ class StepMonitor:
         if key not in self.engines:
             from ..site.config import load_config
             from ..site.modules import ModuleSet
+
             config = load_config(env)
             self.engines[key] = (Podman(config, env), ModuleSet.load(config.modules_dir, cache_dir=config.run_root))
         return self.engines[key]

@@ -38,8 +38,15 @@ def task_command(entrypoint: list[str] | None, container: RunningContainer, args
     return command
 
 
-def task_plan(podman: Podman, name: str, command: list[str], exec_options: Sequence[str],
-              environ: Mapping[str, str], join: bool, cwd: str | None) -> dict:
+def task_plan(
+    podman: Podman,
+    name: str,
+    command: list[str],
+    exec_options: Sequence[str],
+    environ: Mapping[str, str],
+    join: bool,
+    cwd: str | None,
+) -> dict:
     """What one task of a step runs in container ``name`` (``stepsocket.run_plan``), the same for
     the node's first task and, sent by the step monitor, for every other: join the container
     with the variables the exec options set (None where only podman can do what they ask), or
@@ -53,10 +60,18 @@ def task_plan(podman: Podman, name: str, command: list[str], exec_options: Seque
     if found is not None:
         argv[0] = os.path.join(cwd or "/", found)
     podman_env = podman.config.podman_env(environ)
-    changes = {"set": {k: v for k, v in podman_env.items() if environ.get(k) != v},
-               "unset": [k for k in environ if k not in podman_env]}
-    return {"join": overrides is not None, "command": command, "env": overrides,
-            "workdir": _workdir(exec_args), "argv": argv, "podman_env": changes}
+    changes = {
+        "set": {k: v for k, v in podman_env.items() if environ.get(k) != v},
+        "unset": [k for k in environ if k not in podman_env],
+    }
+    return {
+        "join": overrides is not None,
+        "command": command,
+        "env": overrides,
+        "workdir": _workdir(exec_args),
+        "argv": argv,
+        "podman_env": changes,
+    }
 
 
 def exec_env(exec_options: Sequence[str], environ: Mapping[str, str]) -> dict[str, str] | None:

@@ -62,18 +62,23 @@ from ..podman import Podman
 from ..base.private import private_dir
 from ..store.squashed import SquashStore
 
-DEFAULT_IDLE = 300        # seconds without a request before the shared service exits
-START_TIMEOUT = 60.0      # seconds for a new service to answer
+DEFAULT_IDLE = 300  # seconds without a request before the shared service exits
+START_TIMEOUT = 60.0  # seconds for a new service to answer
 PING_TIMEOUT = 5.0
-PRIVATE_IDLE = 120        # a private service outlives a caller that died by this much
-QUIET = 2.0               # seconds without activity after which a cut-off operation counts as wound down
-LOG_LIMIT = 1 << 20       # the shared service's log is started afresh beyond this size
-_SUN_PATH_MAX = 107       # bytes in a unix socket path (sun_path is 108 with the NUL)
-OWNER_SUFFIX = ".owner"   # a private service's record of who started it (see PrivateService._record_owner)
+PRIVATE_IDLE = 120  # a private service outlives a caller that died by this much
+QUIET = 2.0  # seconds without activity after which a cut-off operation counts as wound down
+LOG_LIMIT = 1 << 20  # the shared service's log is started afresh beyond this size
+_SUN_PATH_MAX = 107  # bytes in a unix socket path (sun_path is 108 with the NUL)
+OWNER_SUFFIX = ".owner"  # a private service's record of who started it (see PrivateService._record_owner)
 
 # Environment variables that change what podman does with the same flags.
-_ENV_KEYS = ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF",
-             "CONTAINERS_POLICY_PATH", "REGISTRY_AUTH_FILE")
+_ENV_KEYS = (
+    "CONTAINERS_CONF",
+    "CONTAINERS_STORAGE_CONF",
+    "CONTAINERS_REGISTRIES_CONF",
+    "CONTAINERS_POLICY_PATH",
+    "REGISTRY_AUTH_FILE",
+)
 
 # Runs the service detached: a new session, the log as stdout/stderr, and
 # this trampoline exits at once so the service is re-parented away from the caller.
@@ -106,8 +111,7 @@ def ping(sock: str | os.PathLike, timeout: float = PING_TIMEOUT) -> bool:
         return False
     head, _, body = reply.partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].split()
-    return len(status) >= 2 and status[0].startswith(b"HTTP/1.") and status[1] == b"200" \
-        and body.strip() == b"OK"
+    return len(status) >= 2 and status[0].startswith(b"HTTP/1.") and status[1] == b"200" and body.strip() == b"OK"
 
 
 def _kill_tree(pid: int, grace: float = 10.0) -> None:
@@ -131,15 +135,20 @@ def _run_root(config: SiteConfig) -> Path:
 
 def _check_socket_path(path: Path) -> None:
     if len(os.fsencode(path)) > _SUN_PATH_MAX:
-        raise ServiceError(f"the Podman API socket path {path} is too long for a unix socket: "
-                           f"use a shorter run_root")
+        raise ServiceError(f"the Podman API socket path {path} is too long for a unix socket: use a shorter run_root")
 
 
 class ApiService:
     """The shared per-user service: ``ensure()`` it, then connect to ``url``."""
 
-    def __init__(self, config: SiteConfig, *, idle: int = DEFAULT_IDLE,
-                 environ: Mapping[str, str] | None = None, start_timeout: float = START_TIMEOUT):
+    def __init__(
+        self,
+        config: SiteConfig,
+        *,
+        idle: int = DEFAULT_IDLE,
+        environ: Mapping[str, str] | None = None,
+        start_timeout: float = START_TIMEOUT,
+    ):
         self.config = config
         self.podman = Podman(config, environ)
         self.idle = int(idle)
@@ -222,8 +231,14 @@ class ApiService:
         try:
             result = commands.run(
                 [sys.executable, "-c", _DETACH, str(self.log_path), str(_run_root(self.config)), *argv],
-                env=self.podman.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, timeout=60, check=True)
+                env=self.podman.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                check=True,
+            )
             pid = int(result.stdout.split()[0])
         except FileNotFoundError as err:
             raise ServiceError(f"cannot start the Podman API service: {err.strerror}: {err.filename}")
@@ -231,8 +246,7 @@ class ApiService:
             lines = (getattr(err, "stderr", "") or "").strip().splitlines()
             raise ServiceError(f"cannot start the Podman API service: {lines[-1] if lines else err}")
         self.pid_path.write_text(f"{pid}\n")
-        _wait_ready(self.socket, lambda: processes.running(pid),
-                    self.log_path, self.start_timeout)
+        _wait_ready(self.socket, lambda: processes.running(pid), self.log_path, self.start_timeout)
 
     def stop(self, grace: float = 10.0) -> bool:
         """Stop the service now (tests, administration); whether one was running."""
@@ -255,8 +269,7 @@ def _wait_ready(sock: Path, running, log_path: Path, timeout: float) -> None:
         if not running():
             raise ServiceError(f"the Podman API service exited at start: {_last_line(log_path)}")
         time.sleep(0.02)
-    raise ServiceError(f"the Podman API service did not answer on {sock} within {timeout:.0f} s "
-                       f"(log: {log_path})")
+    raise ServiceError(f"the Podman API service did not answer on {sock} within {timeout:.0f} s (log: {log_path})")
 
 
 def _last_line(path: Path) -> str:
@@ -267,14 +280,18 @@ def _last_line(path: Path) -> str:
     return (lines or ["no output"])[-1].removeprefix("Error:").strip()
 
 
-def ensure_service(config: SiteConfig, *, idle: int = DEFAULT_IDLE,
-                   environ: Mapping[str, str] | None = None) -> str:
+def ensure_service(config: SiteConfig, *, idle: int = DEFAULT_IDLE, environ: Mapping[str, str] | None = None) -> str:
     """Start the shared service if needed; its ``unix://`` URL."""
     return ApiService(config, idle=idle, environ=environ).ensure()
 
 
-def client(config: SiteConfig, *, idle: int = DEFAULT_IDLE, timeout: float | None = None,
-           environ: Mapping[str, str] | None = None):
+def client(
+    config: SiteConfig,
+    *,
+    idle: int = DEFAULT_IDLE,
+    timeout: float | None = None,
+    environ: Mapping[str, str] | None = None,
+):
     """A ``podman.PodmanClient`` connected to the shared service (started on demand).
 
     The service sees node-local and squashed images. Use it for listing,
@@ -292,8 +309,15 @@ class PrivateService:
     service and everything under it are stopped.
     """
 
-    def __init__(self, config: SiteConfig, *, squashed: bool = False, idle: int = PRIVATE_IDLE,
-                 environ: Mapping[str, str] | None = None, start_timeout: float = START_TIMEOUT):
+    def __init__(
+        self,
+        config: SiteConfig,
+        *,
+        squashed: bool = False,
+        idle: int = PRIVATE_IDLE,
+        environ: Mapping[str, str] | None = None,
+        start_timeout: float = START_TIMEOUT,
+    ):
         self.config = config
         self.podman = Podman(config, environ)
         root = Path(config.run_root)
@@ -319,8 +343,7 @@ class PrivateService:
     def command(self) -> list[str]:
         """The ``podman system service`` command line: this service's socket and idle time, with or without
         the squashed store."""
-        return self.podman.command(["system", "service"], "--time", str(self.idle), self.url,
-                                   squashed=self.squashed)
+        return self.podman.command(["system", "service"], "--time", str(self.idle), self.url, squashed=self.squashed)
 
     def start(self) -> "PrivateService":
         """Start the service, note its owner for the sweep of orphans, and wait until it answers (the
@@ -329,12 +352,21 @@ class PrivateService:
         _run_root(self.config)
         with open(self.log_path, "ab") as log:
             self.process = self.podman.popen(
-                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                cwd=self.config.run_root, start_new_session=True)
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=self.config.run_root,
+                start_new_session=True,
+            )
         self._record_owner()
         _RUNNING.add(self)
-        _wait_ready(self.socket, lambda: self.process is not None and self.process.poll() is None,
-                    self.log_path, self.start_timeout)
+        _wait_ready(
+            self.socket,
+            lambda: self.process is not None and self.process.poll() is None,
+            self.log_path,
+            self.start_timeout,
+        )
         return self
 
     def client(self, timeout: float | None = None):
@@ -348,8 +380,12 @@ class PrivateService:
         die without stopping it (a server SIGKILLed mid-build), the next sweep
         (``engine.service.sweep``) knows it is an orphan and stops it."""
         assert self.process is not None  # called by start() once the service is started
-        record = {"caller": processes.owner_token(), "service": processes.owner_token(self.process.pid),
-                  "socket": str(self.socket), "started": time.time()}
+        record = {
+            "caller": processes.owner_token(),
+            "service": processes.owner_token(self.process.pid),
+            "socket": str(self.socket),
+            "started": time.time(),
+        }
         atomic_write(self.owner_path, json.dumps(record) + "\n", 0o600)
 
     def container_processes(self) -> list[int]:
@@ -426,8 +462,7 @@ class PrivateService:
         """
         process = self.process
         if self.aborted and process is not None and process.poll() is None:
-            threading.Thread(target=self._stop_when_quiet, args=(grace,), name="podman-hpc-reaper",
-                             daemon=True).start()
+            threading.Thread(target=self._stop_when_quiet, args=(grace,), name="podman-hpc-reaper", daemon=True).start()
             return
         self._stop_now(grace)
 
@@ -475,5 +510,13 @@ def stop_private_services(quiet_within: float = 10.0, grace: float = 5.0) -> int
     return len(services)
 
 
-__all__ = ["ApiService", "PrivateService", "ServiceError", "client", "ensure_service", "ping",
-           "stop_private_services", "DEFAULT_IDLE"]
+__all__ = [
+    "ApiService",
+    "PrivateService",
+    "ServiceError",
+    "client",
+    "ensure_service",
+    "ping",
+    "stop_private_services",
+    "DEFAULT_IDLE",
+]

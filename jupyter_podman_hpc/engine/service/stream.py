@@ -29,7 +29,7 @@ from .rest import PrivateService
 
 CancelHook = Union[threading.Event, Callable[[], bool], None]
 
-CANCEL_POLL = 0.1         # seconds between looks at the cancel hook
+CANCEL_POLL = 0.1  # seconds between looks at the cancel hook
 
 
 class Cancelled(EngineError):
@@ -99,7 +99,6 @@ def cut_connection(response, service: PrivateService | None = None) -> None:
     else:
         with contextlib.suppress(Exception):
             response.close()
-
 
 
 # --- streaming JSON -----------------------------------------------------------------
@@ -200,5 +199,16 @@ def stored_image_id(api, ref: str) -> str | None:
     return response.json().get("Id")
 
 
-__all__ = ["CancelHook", "CancelWatch", "Cancelled", "Stream", "StreamBroken", "cancel_requested",
-           "cut_connection", "error_text", "json_objects", "response_error", "stored_image_id"]
+__all__ = [
+    "CancelHook",
+    "CancelWatch",
+    "Cancelled",
+    "Stream",
+    "StreamBroken",
+    "cancel_requested",
+    "cut_connection",
+    "error_text",
+    "json_objects",
+    "response_error",
+    "stored_image_id",
+]

@@ -36,7 +36,7 @@ from ..base.files import read_own_json
 from ..podman import Podman
 from .rest import OWNER_SUFFIX
 
-GONE_TIMEOUT = 10.0   # seconds for killed processes to be gone
+GONE_TIMEOUT = 10.0  # seconds for killed processes to be gone
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ class ServiceOwner:
     """What ``podman-hpc-op-<tag>.owner`` says."""
 
     path: Path
-    caller: str       # owner token (``PID:START``) of the process that started the service
-    service: str      # owner token of the service
+    caller: str  # owner token (``PID:START``) of the process that started the service
+    service: str  # owner token of the service
     socket: str
     started: float
 
@@ -122,8 +122,11 @@ def _remove_build_containers(config: SiteConfig, environ: Mapping[str, str] | No
         containers = json.loads(listed.stdout or "[]")
     except (EngineError, ValueError):
         return []
-    ids = [str(c.get("Id")) for c in containers or []
-           if str(c.get("State")) == "storage" and c.get("Id") and float(c.get("Created") or 0) >= int(since) - 1]
+    ids = [
+        str(c.get("Id"))
+        for c in containers or []
+        if str(c.get("State")) == "storage" and c.get("Id") and float(c.get("Created") or 0) >= int(since) - 1
+    ]
     if ids:
         podman.run(podman.command("rm", "--force", *ids), check=False, timeout=120)
     return ids

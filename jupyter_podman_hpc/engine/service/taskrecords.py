@@ -39,11 +39,11 @@ _MAX_BYTES = 64 << 10
 @dataclass
 class TaskRecord:
     id: str
-    kind: str           # "pull", "build", "squash"
-    title: str          # "build localhost/app:1"
-    state: str          # "queued", "running", "succeeded", "failed", "cancelled", "interrupted"
+    kind: str  # "pull", "build", "squash"
+    title: str  # "build localhost/app:1"
+    state: str  # "queued", "running", "succeeded", "failed", "cancelled", "interrupted"
     created: float
-    owner: str          # owner token (``PID:START``) of the process running the task
+    owner: str  # owner token (``PID:START``) of the process running the task
     finished: float | None = None
     error: str | None = None
 
@@ -113,8 +113,12 @@ def _read(path: Path) -> TaskRecord | None:
         names = {f.name for f in fields(TaskRecord)}
         record = TaskRecord(**{k: v for k, v in data.items() if k in names})
         texts = (record.id, record.kind, record.title, record.state, record.owner)
-        if not all(isinstance(text, str) for text in texts) or not isinstance(record.created, (int, float)) \
-                or not _ID.match(record.id) or path.name != f"{record.id}.json":
+        if (
+            not all(isinstance(text, str) for text in texts)
+            or not isinstance(record.created, (int, float))
+            or not _ID.match(record.id)
+            or path.name != f"{record.id}.json"
+        ):
             return None
         return record
     except (ValueError, TypeError, AttributeError):

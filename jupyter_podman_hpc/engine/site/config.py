@@ -21,17 +21,33 @@ from typing import Any, Mapping
 
 from ..errors import ConfigError
 from ..text import truth
-from .readpath import (DEFAULT_AUTO_JOB_MAX_MB, DEFAULT_BUDGET, DEFAULT_IDLE_MINUTES, DEFAULT_LOGIN_BUDGET,
-                       MODES as READ_PATHS, ReadPathSettings, budget_mb)
+from .readpath import (
+    DEFAULT_AUTO_JOB_MAX_MB,
+    DEFAULT_BUDGET,
+    DEFAULT_IDLE_MINUTES,
+    DEFAULT_LOGIN_BUDGET,
+    MODES as READ_PATHS,
+    ReadPathSettings,
+    budget_mb,
+)
 
-NO_SQUASH_DIR = ("no squashed image store: SCRATCH is not set and no squash_dir, SQUASH_DIR or --squash-dir "
-                 "names one (podman-hpc's fallback /tmp/storage would be shared with every user of the node)")
+NO_SQUASH_DIR = (
+    "no squashed image store: SCRATCH is not set and no squash_dir, SQUASH_DIR or --squash-dir "
+    "names one (podman-hpc's fallback /tmp/storage would be shared with every user of the node)"
+)
 DEFAULT_CONFIG_FILE = "/etc/podman_hpc/podman_hpc.yaml"
 SITE_DATA = Path(__file__).resolve().parent / "data"
 
 # Keys that may also be given as <key>_template in the file or the environment.
-TEMPLATED = {"graph_root", "run_root", "additional_stores", "config_home", "squash_dir",
-             "shared_run_exec_args", "squash_unpack_dir"}
+TEMPLATED = {
+    "graph_root",
+    "run_root",
+    "additional_stores",
+    "config_home",
+    "squash_dir",
+    "shared_run_exec_args",
+    "squash_unpack_dir",
+}
 # podman-hpc's name for the shared_run_exec_args template.
 TEMPLATE_ALIASES = {"shared_run_args_template": "shared_run_exec_args"}
 
@@ -52,11 +68,25 @@ class SiteConfig:
     podman_bin: str = "podman"
     mount_program: str = ""
     modules_dir: str = str(SITE_DATA / "modules.d")
-    shared_run_exec_args: list[str] = field(default_factory=lambda: [
-        "-e", "SLURM_*", "-e", "SLURMD_*", "-e", "PALS_*", "-e", "PMI_*", "-e", "PMIX_*", "-e", "OMPI_*"])
+    shared_run_exec_args: list[str] = field(
+        default_factory=lambda: [
+            "-e",
+            "SLURM_*",
+            "-e",
+            "SLURMD_*",
+            "-e",
+            "PALS_*",
+            "-e",
+            "PMI_*",
+            "-e",
+            "PMIX_*",
+            "-e",
+            "OMPI_*",
+        ]
+    )
     shared_run_command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
     shared_run_exec_mode: str = "join"  # ours: "podman" enters the container with podman exec
-    shared_run_reuse: bool = False      # ours: a job's steps share its node container (engine/run/jobcontainer.py)
+    shared_run_reuse: bool = False  # ours: a job's steps share its node container (engine/run/jobcontainer.py)
     shared_run_reuse_linger: float = 30.0  # seconds that container waits for the job's next step
     graph_root: str = "/tmp/{{ uid }}_hpc/storage"
     run_root: str = "/tmp/{{ uid }}_hpc"
@@ -144,9 +174,15 @@ class SiteConfig:
     def read_path(self) -> ReadPathSettings:
         """The read-path settings this configuration gives the mount program on this node (the budget that
         applies here: login node or job)."""
-        return ReadPathSettings(self.squash_read_path, self.squash_unpack_dir, budget_mb(self.budget_key[1]),
-                                self.squash_unpack_idle_minutes, self.slurm_job_id, self.slurm_job_nodes,
-                                self.squash_unpack_auto_job_max_mb)
+        return ReadPathSettings(
+            self.squash_read_path,
+            self.squash_unpack_dir,
+            budget_mb(self.budget_key[1]),
+            self.squash_unpack_idle_minutes,
+            self.slurm_job_id,
+            self.slurm_job_nodes,
+            self.squash_unpack_auto_job_max_mb,
+        )
 
     @property
     def budget_key(self) -> tuple[str, str]:
@@ -156,14 +192,20 @@ class SiteConfig:
 
 
 _LIST_KEYS = {f.name for f in fields(SiteConfig) if f.type in ("list[str]",)}
-_FLOAT_KEYS = {"wait_timeout", "wait_poll_interval", "squash_unpack_idle_minutes", "shared_run_reuse_linger",
-               "squash_unpack_auto_job_max_mb"}
+_FLOAT_KEYS = {
+    "wait_timeout",
+    "wait_poll_interval",
+    "squash_unpack_idle_minutes",
+    "shared_run_reuse_linger",
+    "squash_unpack_auto_job_max_mb",
+}
 _BOOL_KEYS = {"use_default_args", "shared_run_reuse"}
 _PLACEHOLDER = re.compile(r"{{\s*([^}]*?)\s*}}")
 
 
-def load_config(environ: Mapping[str, str] | None = None, *, squash_dir: str | None = None,
-                config_file: str | None = None) -> SiteConfig:
+def load_config(
+    environ: Mapping[str, str] | None = None, *, squash_dir: str | None = None, config_file: str | None = None
+) -> SiteConfig:
     """Build the effective configuration from defaults, the file and the environment."""
     env = dict(os.environ if environ is None else environ)
     user = _user_name(env)
@@ -171,8 +213,13 @@ def load_config(environ: Mapping[str, str] | None = None, *, squash_dir: str | N
     path = config_file or env.get("PODMANHPC_CONFIG_FILE") or DEFAULT_CONFIG_FILE
     from_file = _read_file(path, explicit=bool(config_file or env.get("PODMANHPC_CONFIG_FILE")))
 
-    config = SiteConfig(user=user, uid=uid, config_file=path if from_file is not None else "",
-                        slurm_job_id=env.get("SLURM_JOB_ID", ""), slurm_job_nodes=_job_nodes(env))
+    config = SiteConfig(
+        user=user,
+        uid=uid,
+        config_file=path if from_file is not None else "",
+        slurm_job_id=env.get("SLURM_JOB_ID", ""),
+        slurm_job_nodes=_job_nodes(env),
+    )
     given = _Given(from_file or {}, env, squash_dir, user, uid)
     defaults = _defaults(config, env)
     for key in SiteConfig.keys():
@@ -203,15 +250,18 @@ class _Given:
         template_key = f"{key}_template"
         file_template = self.from_file.get(template_key)
         if file_template is None:
-            file_template = next((self.from_file[a] for a, k in TEMPLATE_ALIASES.items()
-                                  if k == key and a in self.from_file), None)
+            file_template = next(
+                (self.from_file[a] for a, k in TEMPLATE_ALIASES.items() if k == key and a in self.from_file), None
+            )
         variable = f"PODMANHPC_{template_key.upper()}"
         return [(file_template, f"file: {template_key}"), (self.env.get(variable), f"env: {variable}")]
 
     def settings(self, key: str) -> list[tuple[Any, str]]:
         """(value or None, where) for ``key``: the file's, then ``PODMANHPC_<KEY>``."""
-        return [(self.from_file.get(key), f"file: {key}"),
-                (self.env.get(f"PODMANHPC_{key.upper()}"), f"env: PODMANHPC_{key.upper()}")]
+        return [
+            (self.from_file.get(key), f"file: {key}"),
+            (self.env.get(f"PODMANHPC_{key.upper()}"), f"env: PODMANHPC_{key.upper()}"),
+        ]
 
     def overrides(self, key: str) -> list[tuple[str | None, str]]:
         """(value, where) that win over the settings when not empty: SQUASH_DIR and --squash-dir."""
@@ -356,19 +406,27 @@ def _validate(config: SiteConfig) -> None:
     try:
         re.compile(config.ntasks_pattern)
     except re.error as err:
-        raise ConfigError(f"ntasks_pattern ({config.sources['ntasks_pattern']}) is not a valid regular expression: {err}")
+        raise ConfigError(
+            f"ntasks_pattern ({config.sources['ntasks_pattern']}) is not a valid regular expression: {err}"
+        )
     if config.shared_run_exec_mode not in ("podman", "join"):
-        raise ConfigError(f"shared_run_exec_mode ({config.sources['shared_run_exec_mode']}) "
-                          f"must be podman or join, not {config.shared_run_exec_mode!r}")
+        raise ConfigError(
+            f"shared_run_exec_mode ({config.sources['shared_run_exec_mode']}) "
+            f"must be podman or join, not {config.shared_run_exec_mode!r}"
+        )
     if config.squash_read_path not in READ_PATHS:
-        raise ConfigError(f"squash_read_path ({config.sources['squash_read_path']}) must be one of "
-                          f"{', '.join(READ_PATHS)}, not {config.squash_read_path!r}")
+        raise ConfigError(
+            f"squash_read_path ({config.sources['squash_read_path']}) must be one of "
+            f"{', '.join(READ_PATHS)}, not {config.squash_read_path!r}"
+        )
     for key in ("squash_unpack_max_mb", "squash_unpack_login_max_mb"):
         try:
             budget_mb(getattr(config, key))
         except ValueError:
-            raise ConfigError(f"{key} ({config.sources[key]}) must be a positive number of MiB or a share of "
-                              f"memory such as 10%, not {getattr(config, key)!r}")
+            raise ConfigError(
+                f"{key} ({config.sources[key]}) must be a positive number of MiB or a share of "
+                f"memory such as 10%, not {getattr(config, key)!r}"
+            )
     for key in ("graph_root", "run_root", "squash_dir", "config_home", "hooks_dir", "squash_unpack_dir"):
         if key == "squash_dir" and not config.squash_dir:
             continue  # no personal store: commands that need one refuse (NO_SQUASH_DIR)

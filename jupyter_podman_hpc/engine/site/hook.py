@@ -72,8 +72,7 @@ def copy_into(root: Path, source: str, target: str) -> None:
         else:
             _copy_entry(root_fd, source, target)
     except OSError as err:
-        raise CopyError(f"cannot copy {source} to {target} in the container: "
-                        f"{err.strerror or err}") from None
+        raise CopyError(f"cannot copy {source} to {target} in the container: {err.strerror or err}") from None
     finally:
         os.close(root_fd)
 
@@ -105,8 +104,9 @@ def _copy_entry(root_fd: int, source: str, target: str) -> None:
             os.symlink(os.readlink(source), name, dir_fd=dir_fd)
             return
         with open(source, "rb") as src:
-            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          0o600, dir_fd=dir_fd)
+            out = os.open(
+                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+            )
             with open(out, "wb") as dst:
                 shutil.copyfileobj(src, dst)
                 os.fchmod(dst.fileno(), stat.S_IMODE(info.st_mode))
@@ -135,10 +135,10 @@ def is_static(program: str) -> bool:
             return False
         wide, order = header[4] == 2, "<" if header[5] == 1 else ">"
         if wide:
-            phoff, = struct.unpack_from(order + "Q", header, 32)
+            (phoff,) = struct.unpack_from(order + "Q", header, 32)
             size, count = struct.unpack_from(order + "HH", header, 54)
         else:
-            phoff, = struct.unpack_from(order + "I", header, 28)
+            (phoff,) = struct.unpack_from(order + "I", header, 28)
             size, count = struct.unpack_from(order + "HH", header, 42)
         file.seek(phoff)
         table = file.read(size * count)
@@ -153,8 +153,13 @@ def refresh_library_cache(root: Path) -> str:
         return "library cache not refreshed: the host has no ldconfig"
     if not is_static(program):
         return f"library cache not refreshed: the host's {program} is not statically linked"
-    result = commands.run([sys.executable, "-I", "-c", CONFINED_EXEC, str(root), program],
-                          capture_output=True, text=True, env={}, timeout=120)
+    result = commands.run(
+        [sys.executable, "-I", "-c", CONFINED_EXEC, str(root), program],
+        capture_output=True,
+        text=True,
+        env={},
+        timeout=120,
+    )
     if result.returncode != 0:
         detail = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
         return f"library cache not refreshed: ldconfig: {detail}"

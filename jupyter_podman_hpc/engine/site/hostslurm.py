@@ -120,8 +120,10 @@ def uid_shim(environ: Mapping[str, str]) -> str | None:
         if is_own_file(target):
             return str(target)
         if compiler is None:
-            log.warning("podman-hpc: no C compiler to build the Slurm uid shim: Slurm commands in rootless "
-                        "container kernels will be refused (Invalid user id)")
+            log.warning(
+                "podman-hpc: no C compiler to build the Slurm uid shim: Slurm commands in rootless "
+                "container kernels will be refused (Invalid user id)"
+            )
             return None
         with flocked(target.with_suffix(".lock"), 0o600):
             if not is_own_file(target):
@@ -148,8 +150,9 @@ def build(compiler: str, target: Path, ids: HostIds) -> str | None:
         argv = [compiler, "-shared", "-fPIC", "-O2", *ids.defines(), "-o", str(partial), str(SOURCE)]
         result = commands.run(argv, capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
-            log.warning("podman-hpc: building the Slurm uid shim failed: %s",
-                        (result.stderr.strip().splitlines() or ["?"])[-1])
+            log.warning(
+                "podman-hpc: building the Slurm uid shim failed: %s", (result.stderr.strip().splitlines() or ["?"])[-1]
+            )
             return None
         os.chmod(partial, SHIM_MODE)
         os.replace(partial, target)

@@ -37,10 +37,14 @@ def _openat2(root_fd: int, path: str, flags: int, mode: int) -> int:
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.syscall.restype = ctypes.c_long
-    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                   RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-    fd = _libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(root_fd), os.fsencode(path),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(
+        ctypes.c_long(SYS_OPENAT2),
+        ctypes.c_int(root_fd),
+        os.fsencode(path),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
     if fd < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), path)

@@ -32,8 +32,20 @@ from ..errors import ModuleError
 from ..base.files import atomic_write
 from ..base.private import private_dir
 
-FIELDS = {"name", "cli_arg", "help", "env", "additional_args", "bind", "copy",
-          "conflicts", "depends_on", "shared_run", "hidden", "cdi_devices"}
+FIELDS = {
+    "name",
+    "cli_arg",
+    "help",
+    "env",
+    "additional_args",
+    "bind",
+    "copy",
+    "conflicts",
+    "depends_on",
+    "shared_run",
+    "hidden",
+    "cdi_devices",
+}
 HOOK_ANNOTATION = "podman_hpc.hook_tool"  # the annotation podman-hpc's hooks.d entry matches
 # Where container runtimes look for Container Device Interface specs.
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -72,9 +84,15 @@ class Module:
     def describe(self) -> dict:
         """What a front lists of the module: name, flag (empty when it has none), help, conflicts,
         dependencies, shared_run, hidden."""
-        return {"name": self.name, "flag": self.flag if self.cli_arg else "", "help": self.help,
-                "conflicts": list(self.conflicts), "depends_on": list(self.depends_on),
-                "shared_run": self.shared_run, "hidden": self.hidden}
+        return {
+            "name": self.name,
+            "flag": self.flag if self.cli_arg else "",
+            "help": self.help,
+            "conflicts": list(self.conflicts),
+            "depends_on": list(self.depends_on),
+            "shared_run": self.shared_run,
+            "hidden": self.hidden,
+        }
 
 
 def _strings(data: dict, key: str, path: Path) -> tuple[str, ...]:
@@ -103,8 +121,9 @@ def load_module(path: Path) -> Module:
         raise ModuleError(f"module file {path} must be a mapping")
     unknown = sorted(set(data) - FIELDS)
     if unknown:
-        raise ModuleError(f"module file {path}: unknown key '{unknown[0]}' (a module's keys: "
-                          f"{', '.join(sorted(FIELDS))})")
+        raise ModuleError(
+            f"module file {path}: unknown key '{unknown[0]}' (a module's keys: {', '.join(sorted(FIELDS))})"
+        )
     for required in ("name", "env"):
         if not isinstance(data.get(required), str) or not data[required]:
             raise ModuleError(f"module file {path}: '{required}' is required")
@@ -112,15 +131,21 @@ def load_module(path: Path) -> Module:
         split_rule(rule, f"module file {path}: bind rule")
     for rule in _strings(data, "copy", path):
         if split_rule(rule, f"module file {path}: copy rule")[2]:
-            raise ModuleError(f"module file {path}: copy rule '{rule}': options such as ':ro' "
-                              f"apply to bind rules only")
+            raise ModuleError(f"module file {path}: copy rule '{rule}': options such as ':ro' apply to bind rules only")
     return Module(
-        name=data["name"], env=data["env"], cli_arg=str(data.get("cli_arg") or ""),
+        name=data["name"],
+        env=data["env"],
+        cli_arg=str(data.get("cli_arg") or ""),
         help=str(data.get("help") or ""),
-        additional_args=_strings(data, "additional_args", path), bind=_strings(data, "bind", path),
-        copy=_strings(data, "copy", path), conflicts=_strings(data, "conflicts", path),
-        depends_on=_strings(data, "depends_on", path), shared_run=bool(data.get("shared_run")),
-        hidden=bool(data.get("hidden")), cdi_devices=_strings(data, "cdi_devices", path), path=str(path),
+        additional_args=_strings(data, "additional_args", path),
+        bind=_strings(data, "bind", path),
+        copy=_strings(data, "copy", path),
+        conflicts=_strings(data, "conflicts", path),
+        depends_on=_strings(data, "depends_on", path),
+        shared_run=bool(data.get("shared_run")),
+        hidden=bool(data.get("hidden")),
+        cdi_devices=_strings(data, "cdi_devices", path),
+        path=str(path),
     )
 
 
@@ -162,8 +187,9 @@ class ModuleSet:
         if cache is not None:
             try:
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(cache, json.dumps({"directory": directory, "stamp": stamp,
-                                                "modules": [asdict(m) for m in modules]}))
+                atomic_write(
+                    cache, json.dumps({"directory": directory, "stamp": stamp, "modules": [asdict(m) for m in modules]})
+                )
             except OSError:
                 pass
         return cls(directory, modules)
@@ -197,7 +223,8 @@ class ModuleSet:
                 if other in enabled:
                     raise ModuleError(
                         f"module '{module.name}' ({module.flag}) conflicts with '{other}' "
-                        f"({self.by_name(other).flag}): use only one of them")
+                        f"({self.by_name(other).flag}): use only one of them"
+                    )
             for needed in module.depends_on:
                 if needed not in enabled:
                     flag = next((m.flag for m in self.modules if m.name == needed), f"'{needed}'")
@@ -218,8 +245,9 @@ class ModuleSet:
             args += ["--annotation", f"{HOOK_ANNOTATION}=true", "--env", f"PODMANHPC_MODULES_DIR={self.directory}"]
         if any(PRIVATE_SHM in rule for module in chosen for rule in module.bind):
             env = {**env, PRIVATE_SHM: private_shm(env)}
-        if not env.get(hostslurm.SHIM_VARIABLE) and \
-                any(hostslurm.SHIM_VARIABLE in rule for module in chosen for rule in module.bind):
+        if not env.get(hostslurm.SHIM_VARIABLE) and any(
+            hostslurm.SHIM_VARIABLE in rule for module in chosen for rule in module.bind
+        ):
             shim = hostslurm.uid_shim(env)  # built once per user; None (logged) without a compiler
             if shim:
                 env = {**env, hostslurm.SHIM_VARIABLE: shim}
@@ -282,8 +310,9 @@ def split_rule(rule: str, what: str = "bind rule") -> tuple[str, str, str]:
     if ":" in dst:
         dst, _, options = dst.rpartition(":")
         if options not in BIND_OPTIONS:
-            raise ModuleError(f"{what} '{rule}': unknown option '{options}' (use "
-                              f"{' or '.join(':' + o for o in BIND_OPTIONS)})")
+            raise ModuleError(
+                f"{what} '{rule}': unknown option '{options}' (use {' or '.join(':' + o for o in BIND_OPTIONS)})"
+            )
     return src, dst, options
 
 
@@ -310,7 +339,7 @@ def resolve_binds(rules: Iterable[str], modules_dir: str, env: Mapping[str, str]
             if not dst:
                 target = match
             elif "*" in dst and star:
-                part = match[len(prefix):len(match) - len(suffix) if suffix else None]
+                part = match[len(prefix) : len(match) - len(suffix) if suffix else None]
                 target = dst.replace("*", part)
                 if dst.endswith("/"):
                     target += os.path.basename(match)

@@ -64,14 +64,18 @@ class ReadPathSettings:
     # the Slurm job podman runs in; "" on a login node, None when not told (an older
     # podman-hpc, a direct call): then auto unpacks as before
     job: str | None = None
-    job_nodes: int = 0   # the job's node count; 0 when unknown
+    job_nodes: int = 0  # the job's node count; 0 when unknown
     auto_job_max_mb: float = DEFAULT_AUTO_JOB_MAX_MB
 
-    VARIABLES = {"mode": "PODMANHPC_SQUASH_READ_PATH", "unpack_dir": "PODMANHPC_SQUASH_UNPACK_DIR",
-                 "unpack_max_mb": "PODMANHPC_SQUASH_UNPACK_MAX_MB",
-                 "idle_minutes": "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES", "job": "PODMANHPC_SQUASH_JOB",
-                 "job_nodes": "PODMANHPC_SQUASH_JOB_NODES",
-                 "auto_job_max_mb": "PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB"}
+    VARIABLES = {
+        "mode": "PODMANHPC_SQUASH_READ_PATH",
+        "unpack_dir": "PODMANHPC_SQUASH_UNPACK_DIR",
+        "unpack_max_mb": "PODMANHPC_SQUASH_UNPACK_MAX_MB",
+        "idle_minutes": "PODMANHPC_SQUASH_UNPACK_IDLE_MINUTES",
+        "job": "PODMANHPC_SQUASH_JOB",
+        "job_nodes": "PODMANHPC_SQUASH_JOB_NODES",
+        "auto_job_max_mb": "PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB",
+    }
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ReadPathSettings":
@@ -83,21 +87,27 @@ class ReadPathSettings:
             budget = budget_mb(env.get(cls.VARIABLES["unpack_max_mb"], str(cls.unpack_max_mb)))
         except ValueError:
             budget = cls.unpack_max_mb
-        return cls(mode=mode if mode in MODES else "auto",
-                   unpack_dir=env.get(cls.VARIABLES["unpack_dir"], ""), unpack_max_mb=budget,
-                   idle_minutes=_number(env, cls.VARIABLES["idle_minutes"], DEFAULT_IDLE_MINUTES),
-                   job=env.get(cls.VARIABLES["job"]),
-                   job_nodes=int(_number(env, cls.VARIABLES["job_nodes"], 0)),
-                   auto_job_max_mb=_number(env, cls.VARIABLES["auto_job_max_mb"], DEFAULT_AUTO_JOB_MAX_MB))
+        return cls(
+            mode=mode if mode in MODES else "auto",
+            unpack_dir=env.get(cls.VARIABLES["unpack_dir"], ""),
+            unpack_max_mb=budget,
+            idle_minutes=_number(env, cls.VARIABLES["idle_minutes"], DEFAULT_IDLE_MINUTES),
+            job=env.get(cls.VARIABLES["job"]),
+            job_nodes=int(_number(env, cls.VARIABLES["job_nodes"], 0)),
+            auto_job_max_mb=_number(env, cls.VARIABLES["auto_job_max_mb"], DEFAULT_AUTO_JOB_MAX_MB),
+        )
 
     def env(self) -> dict[str, str]:
         """The environment variables that hand these settings to the mount program (``from_env`` reads them
         back)."""
-        env = {self.VARIABLES["mode"]: self.mode, self.VARIABLES["unpack_dir"]: self.unpack_dir,
-               self.VARIABLES["unpack_max_mb"]: f"{self.unpack_max_mb:g}",
-               self.VARIABLES["idle_minutes"]: f"{self.idle_minutes:g}",
-               self.VARIABLES["job_nodes"]: str(self.job_nodes),
-               self.VARIABLES["auto_job_max_mb"]: f"{self.auto_job_max_mb:g}"}
+        env = {
+            self.VARIABLES["mode"]: self.mode,
+            self.VARIABLES["unpack_dir"]: self.unpack_dir,
+            self.VARIABLES["unpack_max_mb"]: f"{self.unpack_max_mb:g}",
+            self.VARIABLES["idle_minutes"]: f"{self.idle_minutes:g}",
+            self.VARIABLES["job_nodes"]: str(self.job_nodes),
+            self.VARIABLES["auto_job_max_mb"]: f"{self.auto_job_max_mb:g}",
+        }
         if self.job is not None:
             env[self.VARIABLES["job"]] = self.job
         return env
@@ -122,9 +132,11 @@ class ReadPathSettings:
         total = self.job_nodes * squash_bytes / 2**20
         if self.mode != "auto" or total <= self.auto_job_max_mb:
             return ""
-        return (f"auto reads it through squashfuse: {self.job_nodes} nodes x {squash_bytes / 2**20:.0f} MiB "
-                f"would read {total:.0f} MiB from the shared store, more than squash_unpack_auto_job_max_mb "
-                f"({self.auto_job_max_mb:g})")
+        return (
+            f"auto reads it through squashfuse: {self.job_nodes} nodes x {squash_bytes / 2**20:.0f} MiB "
+            f"would read {total:.0f} MiB from the shared store, more than squash_unpack_auto_job_max_mb "
+            f"({self.auto_job_max_mb:g})"
+        )
 
     @property
     def kernel_overlay(self) -> bool:
@@ -236,5 +248,3 @@ def fallbacks(state_dir: Path) -> list[str]:
         return (state_dir / "read-path.log").read_text().splitlines()
     except OSError:
         return []
-
-

@@ -29,6 +29,7 @@ def store_root(directory: str | Path) -> Path:
     """The root of the squashed store ``directory``; ConfigError when there is none (no SCRATCH)."""
     if not str(directory):
         from ..site.config import NO_SQUASH_DIR
+
         raise ConfigError(NO_SQUASH_DIR)
     return Path(directory)
 
@@ -95,8 +96,10 @@ def _private_image_dir(images: Path) -> Path | None:
 
 
 def _unreadable(root: Path, path: Path) -> str:
-    return (f"cannot read the image store {root}: {describe_access(path, os.R_OK | os.X_OK)}; "
-            "ask for access, or leave it out of the additional stores")
+    return (
+        f"cannot read the image store {root}: {describe_access(path, os.R_OK | os.X_OK)}; "
+        "ask for access, or leave it out of the additional stores"
+    )
 
 
 def store_access(directory: str) -> str:
@@ -126,8 +129,9 @@ def check_writable(directory: str | Path) -> None:
     root = store_root(directory)
     existing = next((d for d in (root, root.parent) if d.exists()), None)
     if existing is None or os.access(existing, os.W_OK | os.X_OK):
-        inner = [p for p in [*_record_dirs(root), root / ".locks"]
-                 if p.exists() and not os.access(p, os.W_OK | os.X_OK)]
+        inner = [
+            p for p in [*_record_dirs(root), root / ".locks"] if p.exists() and not os.access(p, os.W_OK | os.X_OK)
+        ]
         if not inner:
             return
         existing = inner[0]
@@ -150,8 +154,16 @@ def check_removable(tree: Tree, image_id: str, entries: Iterable[tuple[tuple[str
             raise PermissionDenied(
                 f"cannot remove {image_id[:12]} from the image store {tree.root}: {describe(path, st)}, "
                 f"and in this project store only a file's owner (or the owner of {path.parent}) may "
-                f"remove it; ask {user_name(st.st_uid)} to run podman-hpc rmsqi")
+                f"remove it; ask {user_name(st.st_uid)} to run podman-hpc rmsqi"
+            )
 
 
-__all__ = ["check_removable", "check_writable", "configured_stores", "make_store_dir", "readable_stores",
-           "store_access", "store_root"]
+__all__ = [
+    "check_removable",
+    "check_writable",
+    "configured_stores",
+    "make_store_dir",
+    "readable_stores",
+    "store_access",
+    "store_root",
+]

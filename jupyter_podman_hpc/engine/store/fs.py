@@ -41,8 +41,10 @@ class EntryRefused(PermissionDenied):
 
 
 def _refused(path: Path, what: str) -> EntryRefused:
-    return EntryRefused(f"refusing to use {path}: {what} (another member of the store's group "
-                        f"may have put it there); remove it, or ask its owner to")
+    return EntryRefused(
+        f"refusing to use {path}: {what} (another member of the store's group "
+        f"may have put it there); remove it, or ask its owner to"
+    )
 
 
 class Tree:
@@ -58,15 +60,16 @@ class Tree:
     # --- directories ----------------------------------------------------------
 
     @contextlib.contextmanager
-    def directory(self, parts: Sequence[str] = (), create_mode: int | None = None,
-                  create: bool = False) -> Iterator[int]:
+    def directory(
+        self, parts: Sequence[str] = (), create_mode: int | None = None, create: bool = False
+    ) -> Iterator[int]:
         """An open descriptor of ``root/parts``; with ``create``, missing directories are made
         (``create_mode``, or the umask's when None)."""
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for i, part in enumerate(parts):
                 parent, fd = fd, -1  # _step closes the parent, whatever happens
-                fd = self._step(parent, part, self.path(parts[:i + 1]), create, create_mode)
+                fd = self._step(parent, part, self.path(parts[: i + 1]), create, create_mode)
             yield fd
         finally:
             if fd >= 0:
@@ -182,8 +185,12 @@ class Tree:
     def create(self, parts: Sequence[str], name: str, mode: int | None) -> int:
         """A new file, created by us (O_EXCL), open for reading and writing, with ``mode``."""
         with self.directory(parts) as dirfd:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600 if mode is not None else 0o666, dir_fd=dirfd)
+            fd = os.open(
+                name,
+                os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600 if mode is not None else 0o666,
+                dir_fd=dirfd,
+            )
         if mode is not None:
             os.fchmod(fd, mode)
         return fd
@@ -195,16 +202,21 @@ class Tree:
         with self.directory(parts) as dirfd:
             while True:
                 try:
-                    fd = self._open_file(dirfd, name, path,
-                                         os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                    fd = self._open_file(dirfd, name, path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
                 except PermissionError:
                     st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-                    raise PermissionDenied(f"cannot lock {describe(path, st)}: this user may not write it; "
-                                           f"ask its owner to make it group-writable or remove it") from None
+                    raise PermissionDenied(
+                        f"cannot lock {describe(path, st)}: this user may not write it; "
+                        f"ask its owner to make it group-writable or remove it"
+                    ) from None
                 except FileNotFoundError:
                     try:
-                        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                     0o600 if mode is not None else 0o666, dir_fd=dirfd)
+                        fd = os.open(
+                            name,
+                            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                            0o600 if mode is not None else 0o666,
+                            dir_fd=dirfd,
+                        )
                     except FileExistsError:
                         continue  # made by someone else meanwhile: open theirs
                     if mode is not None:

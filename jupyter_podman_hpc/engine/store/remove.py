@@ -40,8 +40,11 @@ def remove(store: SquashStore, ref: str) -> tuple[StoredImage, bool]:
         used = _layers_in_use(images, layers)
         doomed = [(layer["id"], store.link_of(layer["id"])) for layer in layers if layer["id"] not in used]
         for layer_id, link in doomed:
-            check_removable(store.tree, image.id, [(OVERLAY, layer_id)] +
-                            ([(LINKS, link), (LINKS, f"{link}.squash")] if link else []))
+            check_removable(
+                store.tree,
+                image.id,
+                [(OVERLAY, layer_id)] + ([(LINKS, link), (LINKS, f"{link}.squash")] if link else []),
+            )
         layers[:] = [layer for layer in layers if layer["id"] in used]
     _remove_files(store, image, doomed)
     return image, True
@@ -70,8 +73,9 @@ def _remove_files(store: SquashStore, image: StoredImage, doomed: list[tuple[str
             attempt(tree.unlink, LINKS, f"{link}.squash")
         attempt(tree.unlink, LAYERS, f"{layer_id}.tar-split.gz")
     if failed:
-        warn_once(f"remove:{image.id}", f"removed {image.short_id} from {store.root}; {len(failed)} file(s) "
-                                        f"stay: {failed[0]}")
+        warn_once(
+            f"remove:{image.id}", f"removed {image.short_id} from {store.root}; {len(failed)} file(s) stay: {failed[0]}"
+        )
 
 
 def _layers_in_use(images: list[dict], layers: list[dict]) -> set[str]:

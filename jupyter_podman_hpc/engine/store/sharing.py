@@ -19,7 +19,7 @@ from pathlib import Path
 class Sharing:
     """The modes a store's new files and directories get."""
 
-    group: bool = False        # a project store: its group reads it
+    group: bool = False  # a project store: its group reads it
     group_write: bool = False  # ... and writes it
 
     @classmethod

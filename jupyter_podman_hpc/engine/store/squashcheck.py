@@ -55,8 +55,7 @@ class SquashDamaged(EngineError):
     """A squash file is not a whole squashfs image (truncated, overwritten), whatever its record says."""
 
     def __init__(self, path: str | os.PathLike, why: str):
-        super().__init__(f"squash file {path} is damaged: {why}; squash the image again "
-                         f"(podman-hpc pull or migrate)")
+        super().__init__(f"squash file {path} is damaged: {why}; squash the image again (podman-hpc pull or migrate)")
 
 
 # squashfs 4.0's superblock: magic, then bytes_used (the image's length) at offset 40

@@ -76,8 +76,14 @@ class StoredImage:
 
     def as_dict(self) -> dict:
         """The record as a front shows it: id, names, digest, created, size and squash file."""
-        return {"id": self.id, "names": list(self.names), "digest": self.digest,
-                "created": self.created, "size": self.size, "squash_file": self.squash_file}
+        return {
+            "id": self.id,
+            "names": list(self.names),
+            "digest": self.digest,
+            "created": self.created,
+            "size": self.size,
+            "squash_file": self.squash_file,
+        }
 
 
 # The store's directories, as parts below its root.
@@ -147,8 +153,9 @@ class SquashStore:
         (``Tree.lock_file``): a member could otherwise swap it for a link to one of our files,
         which the token write of ``_touch`` would overwrite. Its group may write it: other
         members lock it too."""
-        return lockf_held(str(self.tree.path(parts, name)),
-                          lambda: self.tree.lock_file(parts, name, self.sharing.file_mode()))
+        return lockf_held(
+            str(self.tree.path(parts, name)), lambda: self.tree.lock_file(parts, name, self.sharing.file_mode())
+        )
 
     def squash_path(self, link: str) -> Path:
         """The squash file of the layer whose link is ``link``; EngineError when it is not a link name (the
@@ -176,9 +183,12 @@ class SquashStore:
         good, bad = split(self._read(parts, name), ok)
         if bad:
             path = self.tree.path(parts, name)
-            warn_once(f"records:{path}", f"ignoring {len(bad)} record(s) of {path} whose id is not a "
-                                     f"64-digit hex id (a member of the store's group may have written them): "
-                                     f"they are never acted on")
+            warn_once(
+                f"records:{path}",
+                f"ignoring {len(bad)} record(s) of {path} whose id is not a "
+                f"64-digit hex id (a member of the store's group may have written them): "
+                f"they are never acted on",
+            )
         return good, bad
 
     def _images(self) -> list[dict]:
@@ -195,8 +205,10 @@ class SquashStore:
             return ""
         link = (data or b"").decode(errors="replace").strip()
         if data is not None and not is_link(link):
-            warn_once(f"link:{layer}", f"ignoring the link of layer {layer[:12]} in {self.root}: {link[:40]!r} "
-                                   f"is not a link name")
+            warn_once(
+                f"link:{layer}",
+                f"ignoring the link of layer {layer[:12]} in {self.root}: {link[:40]!r} is not a link name",
+            )
             return ""
         return link
 
@@ -207,11 +219,16 @@ class SquashStore:
     def _stored(self, record: dict) -> StoredImage:
         link = self.link_of(record.get("layer", ""))
         st = self._squash_stat(link)
-        return StoredImage(id=record["id"], names=tuple(record.get("names") or ()),
-                           top_layer=record.get("layer", ""), digest=record.get("digest", ""),
-                           created=record.get("created", ""),
-                           squash_file=str(self.squash_path(link)) if link else "",
-                           size=st.st_size if st else 0, record=record)
+        return StoredImage(
+            id=record["id"],
+            names=tuple(record.get("names") or ()),
+            top_layer=record.get("layer", ""),
+            digest=record.get("digest", ""),
+            created=record.get("created", ""),
+            squash_file=str(self.squash_path(link)) if link else "",
+            size=st.st_size if st else 0,
+            record=record,
+        )
 
     def images(self) -> list[StoredImage]:
         """The store's images, in record order."""
@@ -300,12 +317,14 @@ class SquashStore:
             before = (json.dumps(images), json.dumps(layers))
             yield images, layers
             if json.dumps(layers) != before[1]:
-                self.tree.write(LAYERS, "layers.json", json.dumps(layers + bad_layers).encode(),
-                                self.sharing.file_mode())
+                self.tree.write(
+                    LAYERS, "layers.json", json.dumps(layers + bad_layers).encode(), self.sharing.file_mode()
+                )
                 _touch(layers_fd)
             if json.dumps(images) != before[0]:
-                self.tree.write(IMAGES, "images.json", json.dumps(images + bad_images).encode(),
-                                self.sharing.file_mode())
+                self.tree.write(
+                    IMAGES, "images.json", json.dumps(images + bad_images).encode(), self.sharing.file_mode()
+                )
                 _touch(images_fd)
 
     def write_skeleton(self, source: GraphRoot, image_id: str, chain: list[dict]) -> None:
@@ -377,9 +396,11 @@ class SquashStore:
             self.tree.rename(LINKS, partial.name, target.name)
         except PermissionError:
             old = self.tree.lstat(LINKS, target.name)
-            raise PermissionDenied(f"cannot replace the squash file {describe(target, old) if old else target}: "
-                                   f"in this project store only its owner (or the owner of {self.links}) "
-                                   f"may replace it; ask them to remove the image (podman-hpc rmsqi)") from None
+            raise PermissionDenied(
+                f"cannot replace the squash file {describe(target, old) if old else target}: "
+                f"in this project store only its owner (or the owner of {self.links}) "
+                f"may replace it; ask them to remove the image (podman-hpc rmsqi)"
+            ) from None
         st = self.tree.lstat(LINKS, target.name)
         if st is None or st.st_ino != ours:
             raise EngineError(f"the squash file {target} was replaced as it was installed: squash again")
@@ -411,7 +432,8 @@ class SquashStore:
                 if other is not target:
                     other["names"] = [n for n in other.get("names") or [] if n not in names]
             target["names"] = list(target.get("names") or []) + [
-                n for n in names if n not in (target.get("names") or [])]
+                n for n in names if n not in (target.get("names") or [])
+            ]
             return self._stored(target)
 
     def remove_stale_temporaries(self, link: str) -> None:

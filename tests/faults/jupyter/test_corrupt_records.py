@@ -37,8 +37,13 @@ def jp_server_config(jp_root_dir, jobs_root):
 def two_jobs(store, stack, jobs_root):
     """Two finished jobs; the second's record truncated. (good job, broken record, its bytes)."""
     env = {key: store.env[key] for key in STORE_VARS}
-    jobs = [Job.submit(JobSpec(image=stack.tiny_image, command=["true"], nodes=1, environment=env,
-                               job_name=f"faults-{word}"), jobs_root) for word in ("whole", "truncated")]
+    jobs = [
+        Job.submit(
+            JobSpec(image=stack.tiny_image, command=["true"], nodes=1, environment=env, job_name=f"faults-{word}"),
+            jobs_root,
+        )
+        for word in ("whole", "truncated")
+    ]
     for job in jobs:
         assert job.wait(timeout=300, poll_interval=0.5).state == "COMPLETED"
     record = jobs[1].directory / "job.json"
@@ -48,8 +53,7 @@ def two_jobs(store, stack, jobs_root):
     return jobs[0], record, whole
 
 
-async def test_rest_lists_the_other_kernelspecs_and_names_the_broken_one(api, stack, jp_data_dir,
-                                                                         jp_fetch):
+async def test_rest_lists_the_other_kernelspecs_and_names_the_broken_one(api, stack, jp_data_dir, jp_fetch):
     for name in ("good", "edited"):
         status, _ = await api("POST", "kernels", body={"image": stack.tiny_image, "name": name})
         assert status == 201
@@ -58,8 +62,9 @@ async def test_rest_lists_the_other_kernelspecs_and_names_the_broken_one(api, st
 
     status, body = await api("GET", "kernels")
     assert status == 200 and [k["name"] for k in body["kernels"]] == ["good"]
-    assert one_line("\n".join(body["problems"])) == (f"kernelspec {spec} is not valid JSON (line 1, column 48): "
-                                                     "fix or remove it")
+    assert one_line("\n".join(body["problems"])) == (
+        f"kernelspec {spec} is not valid JSON (line 1, column 48): fix or remove it"
+    )
     # Jupyter's own listing (the launcher's) still answers, with the good one
     response = await jp_fetch("api", "kernelspecs", method="GET")
     specs = json.loads(response.body)["kernelspecs"]

@@ -44,7 +44,8 @@ def server_env(hpc, registry_front, monkeypatch):
 
 
 async def test_rest_pull_with_the_registry_gone_fails_in_one_line_and_the_retry_succeeds(
-        api, server_env, registry_front, pushed_image, stack):
+    api, server_env, registry_front, pushed_image, stack
+):
     hpc = server_env
     ref = pushed_image.replace(stack.registry, registry_front.address, 1)
     registry_front.start(SLOW)
@@ -57,8 +58,9 @@ async def test_rest_pull_with_the_registry_gone_fails_in_one_line_and_the_retry_
     done = await finished(api, task, timeout=180)
     assert done["state"] == "failed", done
     line = one_line(done["error"])
-    assert line.startswith(f"cannot pull {ref}: the registry {registry_front.address} stopped answering during "
-                           "the pull ("), line
+    assert line.startswith(
+        f"cannot pull {ref}: the registry {registry_front.address} stopped answering during the pull ("
+    ), line
     _, stream = await api("GET", "tasks", task["id"], "events")
     assert events(stream)[-1] == ("state", {"state": "failed", "result": None, "error": done["error"]})
     nothing_of(hpc, ref)
@@ -70,8 +72,9 @@ async def test_rest_pull_with_the_registry_gone_fails_in_one_line_and_the_retry_
     assert hpc("run", "--rm", ref, "wc", "-c", "/blob").stdout.split()[0] == "12000000"
 
 
-def test_magic_pull_with_the_registry_gone_is_one_line_and_the_retry_succeeds(hpc, registry_front, pushed_image,
-                                                                             stack, tmp_path):
+def test_magic_pull_with_the_registry_gone_is_one_line_and_the_retry_succeeds(
+    hpc, registry_front, pushed_image, stack, tmp_path
+):
     ref = pushed_image.replace(stack.registry, registry_front.address, 1)
     kernel = start_session(hpc, tmp_path / "kernel", CONTAINERS_REGISTRIES_CONF=str(registry_front.conf))
     try:
@@ -88,8 +91,10 @@ def test_magic_pull_with_the_registry_gone_is_one_line_and_the_retry_succeeds(hp
         killer.join()
         assert not cell.ok, cell.show()
         line = one_line(cell.error_text)
-        assert line.startswith(f"podman-hpc: error: cannot pull {ref}: the registry {registry_front.address} "
-                               "stopped answering during the pull ("), cell.show()
+        assert line.startswith(
+            f"podman-hpc: error: cannot pull {ref}: the registry {registry_front.address} "
+            "stopped answering during the pull ("
+        ), cell.show()
         nothing_of(hpc, ref)
 
         registry_front.start(FAST)

@@ -29,7 +29,7 @@ from tests.helpers.faults import one_line
 from tests.helpers.servers import http, jupyter_server, processes_mentioning
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
-SLOW = 256 << 10   # bytes per second of the pushed image's 12 MB layer: the pull takes about 45 s
+SLOW = 256 << 10  # bytes per second of the pushed image's 12 MB layer: the pull takes about 45 s
 FAST = 256 << 20
 SIGNALS = [pytest.param(signal.SIGTERM, id="SIGTERM"), pytest.param(signal.SIGKILL, id="SIGKILL")]
 
@@ -67,10 +67,17 @@ def servers(hpc, registry_front, tmp_path):
     root = tmp_path / "notebooks"
     root.mkdir()
     # PYTHONFAULTHANDLER: a server that does not exit can be made to print its threads (see stop_server)
-    site = SimpleNamespace(env={**hpc.env, "CONTAINERS_REGISTRIES_CONF": str(registry_front.conf),
-                                "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "PYTHONFAULTHANDLER": "1"})
+    site = SimpleNamespace(
+        env={
+            **hpc.env,
+            "CONTAINERS_REGISTRIES_CONF": str(registry_front.conf),
+            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+            "PYTHONFAULTHANDLER": "1",
+        }
+    )
     numbers = itertools.count()
     with contextlib.ExitStack() as running:
+
         def start() -> Server:
             log_path = tmp_path / f"server-{next(numbers)}.log"
             base, token, process = running.enter_context(jupyter_server(site, root, log_path))
@@ -122,8 +129,10 @@ def stop_server(server: Server, sig: int, hpc) -> None:
     except subprocess.TimeoutExpired:
         server.process.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to the log
         server.process.wait(timeout=30)
-        raise AssertionError(f"the server did not exit within 90 s of {signal.Signals(sig).name}; its log:\n"
-                             + server.log_path.read_text()[-12000:]) from None
+        raise AssertionError(
+            f"the server did not exit within 90 s of {signal.Signals(sig).name}; its log:\n"
+            + server.log_path.read_text()[-12000:]
+        ) from None
     print(f"the server exited {time.monotonic() - started:.1f} s after {signal.Signals(sig).name}")
     if sig == signal.SIGKILL:
         assert services(hpc) and storage_processes(hpc), "the killed server's Podman service is not running"
@@ -135,9 +144,13 @@ def stop_server(server: Server, sig: int, hpc) -> None:
 def nothing_left(hpc, marker: str = "") -> None:
     """No service, no process, no build container of the interrupted task (the next server's
     sweep runs in the background at its start: waited for)."""
-    wait_until(lambda: services(hpc) == [] and storage_processes(hpc) == [] and
-               (not marker or processes_mentioning(marker) == []),
-               60, f"the interrupted task's service and processes are gone: {services(hpc)}")
+    wait_until(
+        lambda: (
+            services(hpc) == [] and storage_processes(hpc) == [] and (not marker or processes_mentioning(marker) == [])
+        ),
+        60,
+        f"the interrupted task's service and processes are gone: {services(hpc)}",
+    )
     wait_until(lambda: build_containers(hpc) == [], 30, f"no build container: {build_containers(hpc)}")
 
 
@@ -154,15 +167,15 @@ def interrupted(server: Server, task_id: str, title: str) -> None:
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
-def test_a_build_cut_by_a_server_restart_is_interrupted_leaves_nothing_and_builds_again(
-        hpc, servers, stack, sig):
+def test_a_build_cut_by_a_server_restart_is_interrupted_leaves_nothing_and_builds_again(hpc, servers, stack, sig):
     pause = str(3000 + int(uuid.uuid4().hex[:3], 16))  # a RUN step that would sleep for an hour
     marker = f"sleep\x00{pause}"
     tag = f"localhost/faults/restart-{uuid.uuid4().hex[:8]}:1"
     containerfile = f"FROM {stack.tiny_image}\nARG PAUSE=0\nRUN sleep $PAUSE\n"
     server = servers()
-    status, task = server.api("POST", "images", "build", body={
-        "containerfile": containerfile, "tag": tag, "build_args": {"PAUSE": pause}})
+    status, task = server.api(
+        "POST", "images", "build", body={"containerfile": containerfile, "tag": tag, "build_args": {"PAUSE": pause}}
+    )
     assert status == 202, task
     wait_until(lambda: processes_mentioning(marker), 120, "the RUN step is running")
 
@@ -175,8 +188,9 @@ def test_a_build_cut_by_a_server_restart_is_interrupted_leaves_nothing_and_build
     print(f"it listed the task, and nothing was left, within {time.monotonic() - started:.1f} s")
     no_image(hpc, tag)
 
-    status, retry = after.api("POST", "images", "build", body={
-        "containerfile": containerfile, "tag": tag, "build_args": {"PAUSE": "0"}})
+    status, retry = after.api(
+        "POST", "images", "build", body={"containerfile": containerfile, "tag": tag, "build_args": {"PAUSE": "0"}}
+    )
     assert status == 202, retry
     done = after.finished(retry["id"])
     assert done["state"] == "succeeded", done
@@ -186,7 +200,8 @@ def test_a_build_cut_by_a_server_restart_is_interrupted_leaves_nothing_and_build
 
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_a_pull_cut_by_a_server_restart_is_interrupted_leaves_nothing_and_pulls_again(
-        hpc, servers, registry_front, pushed_image, stack, sig):
+    hpc, servers, registry_front, pushed_image, stack, sig
+):
     ref = pushed_image.replace(stack.registry, registry_front.address, 1)
     registry_front.start(SLOW)
     server = servers()

@@ -40,19 +40,29 @@ async def ended_cluster(api, cluster_id: str, timeout: float) -> dict:
 
 
 async def test_a_step_and_a_cluster_past_their_time_limits_end_timeout_with_nothing_left(
-        api, hpc, stack, squashed_base, jobs_root, tmp_path):
+    api, hpc, stack, squashed_base, jobs_root, tmp_path
+):
     hpc("pull", stack.tiny_image)
     hpc.wipe_local_storage()
     # the cluster's kernel runs the base image from its squashed store, its jobs where the server looks
     kernel = start_session(squashed_base, tmp_path / "kernel", SCRATCH=str(hpc.work / "scratch"))
     try:
-        cell = kernel.execute(f"cluster = %podman_hpc cluster start --nodes 2 --time 1 {stack.base_image}\n"
-                              "print(cluster.id, cluster.job_id, str(cluster.directory))")
+        cell = kernel.execute(
+            f"cluster = %podman_hpc cluster start --nodes 2 --time 1 {stack.base_image}\n"
+            "print(cluster.id, cluster.job_id, str(cluster.directory))"
+        )
         assert cell.ok, cell.show()
         cluster_id, cluster_job, directory = cell.stdout.splitlines()[-1].split()
-        spec = JobSpec(image=stack.tiny_image, command=["sleep", "600"], nodes=2, tasks_per_node=2, time="1",
-                       mode="podman-exec", environment={key: hpc.env[key] for key in STORE_VARS},
-                       job_name="faults-time-limit")
+        spec = JobSpec(
+            image=stack.tiny_image,
+            command=["sleep", "600"],
+            nodes=2,
+            tasks_per_node=2,
+            time="1",
+            mode="podman-exec",
+            environment={key: hpc.env[key] for key in STORE_VARS},
+            job_name="faults-time-limit",
+        )
         job = Job.submit(spec, jobs_root)
         status = job.wait(timeout=300, poll_interval=2)
         assert status.state == "TIMEOUT", status
@@ -66,8 +76,9 @@ async def test_a_step_and_a_cluster_past_their_time_limits_end_timeout_with_noth
 
         code, body = await api("GET", "jobs")
         assert code == 200
-        assert sorted((j["id"], j["status"]["state"]) for j in body["jobs"]) == \
-            sorted([(job.id, "TIMEOUT"), (cluster_job, "TIMEOUT")]), body["jobs"]
+        assert sorted((j["id"], j["status"]["state"]) for j in body["jobs"]) == sorted(
+            [(job.id, "TIMEOUT"), (cluster_job, "TIMEOUT")]
+        ), body["jobs"]
         cell = kernel.execute("%podman_hpc jobs")
         assert cell.ok, cell.show()
         rows = {row.split()[0]: row.split() for row in cell.result["text/plain"].splitlines()[1:]}

@@ -44,7 +44,8 @@ def layered_image(stack):
             f"FROM {stack.tiny_image}\n"
             "RUN --mount=type=bind,source=blob1,target=/src cp /src /one\n"
             "RUN --mount=type=bind,source=blob2,target=/src cp /src /two\n"
-            "RUN echo small > /three\n")
+            "RUN echo small > /three\n"
+        )
         builder("build", "--timestamp", "0", "-t", "localhost/tests/layers:1", context)
         builder("push", "--tls-verify=false", "localhost/tests/layers:1", remote)
         yield remote
@@ -78,7 +79,7 @@ def private_services(hpc):
 
 
 def processes_running(*argv):
-    return [pid for pid in processes.parents() if processes.cmdline(pid)[:len(argv)] == list(argv)]
+    return [pid for pid in processes.parents() if processes.cmdline(pid)[: len(argv)] == list(argv)]
 
 
 class Recorder(list):
@@ -124,8 +125,10 @@ def test_pull_reports_bytes_per_layer(hpc, stack, layered_image, monkeypatch):
     assert len(layers) >= 4  # 4 layers and the config blob; every one reported
     assert events[-1].message.startswith(f"pulled {ref}") and events[-1].fraction == 1.0
     assert private_services(hpc) == []
-    print(f"pull of {2 * LAYER_MB} MB in 4 layers at {PROXY_RATE >> 20} MB/s: {took:.1f} s, "
-          f"{len(events)} events\n{events.show()}")
+    print(
+        f"pull of {2 * LAYER_MB} MB in 4 layers at {PROXY_RATE >> 20} MB/s: {took:.1f} s, "
+        f"{len(events)} events\n{events.show()}"
+    )
 
 
 def test_pull_and_squash_reports_both_stages(hpc, stack):
@@ -156,8 +159,11 @@ def cleaned_up(hpc, in_flight, timeout=120):
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        left = [path for path in map(Path, in_flight)
-                if path.exists() or (path.parent != Path("/var/tmp") and path.parent.exists())]
+        left = [
+            path
+            for path in map(Path, in_flight)
+            if path.exists() or (path.parent != Path("/var/tmp") and path.parent.exists())
+        ]
         if not private_services(hpc) and not left:
             return True
         time.sleep(0.2)
@@ -217,22 +223,25 @@ def test_build_streams_steps_and_output_with_args_context_and_host_network(hpc, 
     (context / "src" / "data.txt").write_text("from the context\n")
     (context / "secret.txt").write_text("must not be sent\n")
     (context / ".containerignore").write_text("secret.txt\n")
-    containerfile = (f"FROM {stack.tiny_image}\n"
-                     "ARG GREETING=none\n"
-                     "COPY . /ctx\n"
-                     "RUN ls -a /ctx && cat /ctx/src/data.txt && echo \"greeting=$GREETING\"\n"
-                     f"RUN wget -q -O- http://{stack.registry}/v2/ && echo && echo network-ok\n")
+    containerfile = (
+        f"FROM {stack.tiny_image}\n"
+        "ARG GREETING=none\n"
+        "COPY . /ctx\n"
+        'RUN ls -a /ctx && cat /ctx/src/data.txt && echo "greeting=$GREETING"\n'
+        f"RUN wget -q -O- http://{stack.registry}/v2/ && echo && echo network-ok\n"
+    )
     events = Recorder()
     tag = "localhost/tests/api-build:1"
     started = time.monotonic()
-    image_id = build(load_config(hpc.env), containerfile, tag, context_dir=context,
-                         build_args={"GREETING": "hello"}, progress=events)
+    image_id = build(
+        load_config(hpc.env), containerfile, tag, context_dir=context, build_args={"GREETING": "hello"}, progress=events
+    )
     took = time.monotonic() - started
     assert image_id == local_id(hpc, tag)
 
     steps = [e for e in events if e.log.startswith("STEP ")]
     assert [(e.current, e.total) for e in steps] == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
-    assert steps[3].message == "STEP 4/5: RUN ls -a /ctx && cat /ctx/src/data.txt && echo \"greeting=$GREETING\""
+    assert steps[3].message == 'STEP 4/5: RUN ls -a /ctx && cat /ctx/src/data.txt && echo "greeting=$GREETING"'
     logs = {e.log: e for e in events}
     assert logs["greeting=hello"].current == 4 and logs["greeting=hello"].message == steps[3].message
     assert "from the context" in logs and logs["network-ok"].current == 5  # RUN reaches the host's loopback
@@ -247,18 +256,22 @@ def test_a_failing_step_names_the_step_shows_its_output_and_tags_nothing(hpc, st
     config = load_config(hpc.env)
     tag = "localhost/tests/api-fail:1"
     good = build(config, f"FROM {stack.tiny_image}\nRUN echo good > /version\n", tag)
-    failing = (f"FROM {stack.tiny_image}\n"
-               "RUN echo first > /first\n"
-               # (stdout and stderr reach podman through separate pipes: give stdout time to drain)
-               "RUN for i in $(seq 1 40); do echo line $i; done; sleep 0.5; echo to-stderr >&2; exit 3\n"
-               "RUN echo never\n")
+    failing = (
+        f"FROM {stack.tiny_image}\n"
+        "RUN echo first > /first\n"
+        # (stdout and stderr reach podman through separate pipes: give stdout time to drain)
+        "RUN for i in $(seq 1 40); do echo line $i; done; sleep 0.5; echo to-stderr >&2; exit 3\n"
+        "RUN echo never\n"
+    )
     for target, before in ((tag, good), ("localhost/tests/api-never:1", None)):
         events = Recorder()
         with pytest.raises(BuildError) as raised:
             build(config, failing, target, progress=events)
         error = raised.value
-        assert error.step == "STEP 3/4: RUN for i in $(seq 1 40); do echo line $i; done; sleep 0.5; " \
-                             "echo to-stderr >&2; exit 3"
+        assert (
+            error.step == "STEP 3/4: RUN for i in $(seq 1 40); do echo line $i; done; sleep 0.5; "
+            "echo to-stderr >&2; exit 3"
+        )
         assert str(error).startswith(f"build of {target} failed at STEP 3/4: RUN for i in")
         assert "exit status 3" in str(error)
         lines = error.output.splitlines()
@@ -280,8 +293,13 @@ def test_cancelling_a_long_build_stops_it_within_seconds(hpc, stack):
 
     tag = "localhost/tests/api-cancel:1"
     with pytest.raises(Cancelled, match="cancelled at STEP 3/4: RUN echo sleeping; sleep 317"):
-        build(load_config(hpc.env), f"FROM {stack.tiny_image}\nRUN echo before > /before\n"
-                  "RUN echo sleeping; sleep 317\nRUN echo after\n", tag, progress=progress, cancel=cancel)
+        build(
+            load_config(hpc.env),
+            f"FROM {stack.tiny_image}\nRUN echo before > /before\nRUN echo sleeping; sleep 317\nRUN echo after\n",
+            tag,
+            progress=progress,
+            cancel=cancel,
+        )
     stopped = time.monotonic() - cancelled_at[0]
     assert stopped < 5
     assert local_id(hpc, tag) is None
@@ -307,8 +325,12 @@ def test_cancelling_while_the_base_image_is_pulled_stops_the_build(hpc, stack):
     started = time.monotonic()
     try:
         with pytest.raises(Cancelled):
-            build(load_config(hpc.env), f"FROM {stack.base_image}\nRUN echo never\n",
-                      "localhost/tests/api-cancel-pull:1", cancel=cancel)
+            build(
+                load_config(hpc.env),
+                f"FROM {stack.base_image}\nRUN echo never\n",
+                "localhost/tests/api-cancel-pull:1",
+                cancel=cancel,
+            )
     finally:
         timer.cancel()
         done.set()
@@ -321,8 +343,10 @@ def test_cancelling_while_the_base_image_is_pulled_stops_the_build(hpc, stack):
     # then it is there whole, which is fine.)
     assert working_containers(hpc) == []
     cleaned = time.monotonic() - started
-    print(f"build cancelled during its base image pull after {took:.1f} s, cleaned up after {cleaned:.1f} s; "
-          f"removed {sorted(in_flight)}")
+    print(
+        f"build cancelled during its base image pull after {took:.1f} s, cleaned up after {cleaned:.1f} s; "
+        f"removed {sorted(in_flight)}"
+    )
 
 
 @pytest.mark.parametrize("how", ["keyboard-interrupt", "failing-callback"])
@@ -342,8 +366,7 @@ def test_an_interrupted_caller_stops_the_build_too(hpc, stack, how):
     tag = "localhost/tests/api-interrupted:1"
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt if how == "keyboard-interrupt" else CallbackFailed):
-        build(load_config(hpc.env), f"FROM {stack.tiny_image}\nRUN echo sleeping; sleep 319\n", tag,
-                  progress=progress)
+        build(load_config(hpc.env), f"FROM {stack.tiny_image}\nRUN echo sleeping; sleep 319\n", tag, progress=progress)
     assert time.monotonic() - started < 30
     assert processes_running("sleep", "319") == []
     assert local_id(hpc, tag) is None

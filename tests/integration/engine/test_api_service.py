@@ -54,8 +54,12 @@ def wait_for(condition, timeout: float, step: float = 0.1) -> float:
 
 def test_two_processes_starting_at_once_share_one_detached_service(hpc, shared):
     config, svc = shared
-    callers = [subprocess.Popen([sys.executable, "-c", CALLER, "60"], env=hpc.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    callers = [
+        subprocess.Popen(
+            [sys.executable, "-c", CALLER, "60"], env=hpc.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     results = []
     for caller in callers:
         out, err = caller.communicate(timeout=120)
@@ -127,8 +131,12 @@ def test_the_api_lists_and_runs_squashed_images(squashed_tiny, stack):
         local = squashed_tiny("images", "--format", "{{.Repository}}").stdout  # podman-hpc's own listing
         assert "tiny" in local
         # podman 4.3's default log driver is k8s-file; podman-py's run() returns logs only for json-file.
-        output = client.containers.run(stack.tiny_image, ["sh", "-c", "echo hello from $(cat /etc/hostname)"],
-                                       remove=True, log_config={"Type": "json-file"})
+        output = client.containers.run(
+            stack.tiny_image,
+            ["sh", "-c", "echo hello from $(cat /etc/hostname)"],
+            remove=True,
+            log_config={"Type": "json-file"},
+        )
         assert output.startswith(b"hello from")
     finally:
         svc.stop()

@@ -16,7 +16,8 @@ def layered_image(stack):
     (context / "Containerfile").write_text(
         f"FROM {stack.tiny_image}\n"
         "RUN echo base > /marker && echo doomed > /doomed\n"
-        "RUN rm /doomed && echo upper >> /marker\n")
+        "RUN rm /doomed && echo upper >> /marker\n"
+    )
     run(["podman", "build", "--network", "host", "-t", reference, context])
     run(["podman", "push", reference])
     run(["podman", "rmi", reference])
@@ -26,14 +27,30 @@ def layered_image(stack):
 
 def peer_runs(peer, home, squash_dir, image):
     env = peer_env(peer, home)
-    return run([peer.bin, "--squash-dir", squash_dir, "run", "--rm", "--network", "host", image,
-                "sh", "-c", "cat /marker; test -e /doomed || echo no-doomed"], env=env).stdout.split()
+    return run(
+        [
+            peer.bin,
+            "--squash-dir",
+            squash_dir,
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            image,
+            "sh",
+            "-c",
+            "cat /marker; test -e /doomed || echo no-doomed",
+        ],
+        env=env,
+    ).stdout.split()
 
 
 def test_an_image_we_squashed_runs_under_podman_hpc_1_2_2(hpc, peer, peer_home, layered_image):
     hpc("pull", layered_image)
-    listed = run([peer.bin, "--squash-dir", hpc.squash_dir, "images", "--format",
-                  "{{.Repository}}:{{.Tag}} {{.ReadOnly}}"], env=peer_env(peer, peer_home))
+    listed = run(
+        [peer.bin, "--squash-dir", hpc.squash_dir, "images", "--format", "{{.Repository}}:{{.Tag}} {{.ReadOnly}}"],
+        env=peer_env(peer, peer_home),
+    )
     assert f"{layered_image} true" in listed.stdout.splitlines()
     assert peer_runs(peer, peer_home, hpc.squash_dir, layered_image) == ["base", "upper", "no-doomed"]
 

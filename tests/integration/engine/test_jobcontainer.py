@@ -19,8 +19,10 @@ pytestmark = pytest.mark.slow
 LINGER = "5"
 # each rank: its node, step, the container it runs in (pid namespace @ start of its pid 1) and the
 # marks steps left in the container's root; then its own step's mark
-REPORT = ('echo "$SLURMD_NODENAME $SLURM_STEP_ID $(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat) '
-          '$(ls / | grep ^mark- | tr "\\n" ,)"; touch /mark-$SLURM_STEP_ID')
+REPORT = (
+    'echo "$SLURMD_NODENAME $SLURM_STEP_ID $(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat) '
+    '$(ls / | grep ^mark- | tr "\\n" ,)"; touch /mark-$SLURM_STEP_ID'
+)
 
 
 def containers(path) -> dict[str, tuple[set, set]]:
@@ -53,14 +55,14 @@ srun -N4 -n8 podman-hpc shared-run {image} sh -c '{REPORT}' > {out}/alone.out
     first, second = containers(out / "first.out"), containers(out / "second.out")
     assert sorted(first) == list(stack.nodes), (out / "job.out").read_text()
     for node, (used, marks) in first.items():
-        assert len(used) == 1 and not marks                 # one container a node, new
-        assert second[node][0] == used                      # the second step runs in it
-        assert second[node][1] == {"mark-0"}                # and sees what the first left
+        assert len(used) == 1 and not marks  # one container a node, new
+        assert second[node][0] == used  # the second step runs in it
+        assert second[node][1] == {"mark-0"}  # and sees what the first left
         for together in ("together1.out", "together2.out"):
             assert containers(out / together)[node][0] == used
         other, alone = containers(out / "other.out")[node], containers(out / "alone.out")[node]
-        assert len(other[0]) == 1 and other[0] != used and not other[1]   # other options: its own
-        assert len(alone[0]) == 1 and alone[0] != used and not alone[1]   # no --reuse: its own
+        assert len(other[0]) == 1 and other[0] != used and not other[1]  # other options: its own
+        assert len(alone[0]) == 1 and alone[0] != used and not alone[1]  # no --reuse: its own
     assert hpc.leftovers(within=float(LINGER) + 30) == {}
 
 
@@ -72,8 +74,9 @@ srun -N4 -n8 podman-hpc shared-run --reuse {stack.tiny_image} true
 srun -N4 -n8 podman-hpc shared-run --reuse {stack.tiny_image} sh -c 'echo started; sleep 300'
 """)
     env = {**hpc.env, "PODMANHPC_SHARED_RUN_REUSE_LINGER": LINGER}
-    job = run(["sbatch", "--parsable", "-N4", "-t", "10", "-o", hpc.work / "cancelled.out", script],
-              env=env).stdout.strip()
+    job = run(
+        ["sbatch", "--parsable", "-N4", "-t", "10", "-o", hpc.work / "cancelled.out", script], env=env
+    ).stdout.strip()
     try:
         # every rank's line: the first one's appearing says nothing of the other seven's
         deadline = time.monotonic() + 120
@@ -81,10 +84,12 @@ srun -N4 -n8 podman-hpc shared-run --reuse {stack.tiny_image} sh -c 'echo starte
             time.sleep(0.5)
         assert _text(hpc.work / "cancelled.out").count("started") == 8, _text(hpc.work / "cancelled.out")
     finally:
-        run(["scancel", job], env=env)     # a failed wait must not hold the 4 nodes for the next tests
+        run(["scancel", job], env=env)  # a failed wait must not hold the 4 nodes for the next tests
     deadline = time.monotonic() + 60
-    while job in run(["squeue", "-h", "-j", job, "-o", "%i"], env=env, check=False).stdout.split() \
-            and time.monotonic() < deadline:
+    while (
+        job in run(["squeue", "-h", "-j", job, "-o", "%i"], env=env, check=False).stdout.split()
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.5)
     assert hpc.leftovers(within=float(LINGER) + 30) == {}
 

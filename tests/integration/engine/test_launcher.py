@@ -16,8 +16,10 @@ from tests.helpers.launcher_steps import monitors_of, recording_podman
 
 # Each rank prints its rank, its node, the container it runs in (its pid namespace and
 # the start time of that namespace's pid 1: namespace numbers alone are reused) and the OS.
-REPORT = ('echo "$SLURM_PROCID $SLURMD_NODENAME $(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat) '
-          '$(grep ^ID= /etc/os-release)"')
+REPORT = (
+    'echo "$SLURM_PROCID $SLURMD_NODENAME $(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat) '
+    '$(grep ^ID= /etc/os-release)"'
+)
 
 
 def reports(result):
@@ -52,11 +54,22 @@ def test_per_process_mode_runs_one_container_per_rank(squashed_tiny, stack):
 def test_a_failing_rank_fails_the_step_with_its_code_and_nobody_hangs(squashed_tiny, stack):
     hpc = squashed_tiny
     command = 'if [ "$SLURM_PROCID" = 5 ]; then exit 7; fi; sleep 2'
-    result = hpc.srun("-N4", "-n8", "podman-hpc", "shared-run", stack.tiny_image, "sh", "-c", command,
-                      check=False, timeout=120)
+    result = hpc.srun(
+        "-N4", "-n8", "podman-hpc", "shared-run", stack.tiny_image, "sh", "-c", command, check=False, timeout=120
+    )
     assert result.returncode == 7
-    crashed = hpc.srun("-N4", "-n8", "podman-hpc", "shared-run", stack.tiny_image, "sh", "-c",
-                       'if [ "$SLURM_PROCID" = 2 ]; then kill -9 $$; fi; sleep 2', check=False, timeout=120)
+    crashed = hpc.srun(
+        "-N4",
+        "-n8",
+        "podman-hpc",
+        "shared-run",
+        stack.tiny_image,
+        "sh",
+        "-c",
+        'if [ "$SLURM_PROCID" = 2 ]; then kill -9 $$; fi; sleep 2',
+        check=False,
+        timeout=120,
+    )
     assert crashed.returncode == 137
     assert hpc.leftovers() == {}
 
@@ -91,8 +104,23 @@ def test_scancel_removes_every_container_within_seconds(squashed_tiny, stack):
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            ps = run(["srun", "--jobid", job, "--overlap", "-N4", "--ntasks-per-node=1",
-                      "podman-hpc", "ps", "--format", "{{.Names}}"], env=hpc.env, check=False, timeout=60)
+            ps = run(
+                [
+                    "srun",
+                    "--jobid",
+                    job,
+                    "--overlap",
+                    "-N4",
+                    "--ntasks-per-node=1",
+                    "podman-hpc",
+                    "ps",
+                    "--format",
+                    "{{.Names}}",
+                ],
+                env=hpc.env,
+                check=False,
+                timeout=60,
+            )
             if ps.stdout.count("podman-hpc-") == 4:
                 break
             time.sleep(1)
@@ -113,13 +141,33 @@ def test_a_killed_monitors_container_and_directory_go_at_the_end_of_the_nodes_ne
     """A monitor killed by SIGKILL (the OOM killer, an administrator) runs no clean-up: its container and
     step directory stay until the node's next monitor, once done, finds the directory's lock free."""
     hpc, node, name = squashed_tiny, stack.nodes[1], f"killed-monitor-{uuid.uuid4().hex[:8]}"
-    step = subprocess.Popen(["srun", "-J", name, "-N1", "-w", node, "podman-hpc", "shared-run", stack.tiny_image,
-                             "sh", "-c", "echo up; sleep 600"], env=hpc.env, stdout=subprocess.PIPE, text=True)
+    step = subprocess.Popen(
+        [
+            "srun",
+            "-J",
+            name,
+            "-N1",
+            "-w",
+            node,
+            "podman-hpc",
+            "shared-run",
+            stack.tiny_image,
+            "sh",
+            "-c",
+            "echo up; sleep 600",
+        ],
+        env=hpc.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert step.stdout.readline() == "up\n"
         # the monitor writes to its log (the step's tasks, srun and podman do not)
-        monitors = [int(pid) for pid, _ in monitors_of(hpc.env["PODMANHPC_RUN_ROOT"])
-                    if os.readlink(f"/proc/{pid}/fd/1").endswith(f"/{MONITOR_LOG}")]
+        monitors = [
+            int(pid)
+            for pid, _ in monitors_of(hpc.env["PODMANHPC_RUN_ROOT"])
+            if os.readlink(f"/proc/{pid}/fd/1").endswith(f"/{MONITOR_LOG}")
+        ]
         assert len(monitors) == 1, monitors
         os.kill(monitors[0], SIGKILL)
     finally:
@@ -137,16 +185,39 @@ def test_a_killed_per_process_tasks_container_goes_with_the_nodes_next_step(squa
     cgroup): nothing runs a clean-up, and the container's record, pid file and lock file stay until the
     node's next per-process task (at its start) or podman-exec step (at its end) finds the lock free."""
     hpc, node, name = squashed_tiny, stack.nodes[2], f"killed-task-{uuid.uuid4().hex[:8]}"
-    step = subprocess.Popen(["srun", "-J", name, "-N1", "-w", node, "podman-hpc", "run", "--rm", stack.tiny_image,
-                             "sh", "-c", "echo up; sleep 600"], env=hpc.env, stdout=subprocess.PIPE, text=True)
+    step = subprocess.Popen(
+        [
+            "srun",
+            "-J",
+            name,
+            "-N1",
+            "-w",
+            node,
+            "podman-hpc",
+            "run",
+            "--rm",
+            stack.tiny_image,
+            "sh",
+            "-c",
+            "echo up; sleep 600",
+        ],
+        env=hpc.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert step.stdout.readline() == "up\n"
-        holders = [psutil.Process(int(pid)) for pid, _ in monitors_of(hpc.env["PODMANHPC_RUN_ROOT"])
-                   if lock_holder(pid)]
-        assert len(holders) == 2, holders   # the task and its reaper
-        conmons = [process for process in psutil.process_iter(["name", "cmdline"])
-                   if process.info["name"] == "conmon" and hpc.env["PODMANHPC_RUN_ROOT"] in
-                   " ".join(process.info["cmdline"] or ()) and "-n" in (process.info["cmdline"] or ())]
+        holders = [
+            psutil.Process(int(pid)) for pid, _ in monitors_of(hpc.env["PODMANHPC_RUN_ROOT"]) if lock_holder(pid)
+        ]
+        assert len(holders) == 2, holders  # the task and its reaper
+        conmons = [
+            process
+            for process in psutil.process_iter(["name", "cmdline"])
+            if process.info["name"] == "conmon"
+            and hpc.env["PODMANHPC_RUN_ROOT"] in " ".join(process.info["cmdline"] or ())
+            and "-n" in (process.info["cmdline"] or ())
+        ]
         assert len(conmons) == 1, conmons
         for process in [*holders, *conmons]:
             for doomed in [process, *process.children(recursive=True)]:
@@ -188,22 +259,41 @@ def test_joining_the_container_is_as_faithful_as_podman_exec(squashed_base, stac
     it: same user, groups, capabilities, environment, working directory, mounts, namespaces,
     limits, umask and exit code."""
     hpc = squashed_base
-    probe = ('id; umask; pwd; env | grep -v -E "^(_|SHLVL|PWD)=" | sort; grep -E "^Cap|^NoNewPrivs|^Seccomp" '
-             '/proc/self/status; for n in ipc mnt net pid user uts; do readlink /proc/self/ns/$n; done; '
-             'cut -d" " -f1,2,5 /proc/self/mountinfo | sed "s/^/mountinfo /"; ulimit -n; ulimit -u; '
-             'echo "pmi fd: $(readlink /proc/self/fd/$PMI_FD | cut -d: -f1)"; exit 3')
+    probe = (
+        'id; umask; pwd; env | grep -v -E "^(_|SHLVL|PWD)=" | sort; grep -E "^Cap|^NoNewPrivs|^Seccomp" '
+        "/proc/self/status; for n in ipc mnt net pid user uts; do readlink /proc/self/ns/$n; done; "
+        'cut -d" " -f1,2,5 /proc/self/mountinfo | sed "s/^/mountinfo /"; ulimit -n; ulimit -u; '
+        'echo "pmi fd: $(readlink /proc/self/fd/$PMI_FD | cut -d: -f1)"; exit 3'
+    )
     outputs, execs = {}, {}
     for join in (False, True):
         podman, calls = recording_podman(hpc, "join" if join else "exec")
         mode = {} if join else {"PODMANHPC_SHARED_RUN_EXEC_MODE": "podman"}
-        result = run(["srun", "--mpi=pmi2", "-N1", "-n2", "podman-hpc", "shared-run", "-e", "EXTRA=1",
-                      "-w", "/etc",
-                      stack.base_image, "bash", "-c", probe + " # $SLURM_LOCALID"],
-                     env={**hpc.env, **mode, "PODMANHPC_PODMAN_BIN": podman}, check=False)
+        result = run(
+            [
+                "srun",
+                "--mpi=pmi2",
+                "-N1",
+                "-n2",
+                "podman-hpc",
+                "shared-run",
+                "-e",
+                "EXTRA=1",
+                "-w",
+                "/etc",
+                stack.base_image,
+                "bash",
+                "-c",
+                probe + " # $SLURM_LOCALID",
+            ],
+            env={**hpc.env, **mode, "PODMANHPC_PODMAN_BIN": podman},
+            check=False,
+        )
         assert result.returncode == 3, result.stderr
         outputs[join] = result.stdout
-        execs[join] = [line for line in calls.read_text().splitlines()
-                       if " exec " in f" {line} " and not line.endswith("--help")]
+        execs[join] = [
+            line for line in calls.read_text().splitlines() if " exec " in f" {line} " and not line.endswith("--help")
+        ]
     podman_exec, joined = outputs[False], outputs[True]
     assert len(execs[False]) == 2 and execs[True] == []  # each task really went its own way
     assert normalized(joined) == normalized(podman_exec)
@@ -237,8 +327,10 @@ def normalized(text):
 def test_every_task_reports_a_command_killed_by_signal_n_as_128_plus_n(squashed_tiny, stack, mode, signal):
     """The node's first task and the others carry out their plans the one same way."""
     hpc = squashed_tiny
-    script = (f'podman-hpc shared-run {mode} {stack.tiny_image} sh -c "sleep 1; kill -{signal} \\$\\$"; '
-              'echo "task $SLURM_LOCALID $?"')
+    script = (
+        f'podman-hpc shared-run {mode} {stack.tiny_image} sh -c "sleep 1; kill -{signal} \\$\\$"; '
+        'echo "task $SLURM_LOCALID $?"'
+    )
     result = hpc.srun("-N1", "-n4", "sh", "-c", script, timeout=180)
     code = {"TERM": 143, "KILL": 137}[signal]
     assert sorted(result.stdout.splitlines()) == [f"task {task} {code}" for task in range(4)], result.stderr
@@ -269,7 +361,8 @@ def _tasks_podman(marker: str) -> tuple[list[int], int]:
     found = _processes(marker)
     podman = {pid for pid, (_, argv) in found.items() if os.path.basename(argv[0]) == "podman"}
     return sorted(pid for pid in podman if found[pid][0] not in podman), len(
-        [pid for pid, (_, argv) in found.items() if argv == ["sleep", marker]])
+        [pid for pid, (_, argv) in found.items() if argv == ["sleep", marker]]
+    )
 
 
 @pytest.mark.parametrize("mode", [("shared-run", "--no-join"), ("run", "--rm")])

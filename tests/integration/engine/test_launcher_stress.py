@@ -17,8 +17,11 @@ CANCEL_DELAYS = (0.0, 0.2, 0.5, 1.0, 1.5)
 
 # podman-exec: a monitor per node; per-process: a reaper per task, one container each (so fewer);
 # --reuse: the job's container, which goes 1 s (its linger here) after a step has let go of it
-MODES = {"podman-exec": (("shared-run",), 4), "per-process": (("run", "--rm"), 1),
-         "podman-exec --reuse": (("shared-run", "--reuse"), 4)}
+MODES = {
+    "podman-exec": (("shared-run",), 4),
+    "per-process": (("run", "--rm"), 1),
+    "podman-exec --reuse": (("shared-run", "--reuse"), 4),
+}
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -41,9 +44,26 @@ def test_a_step_cancelled_at_any_moment_of_its_start_leaves_nothing_within_secon
     with allocation(stack, env) as job:
         for index, delay in enumerate(CANCEL_DELAYS):
             name = f"cancel-{index}"
-            step = subprocess.Popen(["srun", "--jobid", job, "--overlap", "-J", name, f"-N{len(stack.nodes)}",
-                                     f"--ntasks-per-node={per_node}", "podman-hpc", *argv, stack.tiny_image,
-                                     "sleep", "60"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            step = subprocess.Popen(
+                [
+                    "srun",
+                    "--jobid",
+                    job,
+                    "--overlap",
+                    "-J",
+                    name,
+                    f"-N{len(stack.nodes)}",
+                    f"--ntasks-per-node={per_node}",
+                    "podman-hpc",
+                    *argv,
+                    stack.tiny_image,
+                    "sleep",
+                    "60",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             assert cancel_when_up(job, name, env, time.monotonic() + 60, settle=delay), f"step {name} never ran"
             assert step.wait(timeout=60) != 0
             # 10 s: far below the 60 s of the monitor's idle limit and of the ranks' sleep

@@ -51,8 +51,7 @@ PER_PROCESS = ("run", "--rm")
 MODES = [PER_PROCESS, ("shared-run",), ("shared-run", "--no-join")]
 PER_PROCESS_MAX_PER_NODE = 2
 # nodes x tasks per node: mostly small, so 300 steps stay within a few minutes on 2 cores
-SIZES = [(1, 1), (2, 1), (1, 1), (1, 2), (1, 1), (2, 2), (1, 1), (4, 8), (1, 1), (4, 1), (1, 1), (2, 1),
-         (1, 8), (2, 4)]
+SIZES = [(1, 1), (2, 1), (1, 1), (1, 2), (1, 1), (2, 2), (1, 1), (4, 8), (1, 1), (4, 1), (1, 1), (2, 1), (1, 8), (2, 4)]
 BIG_EVERY = 15  # these steps' ranks write 1 MB more on stdout and on stderr (steps of up to 4 ranks)
 CANCEL_EVERY = 10  # these steps' ranks sleep, and the step is cancelled once it runs
 BIG = 1 << 20
@@ -60,10 +59,12 @@ BIG_LINE = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 # $1: lines on each stream, $2: 1 to add BIG bytes on each. The last write has no newline and the
 # shell exits right after it: what a rank writes last must not be lost at the container's end.
-RANK = ('r=$SLURM_PROCID; i=0; while [ $i -lt "$1" ]; do echo "o $r $i"; echo "e $r $i" >&2; i=$((i+1)); done; '
-        f'if [ "$2" = 1 ]; then busybox yes "{BIG_LINE} $r" | head -c {BIG}; '
-        f'busybox yes "{BIG_LINE} $r" | head -c {BIG} >&2; fi; '
-        'printf "last-o $r"; printf "last-e $r" >&2')
+RANK = (
+    'r=$SLURM_PROCID; i=0; while [ $i -lt "$1" ]; do echo "o $r $i"; echo "e $r $i" >&2; i=$((i+1)); done; '
+    f'if [ "$2" = 1 ]; then busybox yes "{BIG_LINE} $r" | head -c {BIG}; '
+    f'busybox yes "{BIG_LINE} $r" | head -c {BIG} >&2; fi; '
+    'printf "last-o $r"; printf "last-e $r" >&2'
+)
 
 
 def expected(stream: str, rank: int, lines: int, big: bool) -> bytes:
@@ -81,8 +82,14 @@ def plan(index: int) -> tuple[tuple[str, ...], int, int, int, bool, bool]:
     mode = MODES[index % len(MODES)]
     if mode == PER_PROCESS:  # a container per rank: 8 on a node cost minutes of the suite, and say no more
         per_node = min(per_node, PER_PROCESS_MAX_PER_NODE)
-    return (mode, nodes, per_node, 20 + (index * 37) % 400,
-            index % BIG_EVERY == 0 and nodes * per_node <= 4, index % 2 == 0)
+    return (
+        mode,
+        nodes,
+        per_node,
+        20 + (index * 37) % 400,
+        index % BIG_EVERY == 0 and nodes * per_node <= 4,
+        index % 2 == 0,
+    )
 
 
 def cancelled_step(job: str, index: int, image: str, env: dict) -> list[str]:
@@ -90,9 +97,26 @@ def cancelled_step(job: str, index: int, image: str, env: dict) -> list[str]:
     mode, nodes, per_node, *_ = plan(index)
     name = f"integrity-{index}"
     what = f"step {index} ({' '.join(mode)}, {nodes}x{per_node}, cancelled)"
-    process = subprocess.Popen(["srun", "--jobid", job, "--overlap", "-J", name, f"-N{nodes}",
-                                f"--ntasks-per-node={per_node}", "podman-hpc", *mode, image, "sleep", "60"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            "srun",
+            "--jobid",
+            job,
+            "--overlap",
+            "-J",
+            name,
+            f"-N{nodes}",
+            f"--ntasks-per-node={per_node}",
+            "podman-hpc",
+            *mode,
+            image,
+            "sleep",
+            "60",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     if not cancel_when_up(job, name, env, time.monotonic() + 60):
         process.kill()
         return [f"{what}: never seen running"]
@@ -104,20 +128,25 @@ def left_on_nodes(hpc) -> tuple[dict, list]:
     """What the steps left on the nodes once the monitors had a minute (they remove a container
     after the step's tasks end, so after srun returns): per node, and this host's monitors."""
     root = hpc.env["PODMANHPC_RUN_ROOT"]
-    script = ('podman-hpc ps -a --format "container {{.Names}}"; '
-              f'find {root} -type s | sed "s/^/socket /"; '
-              f'cat {root}/{MONITOR_LOG} 2>/dev/null | grep -i "could not be removed" | sed "s/^/gave up /"; true')
+    script = (
+        'podman-hpc ps -a --format "container {{.Names}}"; '
+        f'find {root} -type s | sed "s/^/socket /"; '
+        f'cat {root}/{MONITOR_LOG} 2>/dev/null | grep -i "could not be removed" | sed "s/^/gave up /"; true'
+    )
     deadline = time.monotonic() + 60
     while True:
-        remaining = {**hpc.leftovers(within=0),
-                     **{n: t for n, t in hpc.on_each_node("sh", "-c", script).items() if t.strip()}}
+        remaining = {
+            **hpc.leftovers(within=0),
+            **{n: t for n, t in hpc.on_each_node("sh", "-c", script).items() if t.strip()},
+        }
         left = (remaining, monitors_of(root))  # a reaper looks for late starts for 10 s after its removal
         if left == ({}, []) or time.monotonic() > deadline:
             break
         time.sleep(2)
     if left != ({}, []):  # what the monitors said and are doing, while it is there
-        for node, text in hpc.on_each_node("sh", "-c", f"tail -n 30 {root}/{MONITOR_LOG}; "
-                                           f"ls -la {root}/shared-run/*; true").items():
+        for node, text in hpc.on_each_node(
+            "sh", "-c", f"tail -n 30 {root}/{MONITOR_LOG}; ls -la {root}/shared-run/*; true"
+        ).items():
             print(f"--- {node}\n{text}")
         for pid, cmdline in left[1]:
             wchan = Path(f"/proc/{pid}/wchan")
@@ -136,8 +165,10 @@ def by_rank(labelled: str) -> dict[int, list[str]]:
 
 def unexpected(stderr: bytes, out: Path, index: int) -> list[str]:
     """What a failed step said besides its ranks' own writes: srun's stderr and the tasks' files."""
-    texts = [stderr.decode(errors="replace"),
-             *(path.read_text(errors="replace") for path in sorted(out.glob(f"{index}.err.*")))]
+    texts = [
+        stderr.decode(errors="replace"),
+        *(path.read_text(errors="replace") for path in sorted(out.glob(f"{index}.err.*"))),
+    ]
     said = [line for text in texts for line in text.split("\n")]
     return [line for line in said if line and not line.split(": ")[-1].startswith(("e ", "last-e ", BIG_LINE[:20]))]
 
@@ -155,9 +186,25 @@ def test_no_byte_of_any_rank_is_lost_and_nothing_is_left(squashed_tiny, stack):
             return cancelled_step(job, index, stack.tiny_image, env)
         mode, nodes, per_node, lines, big, to_files = plan(index)
         tasks = nodes * per_node
-        where = (["-o", f"{out}/{index}.out.%t", "-e", f"{out}/{index}.err.%t"] if to_files else ["--label"])
-        argv = ["srun", "--jobid", job, "--overlap", f"-N{nodes}", f"--ntasks-per-node={per_node}", *where,
-                "podman-hpc", *mode, stack.tiny_image, "sh", "-c", RANK, "sh", str(lines), str(int(big))]
+        where = ["-o", f"{out}/{index}.out.%t", "-e", f"{out}/{index}.err.%t"] if to_files else ["--label"]
+        argv = [
+            "srun",
+            "--jobid",
+            job,
+            "--overlap",
+            f"-N{nodes}",
+            f"--ntasks-per-node={per_node}",
+            *where,
+            "podman-hpc",
+            *mode,
+            stack.tiny_image,
+            "sh",
+            "-c",
+            RANK,
+            "sh",
+            str(lines),
+            str(int(big)),
+        ]
         what = f"step {index} ({' '.join(mode)}, {nodes}x{per_node}, {lines} lines{', 1 MB' if big else ''})"
         try:
             result = subprocess.run(argv, env=env, capture_output=True, timeout=180)
@@ -174,8 +221,9 @@ def test_no_byte_of_any_rank_is_lost_and_nothing_is_left(squashed_tiny, stack):
                     path.unlink()
                     want = expected(stream, rank, lines, big)
                     if got != want:
-                        losses.append(f"{what}: rank {rank} {suffix}: {len(got)} bytes, not {len(want)}; "
-                                      f"ends {got[-60:]!r}")
+                        losses.append(
+                            f"{what}: rank {rank} {suffix}: {len(got)} bytes, not {len(want)}; ends {got[-60:]!r}"
+                        )
         else:
             for stream, text in (("o", result.stdout), ("e", result.stderr)):
                 ranks = by_rank(text.decode())
@@ -183,8 +231,10 @@ def test_no_byte_of_any_rank_is_lost_and_nothing_is_left(squashed_tiny, stack):
                     want = expected(stream, rank, lines, big).decode().split("\n")
                     got = ranks.get(rank, [])
                     if got != want:
-                        losses.append(f"{what}: rank {rank} std{'out' if stream == 'o' else 'err'}: {len(got)} "
-                                      f"lines, not {len(want)}; ends {got[-2:]!r}")
+                        losses.append(
+                            f"{what}: rank {rank} std{'out' if stream == 'o' else 'err'}: {len(got)} "
+                            f"lines, not {len(want)}; ends {got[-2:]!r}"
+                        )
                 if sorted(ranks) != list(range(tasks)) and set(ranks) - set(range(tasks)):
                     losses.append(f"{what}: output from ranks {sorted(set(ranks) - set(range(tasks)))}")
         return losses
@@ -199,9 +249,13 @@ def test_no_byte_of_any_rank_is_lost_and_nothing_is_left(squashed_tiny, stack):
         for pid, _ in monitors_of(env["PODMANHPC_RUN_ROOT"]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
-        hpc.on_each_node("sh", "-c", 'podman-hpc rm --all --force --time 0 >/dev/null 2>&1; '
-                         f'rm -rf {env["PODMANHPC_RUN_ROOT"]}/shared-run/* {env["PODMANHPC_RUN_ROOT"]}/per-process/*; '
-                         'true')
+        hpc.on_each_node(
+            "sh",
+            "-c",
+            "podman-hpc rm --all --force --time 0 >/dev/null 2>&1; "
+            f"rm -rf {env['PODMANHPC_RUN_ROOT']}/shared-run/* {env['PODMANHPC_RUN_ROOT']}/per-process/*; "
+            "true",
+        )
 
 
 def test_a_rank_starts_with_the_default_signal_dispositions(squashed_tiny, stack):

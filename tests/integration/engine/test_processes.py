@@ -11,8 +11,11 @@ from jupyter_podman_hpc.engine.base import processes
 
 def conmon_of(name: str) -> int:
     """The pid of our conmon whose command line names container ``name`` (fails if none)."""
-    found = [pid for pid in processes.parents() if processes.cmdline(pid)[:1] == ["/usr/bin/conmon"]
-             and name in processes.cmdline(pid)]
+    found = [
+        pid
+        for pid in processes.parents()
+        if processes.cmdline(pid)[:1] == ["/usr/bin/conmon"] and name in processes.cmdline(pid)
+    ]
     assert len(found) == 1, found
     return found[0]
 

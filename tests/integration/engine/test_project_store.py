@@ -104,16 +104,37 @@ def test_a_migrates_b_lists_and_runs_it_on_four_nodes(hpc, b, store, stack):
     assert row.endswith(f"squashed in {store}"), listing
     # B has no copy: nothing in its node-local storage, nothing in its personal store
     assert b("images", "--format", "{{.Id}} {{.ReadOnly}}").stdout.split() == [
-        hpc("images", "--format", "{{.Id}}", tag).stdout.strip(), "true"]
+        hpc("images", "--format", "{{.Id}}", tag).stdout.strip(),
+        "true",
+    ]
     assert not list(Path(b.squash_dir).glob("overlay/l/*.squash"))
 
-    per_process = b.srun(f"-N{len(stack.nodes)}", "--ntasks-per-node=1", "--label",
-                         "podman-hpc", "run", "--rm", "--user", "0", tag, "sh", "-c",
-                         f"{CHECK} | tr '\\n' ' '; id -u; cat /data/f").stdout
+    per_process = b.srun(
+        f"-N{len(stack.nodes)}",
+        "--ntasks-per-node=1",
+        "--label",
+        "podman-hpc",
+        "run",
+        "--rm",
+        "--user",
+        "0",
+        tag,
+        "sh",
+        "-c",
+        f"{CHECK} | tr '\\n' ' '; id -u; cat /data/f",
+    ).stdout
     assert per_process.count(EXPECTED) == len(stack.nodes), per_process
     assert per_process.count("secret") == len(stack.nodes), per_process
-    shared = b.srun(f"-N{len(stack.nodes)}", "--ntasks-per-node=2", "podman-hpc", "shared-run", tag,
-                    "sh", "-c", f"{CHECK} | tr '\\n' ' '; echo").stdout
+    shared = b.srun(
+        f"-N{len(stack.nodes)}",
+        "--ntasks-per-node=2",
+        "podman-hpc",
+        "shared-run",
+        tag,
+        "sh",
+        "-c",
+        f"{CHECK} | tr '\\n' ' '; echo",
+    ).stdout
     assert shared.count(EXPECTED) == 2 * len(stack.nodes), shared
     # the image's own user reads its private file, whoever squashed it
     assert b("run", "--rm", "--user", "1000", tag, "cat", "/data/f").stdout.strip() == "secret"
@@ -127,11 +148,23 @@ def test_an_outsider_is_refused_in_one_line_naming_the_store(hpc, outsider, stor
         assert refused.returncode == 125, refused
         lines = refused.stderr.strip().splitlines()
         assert len(lines) == 1, refused.stderr
-        assert lines[0].startswith(f"Error: cannot read the image store {store}: ") and \
-            f"{outsider.user} is not a member of group {group}" in lines[0], lines[0]
+        assert (
+            lines[0].startswith(f"Error: cannot read the image store {store}: ")
+            and f"{outsider.user} is not a member of group {group}" in lines[0]
+        ), lines[0]
     # and nothing was pulled instead
-    assert outsider.sh("podman", "--root", outsider.env["PODMANHPC_GRAPH_ROOT"], "--runroot",
-                       outsider.env["PODMANHPC_RUN_ROOT"], "images", "-q").stdout.strip() == ""
+    assert (
+        outsider.sh(
+            "podman",
+            "--root",
+            outsider.env["PODMANHPC_GRAPH_ROOT"],
+            "--runroot",
+            outsider.env["PODMANHPC_RUN_ROOT"],
+            "images",
+            "-q",
+        ).stdout.strip()
+        == ""
+    )
 
 
 def test_a_read_only_project_store_refuses_writes_of_other_members(hpc, b, store, stack):
@@ -143,7 +176,8 @@ def test_a_read_only_project_store_refuses_writes_of_other_members(hpc, b, store
     assert refused.returncode == 125
     assert refused.stderr.strip().splitlines() == [
         f"Error: cannot write to the image store {store}: {store} is {hpc.stack.user}:"
-        f"{os.environ['STACK_PROJECT_GROUP']} drwxr-s---: only its owner {hpc.stack.user} may write to it"]
+        f"{os.environ['STACK_PROJECT_GROUP']} drwxr-s---: only its owner {hpc.stack.user} may write to it"
+    ]
     assert "read-only, project store" in b("infohpc").stdout
 
 
@@ -156,8 +190,9 @@ def test_concurrent_migrations_by_two_members_give_one_squash_file(hpc, b, store
         processes = []
         for who in (hpc, b):
             command, env = who.command(argv)
-            processes.append(subprocess.Popen(command, env=env, text=True,
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            processes.append(
+                subprocess.Popen(command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            )
         for process in processes:
             out, err = process.communicate(timeout=600)
             assert process.returncode == 0, err
@@ -173,19 +208,38 @@ def test_concurrent_migrations_by_two_members_give_one_squash_file(hpc, b, store
 
 def test_a_killed_migrate_by_a_leaves_b_s_view_usable(hpc, b, store, stack):
     hpc("--squash-dir", store, "pull", stack.tiny_image)
-    tag = build(hpc, "localhost/tests/project-killed:1", f"""\
+    tag = build(
+        hpc,
+        "localhost/tests/project-killed:1",
+        f"""\
 FROM {stack.tiny_image}
 RUN head -c 80000000 /dev/urandom > /blob
-""")
+""",
+    )
     interrupted = 0
     for delay in (0.2, 0.5, 0.9):
-        process = subprocess.Popen(["podman-hpc", "--squash-dir", str(store), "migrate", tag], env=hpc.env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            ["podman-hpc", "--squash-dir", str(store), "migrate", tag],
+            env=hpc.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
         process.wait()
-        hpc("unshare", "podman", "--root", hpc.env["PODMANHPC_GRAPH_ROOT"], "--runroot",
-            hpc.env["PODMANHPC_RUN_ROOT"], "image", "unmount", "--all", "--force", check=False)
+        hpc(
+            "unshare",
+            "podman",
+            "--root",
+            hpc.env["PODMANHPC_GRAPH_ROOT"],
+            "--runroot",
+            hpc.env["PODMANHPC_RUN_ROOT"],
+            "image",
+            "unmount",
+            "--all",
+            "--force",
+            check=False,
+        )
         listing = b("images").stdout
         if tag in listing:  # finished before the kill
             break
@@ -245,9 +299,13 @@ finally:
 def test_b_s_kernel_from_a_project_image_runs_code(hpc, b, store, stack):
     hpc("--squash-dir", store, "pull", stack.base_image)
     jupyter = b.work / "jupyter"
-    b.env.update(JUPYTER_PATH=f"{jupyter}/prefix/share/jupyter", JUPYTER_DATA_DIR=f"{jupyter}/data",
-                 JUPYTER_RUNTIME_DIR=f"{jupyter}/runtime", JUPYTER_CONFIG_DIR=f"{jupyter}/config",
-                 JUPYTER_PLATFORM_DIRS="0")
+    b.env.update(
+        JUPYTER_PATH=f"{jupyter}/prefix/share/jupyter",
+        JUPYTER_DATA_DIR=f"{jupyter}/data",
+        JUPYTER_RUNTIME_DIR=f"{jupyter}/runtime",
+        JUPYTER_CONFIG_DIR=f"{jupyter}/config",
+        JUPYTER_PLATFORM_DIRS="0",
+    )
     out = b.sh("python", "-c", KERNEL, stack.base_image, f"{jupyter}/prefix", b.work, timeout=300).stdout
     assert 'ran PRETTY_NAME="Debian 0' in out and "status ok" in out, out
     assert b("ps", "--all", "--format", "{{.Names}}").stdout.strip() == ""  # the kernel's container is gone
@@ -256,10 +314,26 @@ def test_b_s_kernel_from_a_project_image_runs_code(hpc, b, store, stack):
 def test_project_stores_and_podman_hpc_1_2_2_across_members(hpc, b, store, stack, peer, peer_home):
     # ours writes, B runs it with 1.2.2
     hpc("--squash-dir", store, "pull", stack.tiny_image)
-    b_peer = dataclasses.replace(b, env={**b.env, "PODMANHPC_CONFIG_FILE": str(peer.config),
-                                         "PATH": f"{peer.venv}/bin:{b.env['PATH']}:/usr/bin:/usr/sbin"})
-    out = b_peer.sh(peer.bin, "--squash-dir", b.work / "peer-squash", "run", "--rm", "--network", "host",
-                    stack.tiny_image, "cat", "/etc/os-release").stdout
+    b_peer = dataclasses.replace(
+        b,
+        env={
+            **b.env,
+            "PODMANHPC_CONFIG_FILE": str(peer.config),
+            "PATH": f"{peer.venv}/bin:{b.env['PATH']}:/usr/bin:/usr/sbin",
+        },
+    )
+    out = b_peer.sh(
+        peer.bin,
+        "--squash-dir",
+        b.work / "peer-squash",
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        stack.tiny_image,
+        "cat",
+        "/etc/os-release",
+    ).stdout
     assert "ID=tiny" in out
 
     # 1.2.2 writes (its image records private to A), B's podman-hpc says so, then runs it once A shares them

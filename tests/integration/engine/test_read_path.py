@@ -15,8 +15,11 @@ import pytest
 from jupyter_podman_hpc.engine.mount.cache import cache_entries, in_use
 
 # What the container's root is, by read path: (file system type, what its lower is).
-ROOTS = {"unpacked": ("overlay", "unpacked"), "kernel": ("overlay", "/squash-mounts/"),
-         "fuse": ("fuse.fuse-overlayfs", "")}
+ROOTS = {
+    "unpacked": ("overlay", "unpacked"),
+    "kernel": ("overlay", "/squash-mounts/"),
+    "fuse": ("fuse.fuse-overlayfs", ""),
+}
 
 
 def with_read_path(hpc, mode: str, **extra: str):
@@ -37,13 +40,25 @@ def test_each_read_path_runs_the_image_and_copies_up_writes(squashed_tiny, stack
     line = root_mount(hpc, stack.tiny_image, node)
     assert line.split()[2] == fstype, line
     assert lower in line, line
-    script = ("echo changed >> /etc/os-release && tail -1 /etc/os-release && echo new > /new && cat /new && "
-              "rm /bin/true && test ! -e /bin/true && echo removed && stat -c %u /bin")
+    script = (
+        "echo changed >> /etc/os-release && tail -1 /etc/os-release && echo new > /new && cat /new && "
+        "rm /bin/true && test ! -e /bin/true && echo removed && stat -c %u /bin"
+    )
     out = hpc.srun("-w", node, "podman-hpc", "run", "--rm", stack.tiny_image, "sh", "-c", script).stdout.split()
     assert out == ["changed", "new", "removed", "0"]
     # the image itself is untouched for the next container
-    again = hpc.srun("-w", node, "podman-hpc", "run", "--rm", stack.tiny_image, "sh", "-c",
-                     "grep -c changed /etc/os-release; test -e /bin/true && echo kept", check=False).stdout.split()
+    again = hpc.srun(
+        "-w",
+        node,
+        "podman-hpc",
+        "run",
+        "--rm",
+        stack.tiny_image,
+        "sh",
+        "-c",
+        "grep -c changed /etc/os-release; test -e /bin/true && echo kept",
+        check=False,
+    ).stdout.split()
     assert again == ["0", "kept"]
     assert hpc.mounts(node) == []
 
@@ -64,8 +79,21 @@ def test_auto_reads_through_squashfuse_what_the_jobs_nodes_together_would_read_t
     squash = next(Path(squashed_tiny.env["SQUASH_DIR"]).glob("overlay/l/*.squash"))
     limit = f"{1.5 * squash.stat().st_size / 2**20:.3f}"
     hpc = with_read_path(squashed_tiny, "auto", PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB=limit)
-    roots = hpc.srun("-N2", "--ntasks-per-node=1", "podman-hpc", "run", "--rm", stack.tiny_image, "sh", "-c",
-                     "grep ' / ' /proc/mounts").stdout.strip().splitlines()
+    roots = (
+        hpc.srun(
+            "-N2",
+            "--ntasks-per-node=1",
+            "podman-hpc",
+            "run",
+            "--rm",
+            stack.tiny_image,
+            "sh",
+            "-c",
+            "grep ' / ' /proc/mounts",
+        )
+        .stdout.strip()
+        .splitlines()
+    )
     assert len(roots) == 2 and all("/squash-mounts/" in line for line in roots), roots
     info = hpc.srun("-w", stack.nodes[0], "podman-hpc", "infohpc").stdout
     assert "auto reads it through squashfuse: 2 nodes x" in info and "squash_unpack_auto_job_max_mb" in info
@@ -81,11 +109,14 @@ def test_where_kernel_overlayfs_is_refused_the_mount_program_uses_fuse_overlayfs
     layer = tmp_path / "overlay" / "c0ffee"
     for name in ("diff", "work", "merged"):
         (layer / name).mkdir(parents=True)
-    env = {**hpc.env, "PODMANHPC_SQUASH_READ_PATH": "auto",
-           "PODMANHPC_SQUASH_UNPACK_DIR": str(tmp_path / "unpacked")}
+    env = {**hpc.env, "PODMANHPC_SQUASH_READ_PATH": "auto", "PODMANHPC_SQUASH_UNPACK_DIR": str(tmp_path / "unpacked")}
     merged = layer / "merged"
-    subprocess.run(["podman-hpc-mount", "-o", f"lowerdir={link},upperdir={layer}/diff,workdir={layer}/work",
-                    str(merged)], env=env, check=True, timeout=60)
+    subprocess.run(
+        ["podman-hpc-mount", "-o", f"lowerdir={link},upperdir={layer}/diff,workdir={layer}/work", str(merged)],
+        env=env,
+        check=True,
+        timeout=60,
+    )
     try:
         assert "tiny" in (merged / "etc" / "os-release").read_text()
         with open("/proc/self/mountinfo") as mountinfo:
@@ -121,8 +152,9 @@ podman-hpc rm --force --ignore --time 0 "$1" >/dev/null
 def test_killed_podman_and_container_leave_no_mount_or_watcher(squashed_tiny, stack):
     hpc = with_read_path(squashed_tiny, "unpacked")
     node = stack.nodes[0]
-    out = hpc.srun("-w", node, "sh", "-c", KILL_SCRIPT, "sh", f"killed-{os.getpid()}", stack.tiny_image,
-                   str(hpc.unpack_dir)).stdout
+    out = hpc.srun(
+        "-w", node, "sh", "-c", KILL_SCRIPT, "sh", f"killed-{os.getpid()}", stack.tiny_image, str(hpc.unpack_dir)
+    ).stdout
     assert "started" in out
     deadline = time.monotonic() + 30
     while hpc.mounts(node) or watchers(hpc, node):
@@ -145,8 +177,10 @@ def test_fifty_containers_of_three_images_leave_nothing(hpc, stack):
     hpc("migrate", "localhost/tests/third:1")
     hpc.wipe_local_storage()
     images = [stack.base_image, stack.tiny_image, "localhost/tests/third:1"]
-    script = ('n=0; for image in "$@"; do podman-hpc run --rm "$image" true & n=$((n+1)); '
-              '[ $((n % 5)) -eq 0 ] && wait; done; wait')
+    script = (
+        'n=0; for image in "$@"; do podman-hpc run --rm "$image" true & n=$((n+1)); '
+        "[ $((n % 5)) -eq 0 ] && wait; done; wait"
+    )
     hpc.srun("-w", node, "sh", "-c", script, "sh", *(images * 17)[:50], timeout=900)
     assert hpc.mounts(node) == []
     assert watchers(hpc, node) == []
@@ -154,15 +188,17 @@ def test_fifty_containers_of_three_images_leave_nothing(hpc, stack):
     # each image's copy, none held; if one is missing, what the mount program fell back to and why
     # (infohpc's read-path lines only: pytest cuts a long message before its end)
     info = hpc.srun("-w", node, "podman-hpc", "infohpc", check=False).stdout.splitlines()
-    assert len(copies) == 3 and not any(copy.in_use for copy in copies), \
-        ([(copy.squash, copy.in_use) for copy in copies],
-         [line for line in info if "unpack" in line or "fell back" in line])
+    assert len(copies) == 3 and not any(copy.in_use for copy in copies), (
+        [(copy.squash, copy.in_use) for copy in copies],
+        [line for line in info if "unpack" in line or "fell back" in line],
+    )
 
 
 # --- the login-node flow: an image pulled (local AND squashed) or built on the host -------
 
-ROOT_AND_FILES = ("grep ' / ' /proc/mounts; head -1 /etc/os-release; test -e /bin/true && echo has-true; "
-                  "cat /added 2>/dev/null; true")
+ROOT_AND_FILES = (
+    "grep ' / ' /proc/mounts; head -1 /etc/os-release; test -e /bin/true && echo has-true; cat /added 2>/dev/null; true"
+)
 
 
 def mounts_within(hpc, seconds: float = 15) -> list[str]:

@@ -14,7 +14,6 @@ import pytest
 from tests.helpers.commands import run
 
 
-
 def images_json(hpc):
     return json.loads((hpc.squash_dir / "overlay-images" / "images.json").read_text())
 
@@ -54,16 +53,21 @@ def test_migrate_of_a_squashed_image_returns_at_once(stack, hpc):
 
 
 def test_multi_layer_image_runs_from_the_store_with_deletions_applied(hpc, stack):
-    tag = build(hpc, "localhost/tests/layers:1", f"""\
+    tag = build(
+        hpc,
+        "localhost/tests/layers:1",
+        f"""\
 FROM {stack.tiny_image}
 RUN echo one > /layer-one && echo doomed > /doomed && mkdir -p /data/sub && echo a > /data/a
 RUN rm /doomed && echo two > /layer-two && rm -rf /data/sub
 RUN echo three > /data/b && rm /data/a
-""")
+""",
+    )
     hpc("migrate", tag)
     hpc.wipe_local_storage()
-    script = "cat /layer-one /layer-two /data/b; ls /data; test -e /doomed || echo gone; " \
-             "test -d /data/sub || echo nosub"
+    script = (
+        "cat /layer-one /layer-two /data/b; ls /data; test -e /doomed || echo gone; test -d /data/sub || echo nosub"
+    )
     out = hpc("run", "--rm", tag, "sh", "-c", script).stdout.split()
     assert out == ["one", "two", "three", "b", "gone", "nosub"]
 
@@ -101,16 +105,21 @@ def test_rmsqi_untags_then_removes_and_keeps_shared_layers(hpc, stack):
 
 def test_a_killed_migrate_leaves_the_store_usable_and_a_retry_succeeds(hpc, stack):
     hpc("pull", stack.tiny_image)  # another image, already squashed: must keep working
-    tag = build(hpc, "localhost/tests/killed:1", f"""\
+    tag = build(
+        hpc,
+        "localhost/tests/killed:1",
+        f"""\
 FROM {stack.tiny_image}
 RUN head -c 80000000 /dev/urandom > /blob
 RUN echo done > /done
-""")
+""",
+    )
     interrupted = 0
     # early kills first: on a quiet machine the whole migration may take only about a second
     for delay in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.4, 2.0, 3.0):
-        process = subprocess.Popen(["podman-hpc", "migrate", tag], env=hpc.env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            ["podman-hpc", "migrate", tag], env=hpc.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -121,8 +130,19 @@ RUN echo done > /done
         interrupted += 1
         assert hpc("images").returncode == 0
         assert "tiny" in hpc("run", "--rm", stack.tiny_image, "cat", "/etc/os-release").stdout
-        hpc("unshare", "podman", "--root", hpc.env["PODMANHPC_GRAPH_ROOT"], "--runroot",
-            hpc.env["PODMANHPC_RUN_ROOT"], "image", "unmount", "--all", "--force", check=False)
+        hpc(
+            "unshare",
+            "podman",
+            "--root",
+            hpc.env["PODMANHPC_GRAPH_ROOT"],
+            "--runroot",
+            hpc.env["PODMANHPC_RUN_ROOT"],
+            "image",
+            "unmount",
+            "--all",
+            "--force",
+            check=False,
+        )
     assert interrupted >= 3, "the kills came too late to interrupt the migration"
     hpc("migrate", tag)
     hpc.wipe_local_storage()
@@ -147,10 +167,13 @@ def test_the_same_image_migrated_from_four_nodes_at_once(hpc, stack):
 
 
 def test_different_images_migrate_in_parallel(hpc, stack):
-    tags = [build(hpc, f"localhost/tests/par:{i}", f"FROM {stack.tiny_image}\nRUN echo {i} > /i\n")
-            for i in range(3)]
-    processes = [subprocess.Popen(["podman-hpc", "migrate", tag], env=hpc.env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for tag in tags]
+    tags = [build(hpc, f"localhost/tests/par:{i}", f"FROM {stack.tiny_image}\nRUN echo {i} > /i\n") for i in range(3)]
+    processes = [
+        subprocess.Popen(
+            ["podman-hpc", "migrate", tag], env=hpc.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for tag in tags
+    ]
     for process in processes:
         out, err = process.communicate(timeout=600)
         assert process.returncode == 0, err

@@ -143,23 +143,34 @@ def test_a_login_node_does_not_unpack_a_job_does_and_its_end_releases_the_copy(p
     assert f"{made.key} " in out and f", unused, last used 0 min ago, job {job} on {node}: " in out
 
     # the job has ended: the next use on the node, by another job and another image, releases its copy
-    wait_for(lambda: hpc.sh("squeue", "-h", "-j", job, "-o", "%T", check=False).stdout.strip() == "",
-             what=f"job {job} is still listed")
-    out = hpc.srun("-w", node, "sh", "-c", 'echo "job=$SLURM_JOB_ID"; podman-hpc run --rm "$1" cat /one',
-                   "sh", image("one")).stdout
+    wait_for(
+        lambda: hpc.sh("squeue", "-h", "-j", job, "-o", "%T", check=False).stdout.strip() == "",
+        what=f"job {job} is still listed",
+    )
+    out = hpc.srun(
+        "-w", node, "sh", "-c", 'echo "job=$SLURM_JOB_ID"; podman-hpc run --rm "$1" cat /one', "sh", image("one")
+    ).stdout
     later = job_of(out)
     assert out.split()[-1] == "one" and later != job
     [kept] = hpc.unpacked(node)
     assert kept.key != made.key and kept.job == later and not hpc.exists_on(node, cache / made.key)
 
     # or a job's last step releases its own copies at once (rootless: no epilog needed)
-    out = hpc.srun("-w", node, "sh", "-c", 'echo "job=$SLURM_JOB_ID"; podman-hpc run --rm "$1" cat /two && '
-                   'podman-hpc infohpc --release-job', "sh", image("two")).stdout
+    out = hpc.srun(
+        "-w",
+        node,
+        "sh",
+        "-c",
+        'echo "job=$SLURM_JOB_ID"; podman-hpc run --rm "$1" cat /two && podman-hpc infohpc --release-job',
+        "sh",
+        image("two"),
+    ).stdout
     last = job_of(out)
     released = [line for line in out.splitlines() if line.endswith(f": released at the end of job {last}")]
     assert len(released) == 1 and "two" in out.split(), out
     assert [copy for copy in hpc.unpacked(node) if copy.job == last] == []
     outside = hpc("infohpc", "--release-job", check=False)
     assert outside.returncode == 125 and outside.stderr.strip() == (
-        "Error: infohpc --release-job is for the last step of a Slurm job (no SLURM_JOB_ID here)")
+        "Error: infohpc --release-job is for the last step of a Slurm job (no SLURM_JOB_ID here)"
+    )
     assert our_mounts(hpc) == [] and our_mounts(hpc, node) == []

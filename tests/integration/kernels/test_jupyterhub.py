@@ -25,8 +25,7 @@ pytestmark = pytest.mark.slow
 def jupyterhub_bin() -> Path:
     hub = BIN / "jupyterhub"
     if not hub.exists() or not (BIN / "jupyterhub-singleuser").exists():
-        unavailable(f"jupyterhub is not installed in {BIN.parent}: install the test extras "
-                    "(pip install -e '.[test]')")
+        unavailable(f"jupyterhub is not installed in {BIN.parent}: install the test extras (pip install -e '.[test]')")
     return hub
 
 
@@ -56,16 +55,30 @@ def hub(kernel_site, configurable_http_proxy, jupyterhub_bin, stack, tmp_path):
     # Jupyter's own paths stay the defaults, under the HOME the spawner gives
     spawner_env = {name: kernel_site.env[name] for name in ENGINE_VARS}
     spawner_env["SCRATCH"] = kernel_site.env.get("SCRATCH", "")
-    (root / "jupyterhub_config.py").write_text(HUB_CONFIG.format(
-        hub_setup=hub_setup.config(), home_template=home_template, singleuser=str(BIN / "jupyterhub-singleuser"),
-        spawner_env=spawner_env))
-    env = {key: value for key, value in kernel_site.env.items()
-           if not key.startswith("JUPYTER_") and key not in ENGINE_VARS}
+    (root / "jupyterhub_config.py").write_text(
+        HUB_CONFIG.format(
+            hub_setup=hub_setup.config(),
+            home_template=home_template,
+            singleuser=str(BIN / "jupyterhub-singleuser"),
+            spawner_env=spawner_env,
+        )
+    )
+    env = {
+        key: value
+        for key, value in kernel_site.env.items()
+        if not key.startswith("JUPYTER_") and key not in ENGINE_VARS
+    }
     env["PATH"] = f"{BIN}:/usr/local/bin:/usr/bin:/bin"
     log_path = root / "hub.log"
     log = open(log_path, "wb")
-    process = subprocess.Popen([str(jupyterhub_bin), "-f", str(root / "jupyterhub_config.py")], cwd=root,
-                               env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [str(jupyterhub_bin), "-f", str(root / "jupyterhub_config.py")],
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         wait_http(f"{hub_setup.url}/hub/api", 120, process, log_path)
         yield Hub(hub_setup.url, hub_setup.token, stack.user, "", root, log_path, env), home
@@ -85,8 +98,9 @@ def test_hub_user_runs_a_cell_in_a_container_kernel(kernel_site, hub, stack):
     hub, home = hub
     token, user = hub.token, hub.user
     # started on demand (no pool): the server's default pool is test_hub_user_gets_a_pooled_kernel's
-    install_as_user(kernel_site, home, stack.base_image, "--name", "hub-base", "--display-name", "Base image (hub)",
-                    "--pool", "0")
+    install_as_user(
+        kernel_site, home, stack.base_image, "--name", "hub-base", "--display-name", "Base image (hub)", "--pool", "0"
+    )
     assert (home / ".local/share/jupyter/kernels/hub-base/kernel.json").is_file()
 
     user_url = hub.start_server(timeout=150)
@@ -98,8 +112,12 @@ def test_hub_user_runs_a_cell_in_a_container_kernel(kernel_site, hub, stack):
     kernel_id = start_kernel(user_url, token, "hub-base", hub.log)
     assert kernel_site.container_names(kernel_id) == [f"podman-hpc-kernel-{kernel_id}"]
 
-    out = run_cell(user_url, token, kernel_id,
-                   "import os; print(open('/etc/os-release').read()); print('home', os.environ['HOME'])")
+    out = run_cell(
+        user_url,
+        token,
+        kernel_id,
+        "import os; print(open('/etc/os-release').read()); print('home', os.environ['HOME'])",
+    )
     assert "VERSION_CODENAME=bookworm" in out and f"home {home}" in out
 
     status, _ = http("DELETE", f"{user_url}/api/kernels/{kernel_id}", token)

@@ -51,12 +51,14 @@ def test_load_ext_without_the_package_is_one_line(kernel_site, stack):
 
 
 def test_load_ext_where_the_image_has_the_package(kernel_site, stack):
-    kernel_site.install(stack.base_image, "magics-present", podman_args=[
-        "--volume", f"{PACKAGE}:{SITE_PACKAGES}/jupyter_podman_hpc:ro"])
+    kernel_site.install(
+        stack.base_image, "magics-present", podman_args=["--volume", f"{PACKAGE}:{SITE_PACKAGES}/jupyter_podman_hpc:ro"]
+    )
     km, kc, _ = start("magics-present")
     try:
-        reply, out, err = outputs(kc, "%load_ext jupyter_podman_hpc\nprint('podman_hpc' in "
-                                      "get_ipython().magics_manager.magics['line'])")
+        reply, out, err = outputs(
+            kc, "%load_ext jupyter_podman_hpc\nprint('podman_hpc' in get_ipython().magics_manager.magics['line'])"
+        )
         assert reply["status"] == "ok", (reply, err)
         assert out.strip() == "True", (out, err)
     finally:

@@ -61,8 +61,9 @@ def test_a_pooled_kernel_is_like_one_started_on_demand(kernel_site, stack, tmp_p
         host_file = runtime / f"kernel-{kernel_id}.json"
         assert seen["file"] == str(host_file) and seen["key"] == json.loads(host_file.read_text())["key"]
         # a replacement, adopted by the next notebook: a different kernel, its own key
-        [second] = wait_for("a replacement", lambda: [n for n in pool_containers(kernel_site, "pool-base")
-                                                      if n != first], 60)
+        [second] = wait_for(
+            "a replacement", lambda: [n for n in pool_containers(kernel_site, "pool-base") if n != first], 60
+        )
         assert first in kernel_site.container_names()  # still running the first kernel
         other_id = open_notebook(base, token, "other.ipynb", "pool-base")
         other = probe(base, token, other_id)
@@ -94,7 +95,8 @@ def test_a_pooled_kernel_is_like_one_started_on_demand(kernel_site, stack, tmp_p
 
 
 def test_a_kernelspec_installed_while_the_server_runs_gets_its_pool_after_its_first_kernel(
-        kernel_site, stack, tmp_path):
+    kernel_site, stack, tmp_path
+):
     root = tmp_path / "notebooks"
     root.mkdir()
     log = tmp_path / "server.log"
@@ -105,8 +107,9 @@ def test_a_kernelspec_installed_while_the_server_runs_gets_its_pool_after_its_fi
         assert kernel_site.container_names(first_id) == [f"podman-hpc-kernel-{first_id}"]
         text = log.read_text()
         started = text.index(f"starting kernel {first_id} in podman-hpc-kernel-{first_id}")
-        assert "kernel(s) of pool-later:" in text[started:] and "kernel(s) of pool-later:" not in text[:started], \
-            text[-3000:]
+        assert "kernel(s) of pool-later:" in text[started:] and "kernel(s) of pool-later:" not in text[:started], text[
+            -3000:
+        ]
         [pooled] = wait_for("a pool container", lambda: pool_containers(kernel_site, "pool-later"), 60)
         second_id = open_notebook(base, token, "second.ipynb", "pool-later")
         assert kernel_site.container_names(second_id) == []
@@ -126,8 +129,11 @@ def test_pool_containers_die_with_the_server_and_the_kernelspec(kernel_site, sta
         init = int(kernel_site.hpc("inspect", "--format", "{{.State.Pid}}", orphan).stdout)
         waiter = wait_for("the waiter", lambda: Path(f"/proc/{init}/task/{init}/children").read_text().split(), 30)
         os.kill(int(waiter[0]), signal.SIGSTOP)
-        watchdogs = [pid for pid in processes_mentioning(orphan)
-                     if b"kernels.orphans" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        watchdogs = [
+            pid
+            for pid in processes_mentioning(orphan)
+            if b"kernels.orphans" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
         assert watchdogs
         for pid in watchdogs:
             os.kill(pid, signal.SIGKILL)

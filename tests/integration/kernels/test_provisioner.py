@@ -82,7 +82,9 @@ def test_kernel_lifecycle_in_the_base_image(kernel_site, stack, tmp_path):
 
         # the image's OS, inside a container, in the host's network, the user's files
         host_pidns = os.readlink("/proc/self/ns/pid")
-        reply, out = run(kc, textwrap.dedent("""\
+        reply, out = run(
+            kc,
+            textwrap.dedent("""\
             import os, socket
             print(open("/etc/os-release").read())
             print("containerenv", os.path.exists("/run/.containerenv"))
@@ -92,7 +94,8 @@ def test_kernel_lifecycle_in_the_base_image(kernel_site, stack, tmp_path):
             print("home", os.environ["HOME"])
             print("uid", os.getuid())
             open("written-by-kernel.txt", "w").write("hello")
-            """))
+            """),
+        )
         assert reply["status"] == "ok", reply
         assert "VERSION_CODENAME=bookworm" in out
         assert "containerenv True" in out
@@ -206,8 +209,13 @@ def hold_kernel(site, name: str) -> tuple[subprocess.Popen, str]:
     script.write_text(HOLDER)
     marker = site.root / f"container-{uuid.uuid4().hex[:6]}"
     log = open(site.root / "holder.log", "ab")
-    process = subprocess.Popen([sys.executable, str(script), name, str(marker)], env=site.env,
-                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, str(script), name, str(marker)],
+        env=site.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while not marker.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -238,8 +246,9 @@ def test_watchdog_removes_the_container_when_a_job_end_signals_it_with_its_serve
     site = kernel_site
     site.install(stack.base_image, "base")
     holder, name = hold_kernel(site, "base")
-    watchdogs = [pid for pid in processes_mentioning(name)
-                 if b"kernels.orphans" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    watchdogs = [
+        pid for pid in processes_mentioning(name) if b"kernels.orphans" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
     assert len(watchdogs) == 1, watchdogs
     job = psutil.Process()
     assert watchdogs[0] in [p.pid for p in job.children(recursive=True)]  # as in a job: a descendant

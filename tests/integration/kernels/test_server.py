@@ -28,8 +28,10 @@ def server(kernel_site, tmp_path):
 def test_cli_kernelspec_runs_in_a_real_jupyter_server(kernel_site, server, stack):
     base, token, log_path = server
     # installed with the CLI into the user's Jupyter data dir (the default)
-    installed = run([str(BIN / "jupyter"), "podman-hpc", "kernel", "install", stack.base_image,
-                     "--name", "srv-base"], env=kernel_site.env)
+    installed = run(
+        [str(BIN / "jupyter"), "podman-hpc", "kernel", "install", stack.base_image, "--name", "srv-base"],
+        env=kernel_site.env,
+    )
     assert "installed kernel srv-base" in installed.stdout
 
     status, specs = http("GET", f"{base}/api/kernelspecs", token)
@@ -46,8 +48,9 @@ def test_cli_kernelspec_runs_in_a_real_jupyter_server(kernel_site, server, stack
     start_seconds = time.monotonic() - started
     assert kernel_site.container_names(kernel_id) == [f"podman-hpc-kernel-{kernel_id}"]
 
-    out = run_cell(base, token, kernel_id,
-                   "import os; print(open('/etc/os-release').read()); print('uid', os.getuid())")
+    out = run_cell(
+        base, token, kernel_id, "import os; print(open('/etc/os-release').read()); print('uid', os.getuid())"
+    )
     assert "VERSION_CODENAME=bookworm" in out
 
     status, _ = http("DELETE", f"{base}/api/kernels/{kernel_id}", token)
@@ -59,12 +62,15 @@ def test_cli_kernelspec_runs_in_a_real_jupyter_server(kernel_site, server, stack
 def test_a_kernel_that_cannot_start_is_a_message_for_the_user(kernel_site, server, stack):
     base, token, _ = server
     image = f"{stack.registry}/jph/absent-{uuid.uuid4().hex[:6]}:1"
-    run([str(BIN / "jupyter"), "podman-hpc", "kernel", "install", image, "--name", "srv-absent"],
-        env=kernel_site.env)
+    run([str(BIN / "jupyter"), "podman-hpc", "kernel", "install", image, "--name", "srv-absent"], env=kernel_site.env)
     started = time.monotonic()
     # what JupyterLab does when a notebook opens with this kernel
-    status, body = http("POST", f"{base}/api/sessions", token, {
-        "path": "absent.ipynb", "name": "absent.ipynb", "type": "notebook", "kernel": {"name": "srv-absent"}})
+    status, body = http(
+        "POST",
+        f"{base}/api/sessions",
+        token,
+        {"path": "absent.ipynb", "name": "absent.ipynb", "type": "notebook", "kernel": {"name": "srv-absent"}},
+    )
     seconds = time.monotonic() - started
     assert status == 500, body
     assert body["message"].startswith(f"image {image} is not on this node"), body

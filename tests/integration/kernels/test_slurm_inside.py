@@ -45,27 +45,37 @@ def test_srun_and_sbatch_from_a_container_kernel(kernel_site, stack, shared_cwd)
     km, kc, _ = start("slurm-in", cwd=str(shared_cwd))
     job_id = ""
     try:
-        reply, out = run(kc, textwrap.dedent("""\
+        reply, out = run(
+            kc,
+            textwrap.dedent("""\
             import subprocess
             step = subprocess.run(["srun", "-N2", "sh", "-c", "echo node=$SLURMD_NODENAME"],
                                   capture_output=True, text=True, timeout=120)
             print(step.returncode, step.stdout, step.stderr)
-            """), timeout=150)
+            """),
+            timeout=150,
+        )
         assert reply["status"] == "ok", reply
         nodes = {line.split("=", 1)[1] for line in out.split() if line.startswith("node=")}
         assert out.startswith("0 ") and len(nodes) == 2 and nodes <= set(stack.nodes), out
 
-        reply, out = run(kc, textwrap.dedent("""\
+        reply, out = run(
+            kc,
+            textwrap.dedent("""\
             import os, pathlib, subprocess
             pathlib.Path("job.sh").write_text("#!/bin/sh\\nsrun sh -c 'echo ran on $SLURMD_NODENAME'\\n")
             submitted = subprocess.run(["sbatch", "--parsable", "-N2", "-o", "job.out", "job.sh"],
                                        capture_output=True, text=True, timeout=60)
             print("id", submitted.stdout.strip().split(";")[0], submitted.stderr.strip())
-            """), timeout=90)
+            """),
+            timeout=90,
+        )
         assert reply["status"] == "ok", reply
         job_id = out.split()[1]
         assert job_id.isdigit(), out
-        reply, out = run(kc, textwrap.dedent(f"""\
+        reply, out = run(
+            kc,
+            textwrap.dedent(f"""\
             import subprocess, time
             for _ in range(240):
                 state = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State,ExitCode", "-j", "{job_id}"],
@@ -75,7 +85,9 @@ def test_srun_and_sbatch_from_a_container_kernel(kernel_site, stack, shared_cwd)
                 time.sleep(0.5)
             print("state", state)
             print(open("job.out").read())
-            """), timeout=150)
+            """),
+            timeout=150,
+        )
         assert reply["status"] == "ok", reply
         assert "state COMPLETED|0:0" in out, out
         assert out.count("ran on n") == 2, out
@@ -98,7 +110,6 @@ def test_a_kernelspec_can_opt_out_of_slurm(kernel_site, stack):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-
 
 
 BUILT = "localhost/tests/slurm-login:built"
@@ -133,8 +144,9 @@ CELL = textwrap.dedent("""\
 
 
 @pytest.mark.parametrize("image, keep_id", [("pulled", False), ("built", True)])
-def test_srun_from_a_kernel_of_an_image_pulled_or_built_on_the_same_host(login_node, stack, shared_cwd, tmp_path,
-                                                                       monkeypatch, image, keep_id):
+def test_srun_from_a_kernel_of_an_image_pulled_or_built_on_the_same_host(
+    login_node, stack, shared_cwd, tmp_path, monkeypatch, image, keep_id
+):
     """The pulled image (local and squashed) runs from its squashed copy, as the container's root
     (keep_id "auto" leaves keep-id out there); the built one from its local layers with
     --userns=keep-id, a namespace nested in podman's. Slurm works in both."""
@@ -176,10 +188,13 @@ def test_the_uid_shim_gives_the_host_ids_in_every_layout(login_node, layout):
     """Through `podman-hpc run --slurm` of the image built on this host (local layers: keep-id and
     automatic namespaces cannot run from a squash file here), a job step as the user."""
     options, prefix, first_map = LAYOUTS[layout]
-    script = ("cat /proc/self/uid_map; srun -N1 sh -c 'echo ids=$(id -u):$(id -g)' && "
-              '[ -z "$(squeue --me -h -o %i 2>&1 >/dev/null)" ] && echo squeue-me-ok')  # it errs with status 0
-    result = login_node("run", "--rm", "--slurm", *options, BUILT, *shlex.split(prefix), "sh", "-c", script,
-                        check=False)
+    script = (
+        "cat /proc/self/uid_map; srun -N1 sh -c 'echo ids=$(id -u):$(id -g)' && "
+        '[ -z "$(squeue --me -h -o %i 2>&1 >/dev/null)" ] && echo squeue-me-ok'
+    )  # it errs with status 0
+    result = login_node(
+        "run", "--rm", "--slurm", *options, BUILT, *shlex.split(prefix), "sh", "-c", script, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"ids={os.getuid()}:{os.getgid()}" in result.stdout.split(), result.stdout + result.stderr
     # the layout is the one named: what the innermost namespace sees of its parent
@@ -193,8 +208,17 @@ def test_the_uid_shim_gives_the_host_ids_in_every_layout(login_node, layout):
 def test_an_automatic_namespace_without_the_user_is_refused_with_a_hint(login_node):
     """No uid of such a container is the user's on the host: munge vouches for a subordinate uid, so
     slurmctld refuses whatever the request says (the shim cannot, and must not, get it through)."""
-    result = login_node("run", "--rm", "--slurm", "--userns=auto", BUILT,
-                        "sh", "-c", "cat /proc/self/uid_map; srun -N1 true", check=False)
+    result = login_node(
+        "run",
+        "--rm",
+        "--slurm",
+        "--userns=auto",
+        BUILT,
+        "sh",
+        "-c",
+        "cat /proc/self/uid_map; srun -N1 true",
+        check=False,
+    )
     assert result.returncode != 0, result.stdout
     assert result.stdout.split()[:2] == ["0", "1"], result.stdout  # the user (0 of podman's) is not mapped
     assert "Invalid user id" in result.stderr, result.stderr

@@ -72,8 +72,10 @@ def assert_nothing_left(hpc, directory: Path, listened: list[int]) -> None:
 def test_a_4x2_mpi_cluster_runs_px_cells_and_stop_leaves_nothing(base_kernel, squashed_base, stack):
     kernel = base_kernel
     before = cluster_dirs(squashed_base)
-    cell = kernel.execute(f"cluster = %podman_hpc cluster start --nodes 4 --tasks-per-node 2 --time 10 "
-                          f"--module openmpi-pmix {MPI_ENV} {stack.base_image}")
+    cell = kernel.execute(
+        f"cluster = %podman_hpc cluster start --nodes 4 --tasks-per-node 2 --time 10 "
+        f"--module openmpi-pmix {MPI_ENV} {stack.base_image}"
+    )
     assert cell.ok, cell.show()
     assert "8/8 engines registered" in cell.stdout, cell.show()
     assert "engines, job " in cell.stdout.splitlines()[-1] and "%%px runs on them" in cell.stdout, cell.show()
@@ -81,15 +83,19 @@ def test_a_4x2_mpi_cluster_runs_px_cells_and_stop_leaves_nothing(base_kernel, sq
     listened = ports(directory)
     assert listened and all(listening(port) for port in listened)
 
-    cell = kernel.execute("%%px\n"
-                          "import os\n"
-                          "from mpi4py import MPI\n"
-                          "total = MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank, op=MPI.SUM)\n"
-                          "node = os.environ['SLURMD_NODENAME']\n")
+    cell = kernel.execute(
+        "%%px\n"
+        "import os\n"
+        "from mpi4py import MPI\n"
+        "total = MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank, op=MPI.SUM)\n"
+        "node = os.environ['SLURMD_NODENAME']\n"
+    )
     assert cell.ok, cell.show()
-    cell = kernel.execute("rc = cluster.client()\n"
-                          "view = rc[:]\n"
-                          "(sorted(rc.ids), view.pull('total', block=True), sorted(set(view.pull('node', block=True))))")
+    cell = kernel.execute(
+        "rc = cluster.client()\n"
+        "view = rc[:]\n"
+        "(sorted(rc.ids), view.pull('total', block=True), sorted(set(view.pull('node', block=True))))"
+    )
     assert cell.ok, cell.show()
     ids, totals, nodes = eval(cell.result["text/plain"])  # noqa: S307 - lists of ints and str
     assert ids == list(range(8)) and totals == [28] * 8
@@ -133,9 +139,10 @@ def test_a_kernel_killed_with_sigkill_leaves_nothing(squashed_base, stack, tmp_p
         os.kill(session.km.provisioner.process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         # the watchdog writes the record's state last, once the job and the controller are gone
-        while (queued(squashed_base, job_id) or any(owner_alive(record(directory)[part])
-                                                   for part in ("controller", "watchdog"))) \
-                and time.monotonic() < deadline:
+        while (
+            queued(squashed_base, job_id)
+            or any(owner_alive(record(directory)[part]) for part in ("controller", "watchdog"))
+        ) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert_nothing_left(squashed_base, directory, listened)
 
@@ -151,7 +158,7 @@ def test_the_sweep_stops_what_a_killed_kernel_and_watchdog_left(squashed_base, s
         for token in (data["watchdog"], data["owner"]):
             os.kill(int(token.split(":")[0]), signal.SIGKILL)
         time.sleep(1)
-        assert owner_alive(data["controller"]) and queued(squashed_base, data["job_id"])   # left behind
+        assert owner_alive(data["controller"]) and queued(squashed_base, data["job_id"])  # left behind
         swept = sweep(directory.parent, client=SlurmClient(env=squashed_base.env))
         assert swept == [data["cluster_id"]]
         deadline = time.monotonic() + 60
@@ -165,8 +172,9 @@ def without_ipyparallel(squashed_base, stack):
     """An image with python3 but without ipyparallel, in the squashed store."""
     ref = "localhost/jph-tests/no-ipyparallel:1"
     containerfile = squashed_base.work / "Containerfile.no-ipp"
-    containerfile.write_text(f"FROM {stack.base_image}\n"
-                             "RUN rm -rf /usr/local/lib/python3.11/dist-packages/ipyparallel*\n")
+    containerfile.write_text(
+        f"FROM {stack.base_image}\nRUN rm -rf /usr/local/lib/python3.11/dist-packages/ipyparallel*\n"
+    )
     squashed_base("build", "--tls-verify=false", "-t", ref, "-f", containerfile, squashed_base.work)
     squashed_base("migrate", ref)
     squashed_base.wipe_local_storage()  # the build pulled the base image: the store's tests expect it squashed only
@@ -186,13 +194,14 @@ def test_bad_input_gives_one_line_and_leaves_nothing_running(base_kernel, squash
     words, expected = BAD[case]
     no_ipp = request.getfixturevalue("without_ipyparallel") if "{no_ipp}" in words else ""
     before = cluster_dirs(squashed_base)
-    cell = base_kernel.execute("%podman_hpc cluster start --time 5 " + words.format(base=stack.base_image,
-                                                                                     no_ipp=no_ipp))
+    cell = base_kernel.execute(
+        "%podman_hpc cluster start --time 5 " + words.format(base=stack.base_image, no_ipp=no_ipp)
+    )
     text = short_error(cell)
     assert expected in text and len(text.splitlines()) == 1, text
     started = [d for d in cluster_dirs(squashed_base) if d not in before]
     assert len(started) == (1 if case == "no ipyparallel" else 0)
-    for directory in started:   # the job it submitted ended, and nothing of it runs
+    for directory in started:  # the job it submitted ended, and nothing of it runs
         data = record(directory)
         assert data["state"] == "stopped" and not owner_alive(data["controller"]), data
         assert not queued(squashed_base, data["job_id"]), data

@@ -10,11 +10,24 @@ from tests.helpers.server_extension import events, finished
 
 
 async def test_every_endpoint_needs_authentication(jp_fetch, server_hpc):
-    for method, path in (("GET", "images"), ("POST", "images/pull"), ("GET", "jobs"), ("POST", "jobs"),
-                         ("GET", "kernels"), ("GET", "config"), ("GET", "tasks")):
-        response = await jp_fetch("podman-hpc", "api", *path.split("/"), method=method, raise_error=False,
-                                  headers={"Authorization": "token wrong"},
-                                  body="{}" if method == "POST" else None)
+    for method, path in (
+        ("GET", "images"),
+        ("POST", "images/pull"),
+        ("GET", "jobs"),
+        ("POST", "jobs"),
+        ("GET", "kernels"),
+        ("GET", "config"),
+        ("GET", "tasks"),
+    ):
+        response = await jp_fetch(
+            "podman-hpc",
+            "api",
+            *path.split("/"),
+            method=method,
+            raise_error=False,
+            headers={"Authorization": "token wrong"},
+            body="{}" if method == "POST" else None,
+        )
         assert response.code in (401, 403), (method, path, response.code)
 
 
@@ -80,9 +93,16 @@ async def test_pull_streams_progress_and_squashes(api, server_hpc, stack):
 
 
 async def test_build_from_text_and_from_a_file_in_the_root(api, server_hpc, stack, jp_root_dir):
-    status, task = await api("POST", "images/build", body={
-        "containerfile": f"FROM {stack.tiny_image}\nARG WORD\nRUN echo $WORD > /word\n",
-        "tag": "localhost/tests/server-build:1", "build_args": {"WORD": "hello"}, "squash": True})
+    status, task = await api(
+        "POST",
+        "images/build",
+        body={
+            "containerfile": f"FROM {stack.tiny_image}\nARG WORD\nRUN echo $WORD > /word\n",
+            "tag": "localhost/tests/server-build:1",
+            "build_args": {"WORD": "hello"},
+            "squash": True,
+        },
+    )
     assert status == 202
     done = await finished(api, task)
     assert done["state"] == "succeeded", done
@@ -92,23 +112,32 @@ async def test_build_from_text_and_from_a_file_in_the_root(api, server_hpc, stac
     (jp_root_dir / "proj").mkdir()
     (jp_root_dir / "proj" / "data.txt").write_text("from the context\n")
     (jp_root_dir / "proj" / "Containerfile").write_text(f"FROM {stack.tiny_image}\nCOPY data.txt /data.txt\n")
-    status, task = await api("POST", "images/build", body={"path": "proj/Containerfile",
-                                                          "tag": "localhost/tests/server-build:2"})
+    status, task = await api(
+        "POST", "images/build", body={"path": "proj/Containerfile", "tag": "localhost/tests/server-build:2"}
+    )
     assert status == 202
     assert (await finished(api, task))["state"] == "succeeded"
 
 
 async def test_a_failed_build_reports_its_step(api, server_hpc, stack):
-    status, task = await api("POST", "images/build", body={
-        "containerfile": f"FROM {stack.tiny_image}\nRUN echo about to fail && false\n",
-        "tag": "localhost/tests/server-fail:1"})
+    status, task = await api(
+        "POST",
+        "images/build",
+        body={
+            "containerfile": f"FROM {stack.tiny_image}\nRUN echo about to fail && false\n",
+            "tag": "localhost/tests/server-fail:1",
+        },
+    )
     done = await finished(api, task)
     assert done["state"] == "failed" and "RUN echo about to fail && false" in done["error"]
 
 
 async def test_a_running_build_can_be_cancelled(api, server_hpc, stack):
-    status, task = await api("POST", "images/build", body={
-        "containerfile": f"FROM {stack.tiny_image}\nRUN sleep 120\n", "tag": "localhost/tests/server-cancel:1"})
+    status, task = await api(
+        "POST",
+        "images/build",
+        body={"containerfile": f"FROM {stack.tiny_image}\nRUN sleep 120\n", "tag": "localhost/tests/server-cancel:1"},
+    )
     for _ in range(60):
         _, body = await api("GET", "tasks", task["id"])
         if any("STEP 2/2" in line for line in body["log"]) or (body["progress"] or {}).get("current") == 2:
@@ -131,10 +160,18 @@ async def test_bad_input_is_refused_with_a_message_and_starts_nothing(api, serve
 
 
 async def test_jobs_preview_submit_status_logs_and_cancel(api, server_hpc, stack, job_root):
-    env = {k: server_hpc.env[k] for k in ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT",
-                                          "PODMANHPC_CONFIG_HOME")}
-    spec = {"image": stack.tiny_image, "command": ["sh", "-c", "echo rank $SLURM_PROCID"], "nodes": 2,
-            "tasks_per_node": 2, "time": "00:05:00", "environment": env}
+    env = {
+        k: server_hpc.env[k]
+        for k in ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME")
+    }
+    spec = {
+        "image": stack.tiny_image,
+        "command": ["sh", "-c", "echo rank $SLURM_PROCID"],
+        "nodes": 2,
+        "tasks_per_node": 2,
+        "time": "00:05:00",
+        "environment": env,
+    }
     status, preview = await api("POST", "jobs", body=spec, params={"preview": "1"})
     assert status == 200 and "podman-hpc shared-run" in preview["script"] and "srun" in preview["script"]
     assert list(job_root.iterdir()) == []  # a preview writes nothing
@@ -165,12 +202,16 @@ async def test_jobs_preview_submit_status_logs_and_cancel(api, server_hpc, stack
     assert status == 404
 
 
-async def test_a_notebook_job_gives_its_output_notebook_with_the_parameters(api, server_hpc, squashed_base, stack,
-                                                                            job_root, jp_root_dir, monkeypatch):
+async def test_a_notebook_job_gives_its_output_notebook_with_the_parameters(
+    api, server_hpc, squashed_base, stack, job_root, jp_root_dir, monkeypatch
+):
     import nbformat
+
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("size = 1", metadata={"tags": ["parameters"]}),
-                      nbformat.v4.new_code_cell("print('size', size)")]
+    notebook.cells = [
+        nbformat.v4.new_code_cell("size = 1", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("print('size', size)"),
+    ]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, str(jp_root_dir / "Sized.ipynb"))
     keys = ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME")
@@ -212,8 +253,11 @@ async def test_unsquashed_images_are_refused_for_jobs(api, server_hpc):
 
 
 async def test_kernels_install_list_remove(api, server_hpc, stack):
-    status, kernel = await api("POST", "kernels", body={"image": stack.base_image, "display_name": "Base (test)",
-                                                        "modules": ["home"], "name": "test-base"})
+    status, kernel = await api(
+        "POST",
+        "kernels",
+        body={"image": stack.base_image, "display_name": "Base (test)", "modules": ["home"], "name": "test-base"},
+    )
     assert status == 201 and kernel["name"] == "test-base"
     _, listed = await api("GET", "kernels")
     assert [k["name"] for k in listed["kernels"]] == ["test-base"]
@@ -225,8 +269,11 @@ async def test_kernels_install_list_remove(api, server_hpc, stack):
 
 async def test_jobs_are_found_again_by_a_new_server(api, server_hpc, stack, jp_serverapp):
     from jupyter_podman_hpc.server.backend import Backend
-    env = {k: server_hpc.env[k] for k in ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT",
-                                          "PODMANHPC_CONFIG_HOME")}
+
+    env = {
+        k: server_hpc.env[k]
+        for k in ("SQUASH_DIR", "PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME")
+    }
     status, job = await api("POST", "jobs", body={"image": stack.tiny_image, "command": ["true"], "environment": env})
     assert status == 201
     fresh = Backend(jp_serverapp.web_app.settings["podman_hpc_backend"].settings, jp_serverapp.root_dir)

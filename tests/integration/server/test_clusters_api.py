@@ -9,17 +9,23 @@ STORE_VARS = ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HO
 
 
 async def test_a_running_cluster_is_listed_with_its_engines_and_stopped_by_the_server(
-        api, squashed_base, stack, job_root, monkeypatch):
+    api, squashed_base, stack, job_root, monkeypatch
+):
     for key in STORE_VARS:
         monkeypatch.setenv(key, squashed_base.env[key])
-    cluster = await asyncio.to_thread(Cluster.start, stack.base_image, nodes=2, time="10",
-                                      partition=stack.partition, root=job_root)
+    cluster = await asyncio.to_thread(
+        Cluster.start, stack.base_image, nodes=2, time="10", partition=stack.partition, root=job_root
+    )
     try:
         status, body = await api("GET", "clusters")
         assert status == 200, body
         [found] = body["clusters"]
         assert (found["id"], found["job_id"], found["engines"], found["registered"]) == (
-            cluster.id, cluster.job_id, 2, 2), found
+            cluster.id,
+            cluster.job_id,
+            2,
+            2,
+        ), found
         assert found["state"] == "running" and found["job_state"] == "RUNNING" and found["nodes"] == 2
 
         status, body = await api("DELETE", "clusters", cluster.id)

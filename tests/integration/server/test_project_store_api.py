@@ -37,9 +37,11 @@ async def test_writes_into_a_store_the_user_cannot_write_are_403(api, read_only_
     assert tiny["store"] == str(read_only_store) and tiny["squashed"] and not tiny["local"]
 
     expected = f"cannot write to the image store {read_only_store}: "
-    for method, path, payload in (("POST", ("images", "squash"), {"image": stack.tiny_image}),
-                                  ("POST", ("images", "pull"), {"image": stack.tiny_image}),
-                                  ("DELETE", ("images", "squashed", stack.tiny_image), None)):
+    for method, path, payload in (
+        ("POST", ("images", "squash"), {"image": stack.tiny_image}),
+        ("POST", ("images", "pull"), {"image": stack.tiny_image}),
+        ("DELETE", ("images", "squashed", stack.tiny_image), None),
+    ):
         status, body = await api(method, *path, body=payload)
         assert status == 403, (path, status, body)
         assert body["message"].startswith(expected) and "only its owner" in body["message"], body

@@ -35,17 +35,34 @@ c.Spawner.notebook_dir = {notebooks!r}
 
 def server_jobs(user: str) -> list[tuple[str, str, str]]:
     """The user's hub server jobs in the queue: (job id, state, node list)."""
-    out = run(["squeue", "--noheader", "--user", user, "--name", f"jupyterhub-{user}",
-               "--format", "%i %T %N"]).stdout
-    return [tuple(line.split(maxsplit=2)) if len(line.split()) == 3 else (*line.split(), "")
-            for line in out.splitlines() if line.strip()]
+    out = run(["squeue", "--noheader", "--user", user, "--name", f"jupyterhub-{user}", "--format", "%i %T %N"]).stdout
+    return [
+        tuple(line.split(maxsplit=2)) if len(line.split()) == 3 else (*line.split(), "")
+        for line in out.splitlines()
+        if line.strip()
+    ]
 
 
 def install_kernel(hub: Hub, site_venv: Path, image: str, name: str, display_name: str, *extra: str) -> None:
     """The user installs a container kernel with the site environment's CLI, into the Jupyter
     path the user's server reads (docs/operators/site.md)."""
-    run([site_venv / "bin" / "jupyter", "podman-hpc", "kernel", "install", image, "--name", name,
-         "--display-name", display_name, "--prefix", hub.root / "prefix", *extra], env=hub.env)
+    run(
+        [
+            site_venv / "bin" / "jupyter",
+            "podman-hpc",
+            "kernel",
+            "install",
+            image,
+            "--name",
+            name,
+            "--display-name",
+            display_name,
+            "--prefix",
+            hub.root / "prefix",
+            *extra,
+        ],
+        env=hub.env,
+    )
 
 
 def start_hub(*, stack, squashed, site_venv: Path, chp: str) -> Hub:
@@ -60,22 +77,43 @@ def start_hub(*, stack, squashed, site_venv: Path, chp: str) -> Hub:
     # its own (podman-hpc's variables), and Jupyter directories of its own on the scratch
     server_env = {name: squashed.env[name] for name in ENGINE_VARS}
     server_env["PODMANHPC_SQUASH_UNPACK_DIR"] = squashed.env["PODMANHPC_SQUASH_UNPACK_DIR"]
-    server_env.update(JUPYTER_PATH=str(root / "prefix/share/jupyter"), JUPYTER_DATA_DIR=str(root / "data"),
-                      JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"),
-                      JUPYTER_PLATFORM_DIRS="0")
-    (root / "jupyterhub_config.py").write_text(TEST_CONFIG.format(
-        example=str(EXAMPLE), hub_setup=hub_setup.config(), password=password, user=user, server_env=server_env,
-        notebooks=str(root / "notebooks")))
-    env = {key: value for key, value in squashed.env.items()
-           if not key.startswith("JUPYTER") and key not in ENGINE_VARS}
-    env.update(PATH=f"{site_venv}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-               JPH_HUB_NODE_IP="127.0.0.1", JPH_HUB_PARTITION=stack.partition, JPH_HUB_RUNTIME="0:30:00")
+    server_env.update(
+        JUPYTER_PATH=str(root / "prefix/share/jupyter"),
+        JUPYTER_DATA_DIR=str(root / "data"),
+        JUPYTER_RUNTIME_DIR=str(root / "runtime"),
+        JUPYTER_CONFIG_DIR=str(root / "config"),
+        JUPYTER_PLATFORM_DIRS="0",
+    )
+    (root / "jupyterhub_config.py").write_text(
+        TEST_CONFIG.format(
+            example=str(EXAMPLE),
+            hub_setup=hub_setup.config(),
+            password=password,
+            user=user,
+            server_env=server_env,
+            notebooks=str(root / "notebooks"),
+        )
+    )
+    env = {
+        key: value for key, value in squashed.env.items() if not key.startswith("JUPYTER") and key not in ENGINE_VARS
+    }
+    env.update(
+        PATH=f"{site_venv}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        JPH_HUB_NODE_IP="127.0.0.1",
+        JPH_HUB_PARTITION=stack.partition,
+        JPH_HUB_RUNTIME="0:30:00",
+    )
     env.pop("PYTHONPATH", None)
     log = root / "hub.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([str(site_venv / "bin" / "jupyterhub"), "-f", str(root / "jupyterhub_config.py")],
-                                   cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [str(site_venv / "bin" / "jupyterhub"), "-f", str(root / "jupyterhub_config.py")],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     hub = Hub(hub_setup.url, hub_setup.token, user, password, root, log, env)
     hub.process = process  # type: ignore[attr-defined]
     wait_http(f"{hub.url}/hub/api", 120, process, log)
@@ -85,7 +123,7 @@ def start_hub(*, stack, squashed, site_venv: Path, chp: str) -> Hub:
 def stop_hub(hub: Hub) -> None:
     """Stop the user's server if one runs, then the hub; cancel a server job left in the queue."""
     _, model = hub.api("GET", f"/users/{hub.user}")
-    if (model.get("servers") or {}):
+    if model.get("servers") or {}:
         try:
             hub.stop_server()
         except AssertionError:

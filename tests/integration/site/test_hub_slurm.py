@@ -73,10 +73,14 @@ def test_node_profile_runs_the_server_as_a_slurm_job(hub, squashed_base, stack, 
     status, specs = http("GET", f"{user_url}/api/kernelspecs", hub.token)
     assert status == 200 and specs["kernelspecs"][KERNEL]["spec"]["display_name"] == "Base image (site)", specs
     kernel_id, out, first_reply = _first_reply(
-        hub, user_url, "import os, sys; print('os', open('/etc/os-release').read()); print('exe', sys.executable)")
+        hub, user_url, "import os, sys; print('os', open('/etc/os-release').read()); print('exe', sys.executable)"
+    )
     assert "VERSION_CODENAME=bookworm" in out, out
-    hub.timings.update(node_server_ready_s=round(server_ready, 2), node_first_reply_s=round(first_reply, 2),
-                       node_start_to_reply_s=round(time.monotonic() - started, 2))
+    hub.timings.update(
+        node_server_ready_s=round(server_ready, 2),
+        node_first_reply_s=round(first_reply, 2),
+        node_start_to_reply_s=round(time.monotonic() - started, 2),
+    )
     # its container is on the job's node, in the node's own storage (its /tmp)
     assert _node_containers(squashed_base, node, job_id) == [f"podman-hpc-kernel-{kernel_id}"]
     assert f"podman-hpc-kernel-{kernel_id}" not in squashed_base("ps", "--all", "--format", "{{.Names}}").stdout
@@ -84,8 +88,9 @@ def test_node_profile_runs_the_server_as_a_slurm_job(hub, squashed_base, stack, 
     # (the stack's nodes share one process table: ps shows every node's processes)
     ps = squashed_base.srun("--jobid", job_id, "--overlap", "-N1", "-n1", "ps", "-u", hub.user, "-o", "args=").stdout
     bin_ = f"{site_venv}/bin"
-    assert f"{bin_}/python {bin_}/batchspawner-singleuser {bin_}/jupyterhub-singleuser --ip=127.0.0.1" \
-        in ps.splitlines(), ps
+    assert (
+        f"{bin_}/python {bin_}/batchspawner-singleuser {bin_}/jupyterhub-singleuser --ip=127.0.0.1" in ps.splitlines()
+    ), ps
     watcher = f"{site_venv}/bin/python -m jupyter_podman_hpc.kernels.orphans "
     assert any(line.startswith(watcher) and f"podman-hpc-kernel-{kernel_id}" in line for line in ps.splitlines()), ps
 
@@ -94,12 +99,14 @@ def test_node_profile_runs_the_server_as_a_slurm_job(hub, squashed_base, stack, 
     assert status == 201, python
     port = hub.url.rsplit(":", 1)[1]
     ws_url = f"ws://127.0.0.1:{port}/user/{hub.user}/api/kernels/{python['id']}/channels"
-    code = ("%load_ext jupyter_podman_hpc\n"
-            f"cluster = %podman_hpc cluster start --nodes 2 --time 10 {stack.base_image}\n"
-            "import os\n"
-            "print('engine nodes', sorted(set(cluster.client()[:].apply_sync("
-            "lambda: __import__('os').environ['SLURMD_NODENAME']))))\n"
-            "%podman_hpc cluster stop\n")
+    code = (
+        "%load_ext jupyter_podman_hpc\n"
+        f"cluster = %podman_hpc cluster start --nodes 2 --time 10 {stack.base_image}\n"
+        "import os\n"
+        "print('engine nodes', sorted(set(cluster.client()[:].apply_sync("
+        "lambda: __import__('os').environ['SLURMD_NODENAME']))))\n"
+        "%podman_hpc cluster stop\n"
+    )
     reply, out = asyncio.run(execute_over_websocket(ws_url, hub.token, code, timeout=240))
     assert reply["status"] == "ok", f"{reply}\n{out}"
     assert "2/2 engines registered" in out and "Stopped cluster " in out, out
@@ -126,12 +133,16 @@ def test_login_profile_runs_the_server_on_the_hub_host(hub, squashed_base, stack
     assert server_jobs(hub.user) == []
     kernel_id, out, first_reply = _first_reply(hub, user_url, "print('os', open('/etc/os-release').read())")
     assert "VERSION_CODENAME=bookworm" in out, out
-    hub.timings.update(login_server_ready_s=round(server_ready, 2), login_first_reply_s=round(first_reply, 2),
-                       login_start_to_reply_s=round(time.monotonic() - started, 2))
+    hub.timings.update(
+        login_server_ready_s=round(server_ready, 2),
+        login_first_reply_s=round(first_reply, 2),
+        login_start_to_reply_s=round(time.monotonic() - started, 2),
+    )
     assert f"podman-hpc-kernel-{kernel_id}" in squashed_base("ps", "--all", "--format", "{{.Names}}").stdout
     hub.stop_server()
-    wait_container_gone(squashed_base, f"podman-hpc-kernel-{kernel_id}", 60,
-                        "the login-node kernel's container outlived its server")
+    wait_container_gone(
+        squashed_base, f"podman-hpc-kernel-{kernel_id}", 60, "the login-node kernel's container outlived its server"
+    )
     print(json.dumps(hub.timings))
 
 

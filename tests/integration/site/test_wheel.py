@@ -24,8 +24,12 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _tracked(*paths: str) -> list[str]:
-    out = subprocess.run(["git", "-C", str(CHECKOUT), "-c", f"safe.directory={CHECKOUT}", "ls-files", "--", *paths],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "-c", f"safe.directory={CHECKOUT}", "ls-files", "--", *paths],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return out.split()
 
 
@@ -41,16 +45,24 @@ def installed(stack, wheelhouse, tmp_path_factory):
         script.chmod(0o755)
     venv = root / "venv"
     env = {key: value for key, value in os.environ.items() if not key.startswith(("JUPYTER", "PIP_"))}
-    env.update(PATH=f"{venv}/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-               # no pip configuration of this machine: the wheelhouse is the only source
-               PIP_CONFIG_FILE=os.devnull, JUPYTER_PLATFORM_DIRS="1",
-               HOME=str(root / "home"), XDG_CONFIG_HOME=str(root / "home" / ".config"))
+    env.update(
+        PATH=f"{venv}/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        # no pip configuration of this machine: the wheelhouse is the only source
+        PIP_CONFIG_FILE=os.devnull,
+        JUPYTER_PLATFORM_DIRS="1",
+        HOME=str(root / "home"),
+        XDG_CONFIG_HOME=str(root / "home" / ".config"),
+    )
     env["PYTHONSAFEPATH"] = "1"  # `python -c` would import the checkout from the current directory
     run(["/usr/bin/python3", "-m", "venv", venv], env=env, cwd=root)
     # the commands of docs/operators/site.md, "Install from the wheel"
     trapped = {**env, "PATH": f"{trap}:{env['PATH']}"}
-    run([venv / "bin" / "pip", "install", "--no-index", "--find-links", wheelhouse, "jupyter-podman-hpc"],
-        env=trapped, cwd=root, timeout=600)
+    run(
+        [venv / "bin" / "pip", "install", "--no-index", "--find-links", wheelhouse, "jupyter-podman-hpc"],
+        env=trapped,
+        cwd=root,
+        timeout=600,
+    )
     return venv, env, calls
 
 
@@ -63,8 +75,9 @@ def _site_packages(venv: Path) -> Path:
 def test_installs_offline_without_npm_and_not_editable(installed, wheelhouse):
     venv, env, calls = installed
     assert not calls.exists(), f"the install ran a build tool: {calls.read_text()}"
-    assert [p.name for p in wheelhouse.glob("jupyter_podman_hpc-*")] == \
-        [p.name for p in wheelhouse.glob("jupyter_podman_hpc-*.whl")], "the wheelhouse holds a source archive"
+    assert [p.name for p in wheelhouse.glob("jupyter_podman_hpc-*")] == [
+        p.name for p in wheelhouse.glob("jupyter_podman_hpc-*.whl")
+    ], "the wheelhouse holds a source archive"
     where = run([venv / "bin" / "python", "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"], env=env).stdout
     assert Path(where.strip()).is_relative_to(_site_packages(venv)), where
     dist_info = list(_site_packages(venv).glob("jupyter_podman_hpc-*.dist-info"))

@@ -17,11 +17,12 @@ from tests.helpers.hpc import store_env
 
 pytestmark = pytest.mark.slow
 
-TASK_SCHEDULER_PORTS = (3, 11)   # the task scheduler's engine and client ports, in ipyparallel 9's order of a block
+TASK_SCHEDULER_PORTS = (3, 11)  # the task scheduler's engine and client ports, in ipyparallel 9's order of a block
 
 
-def test_a_controller_whose_scheduler_cannot_listen_fails_the_start_in_one_line(squashed_base, stack, root,
-                                                                               monkeypatch):
+def test_a_controller_whose_scheduler_cannot_listen_fails_the_start_in_one_line(
+    squashed_base, stack, root, monkeypatch
+):
     """What a port taken between ipyparallel's choice and its scheduler's bind did in a fresh-clone run:
     the task scheduler died, the controller served on without it and the start waited for engines until
     the notebook's timeout. The taken port is made here by holding it; the start now says why, at once,
@@ -36,9 +37,15 @@ def test_a_controller_whose_scheduler_cannot_listen_fails_the_start_in_one_line(
             holder.bind(("127.0.0.1", block[index]))
             holder.listen()
         with pytest.raises(ClusterError) as raised:
-            Cluster.start(stack.base_image, nodes=2, time="5", root=root, timeout=300,
-                          client=SlurmClient(env=squashed_base.env),
-                          environment=store_env(squashed_base))
+            Cluster.start(
+                stack.base_image,
+                nodes=2,
+                time="5",
+                root=root,
+                timeout=300,
+                client=SlurmClient(env=squashed_base.env),
+                environment=store_env(squashed_base),
+            )
     finally:
         for holder in holders:
             holder.close()

@@ -32,8 +32,16 @@ def submit_and_wait(spec, root, **kwargs):
 @pytest.mark.parametrize("mode", ["podman-exec", "per-process"])
 def test_a_job_of_4_nodes_by_2_tasks_runs_every_rank_inside_the_image(squashed_base, stack, root, mode):
     command = ["sh", "-c", 'echo "rank=$SLURM_PROCID node=$SLURMD_NODENAME $(grep VERSION_CODENAME /etc/os-release)"']
-    spec = JobSpec(image=stack.base_image, command=command, nodes=4, tasks_per_node=2, time="10:00",
-                   partition=stack.partition, environment=store_env(squashed_base), mode=mode)
+    spec = JobSpec(
+        image=stack.base_image,
+        command=command,
+        nodes=4,
+        tasks_per_node=2,
+        time="10:00",
+        partition=stack.partition,
+        environment=store_env(squashed_base),
+        mode=mode,
+    )
     job, status, events = submit_and_wait(spec, root)
     assert status.state == "COMPLETED" and status.exit_code == 0, (status, job.batch_log(), job.logs("err"))
     assert status.nodes == stack.nodes
@@ -52,23 +60,33 @@ def test_a_job_of_4_nodes_by_2_tasks_runs_every_rank_inside_the_image(squashed_b
 
 
 def test_the_script_runs_as_written_with_sbatch_from_a_terminal(squashed_tiny, stack, root):
-    spec = JobSpec(image=stack.tiny_image, command=["sh", "-c", "echo by-hand-$SLURM_PROCID"], nodes=2,
-                   tasks_per_node=1, environment=store_env(squashed_tiny))
+    spec = JobSpec(
+        image=stack.tiny_image,
+        command=["sh", "-c", "echo by-hand-$SLURM_PROCID"],
+        nodes=2,
+        tasks_per_node=1,
+        environment=store_env(squashed_tiny),
+    )
     job, status, _ = submit_and_wait(spec, root)
     assert status.state == "COMPLETED"
     for rank in (0, 1):
         (job.directory / f"rank-{rank}.out").unlink()
     # A login shell with a bare PATH (no virtual environment): sbatch and the script alone.
-    terminal_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ["HOME"], "USER": stack.user,
-                    "SLURM_CONF": str(stack.slurm_conf)}
+    terminal_env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ["HOME"],
+        "USER": stack.user,
+        "SLURM_CONF": str(stack.slurm_conf),
+    }
     run(["sbatch", "--wait", str(job.directory / "job.sh")], env=terminal_env, cwd="/", timeout=TIMEOUT)
     assert job.logs() == {0: "by-hand-0\n", 1: "by-hand-1\n"}
 
 
 def test_a_failing_rank_fails_the_job_with_its_exit_code(squashed_tiny, stack, root):
     command = ["sh", "-c", 'if [ "$SLURM_PROCID" = 5 ]; then echo failing >&2; exit 3; fi; echo fine']
-    spec = JobSpec(image=stack.tiny_image, command=command, nodes=4, tasks_per_node=2,
-                   environment=store_env(squashed_tiny))
+    spec = JobSpec(
+        image=stack.tiny_image, command=command, nodes=4, tasks_per_node=2, environment=store_env(squashed_tiny)
+    )
     job, status, _ = submit_and_wait(spec, root)
     assert (status.state, status.exit_code) == ("FAILED", 3), status
     assert status.describe().startswith(f"job {job.id} FAILED (exit code 3) on n[1-4]")
@@ -81,8 +99,13 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(squashed_tiny, stack, r
 
 def test_cancel_stops_the_job_and_leaves_nothing_on_any_node(squashed_tiny, stack, root):
     hpc = squashed_tiny
-    spec = JobSpec(image=stack.tiny_image, command=["sh", "-c", "echo started; exec sleep 300"], nodes=4,
-                   tasks_per_node=2, environment=store_env(hpc))
+    spec = JobSpec(
+        image=stack.tiny_image,
+        command=["sh", "-c", "echo started; exec sleep 300"],
+        nodes=4,
+        tasks_per_node=2,
+        environment=store_env(hpc),
+    )
     job = Job.submit(spec, root)
     try:
         with pytest.raises(JobTimeout, match=f"job {job.id} is still (PENDING|RUNNING) after 1 s"):
@@ -109,8 +132,9 @@ def write_notebook(path):
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [
         nbformat.v4.new_markdown_cell("# Every rank runs this notebook"),
-        nbformat.v4.new_code_cell("import os\nrank = int(os.environ['SLURM_PROCID'])\n"
-                                  "size = int(os.environ['SLURM_NTASKS'])"),
+        nbformat.v4.new_code_cell(
+            "import os\nrank = int(os.environ['SLURM_PROCID'])\nsize = int(os.environ['SLURM_NTASKS'])"
+        ),
         nbformat.v4.new_code_cell("%time squares = sum(i * i for i in range(rank + 1))"),
         nbformat.v4.new_code_cell("!echo shell-{rank}"),
         nbformat.v4.new_code_cell("print(f'notebook rank {rank} of {size}: {squares}')"),
@@ -122,12 +146,12 @@ def write_notebook(path):
 
 def test_a_notebook_at_scale_gives_each_rank_s_output(squashed_base, stack, root):
     notebook = write_notebook(root / "Analysis.ipynb")
-    spec = JobSpec(image=stack.base_image, notebook=str(notebook), nodes=4, tasks_per_node=2,
-                   environment=store_env(squashed_base))
+    spec = JobSpec(
+        image=stack.base_image, notebook=str(notebook), nodes=4, tasks_per_node=2, environment=store_env(squashed_base)
+    )
     job, status, _ = submit_and_wait(spec, root / "jobs")
     assert status.state == "COMPLETED", (status, job.logs("err"), job.batch_log())
-    assert {"Analysis.ipynb", "nbrunner.py", "out", "job.sh", "job.json"} <= {
-        p.name for p in job.directory.iterdir()}
+    assert {"Analysis.ipynb", "nbrunner.py", "out", "job.sh", "job.json"} <= {p.name for p in job.directory.iterdir()}
     assert (job.directory / "out" / "Analysis.out.ipynb").is_file()
     logs = job.logs()
     assert sorted(logs) == list(range(8))
@@ -144,9 +168,17 @@ def test_mpi_allreduce_over_4_nodes_by_2_ranks(squashed_base, stack, root, mode)
         "from mpi4py import MPI\n"
         "comm = MPI.COMM_WORLD\n"
         "total = comm.allreduce(comm.Get_rank() + 1, op=MPI.SUM)\n"
-        "print(f'rank {comm.Get_rank()} of {comm.Get_size()}: sum {total}')\n")
-    spec = JobSpec(image=stack.base_image, python_script=str(program), nodes=4, tasks_per_node=2,
-                   modules=["openmpi-pmix"], environment={**store_env(squashed_base), **MPI_ENV}, mode=mode)
+        "print(f'rank {comm.Get_rank()} of {comm.Get_size()}: sum {total}')\n"
+    )
+    spec = JobSpec(
+        image=stack.base_image,
+        python_script=str(program),
+        nodes=4,
+        tasks_per_node=2,
+        modules=["openmpi-pmix"],
+        environment={**store_env(squashed_base), **MPI_ENV},
+        mode=mode,
+    )
     job, status, _ = submit_and_wait(spec, root / "jobs")
     assert "srun --mpi=pmix" in job.script
     assert status.state == "COMPLETED", (status, job.logs("err"), job.batch_log())
@@ -154,8 +186,16 @@ def test_mpi_allreduce_over_4_nodes_by_2_ranks(squashed_base, stack, root, mode)
 
 
 def test_jobs_are_found_again_from_a_fresh_process(squashed_tiny, stack, root):
-    specs = [JobSpec(image=stack.tiny_image, command=["echo", word], nodes=1, environment=store_env(squashed_tiny),
-                     job_name=f"find-{word}") for word in ("first", "second")]
+    specs = [
+        JobSpec(
+            image=stack.tiny_image,
+            command=["echo", word],
+            nodes=1,
+            environment=store_env(squashed_tiny),
+            job_name=f"find-{word}",
+        )
+        for word in ("first", "second")
+    ]
     jobs = [Job.submit(spec, root) for spec in specs]
     program = (
         "import json, sys\n"
@@ -165,7 +205,8 @@ def test_jobs_are_found_again_from_a_fresh_process(squashed_tiny, stack, root):
         "found.wait(timeout=300)\n"
         "listed = Job.list(root)\n"
         "print(json.dumps({'found': [found.id, str(found.directory), found.logs()],\n"
-        "                  'listed': [[j.id, j.spec.job_name, j.status().state] for j in listed]}))\n")
+        "                  'listed': [[j.id, j.spec.job_name, j.status().state] for j in listed]}))\n"
+    )
     result = run([sys.executable, "-c", program, str(root), jobs[1].id], timeout=TIMEOUT + 60)
     seen = json.loads(result.stdout)
     assert seen["found"] == [jobs[1].id, str(jobs[1].directory), {"0": "second\n"}]
@@ -176,8 +217,9 @@ def test_jobs_are_found_again_from_a_fresh_process(squashed_tiny, stack, root):
 
 
 def test_slurm_s_refusals_are_errors_with_its_message_and_leave_no_directory(stack, root, squashed_tiny):
-    spec = JobSpec(image=stack.tiny_image, command=["true"], partition="no-such-partition",
-                   environment=store_env(squashed_tiny))
+    spec = JobSpec(
+        image=stack.tiny_image, command=["true"], partition="no-such-partition", environment=store_env(squashed_tiny)
+    )
     with pytest.raises(SlurmError, match="(?i)invalid partition"):
         Job.submit(spec, root)
     assert list(root.iterdir()) == []
@@ -197,10 +239,25 @@ def test_partitions_for_the_ui(stack):
 
 def test_the_batch_script_is_what_sbatch_accepts_for_every_option(stack, root):
     """sbatch --test-only checks the script's directives without running anything."""
-    spec = JobSpec(image=stack.tiny_image, command=["true"], nodes=2, tasks_per_node=4, cpus_per_task=2,
-                   time="1-00:00:00", partition=stack.partition, job_name="test-only",
-                   extra_directives=["--mem=100M", "--comment=ok", "--mail-type=END,FAIL", "--signal=B:USR1@60",
-                                     "--exclusive", "--requeue", "--nice=10"])
+    spec = JobSpec(
+        image=stack.tiny_image,
+        command=["true"],
+        nodes=2,
+        tasks_per_node=4,
+        cpus_per_task=2,
+        time="1-00:00:00",
+        partition=stack.partition,
+        job_name="test-only",
+        extra_directives=[
+            "--mem=100M",
+            "--comment=ok",
+            "--mail-type=END,FAIL",
+            "--signal=B:USR1@60",
+            "--exclusive",
+            "--requeue",
+            "--nice=10",
+        ],
+    )
     script = root / "job.sh"
     script.write_text(Job.preview(spec, root))
     result = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
@@ -209,8 +266,14 @@ def test_the_batch_script_is_what_sbatch_accepts_for_every_option(stack, root):
 
 def test_cancel_in_per_process_mode_leaves_nothing_either(squashed_tiny, stack, root):
     hpc = squashed_tiny
-    spec = JobSpec(image=stack.tiny_image, command=["sh", "-c", "echo started; exec sleep 120"], nodes=4,
-                   tasks_per_node=2, environment=store_env(hpc), mode="per-process")
+    spec = JobSpec(
+        image=stack.tiny_image,
+        command=["sh", "-c", "echo started; exec sleep 120"],
+        nodes=4,
+        tasks_per_node=2,
+        environment=store_env(hpc),
+        mode="per-process",
+    )
     job = Job.submit(spec, root)
     try:
         deadline = time.monotonic() + TIMEOUT

@@ -11,19 +11,26 @@ from jupyter_podman_hpc.slurm import Job
 from jupyter_podman_hpc.slurm.notebook import describe_progress
 from tests.integration.slurm.notebooks import TIMEOUT, executed, notebook_file, notebook_spec
 
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
 
 
 def test_a_2_node_notebook_comes_back_executed_with_its_parameters(squashed_base, stack, root):
-    path = notebook_file(root / "Study.ipynb", [
-        "greeting = 'default'\nrepeat = 1",
-        "import os\nprint('ntasks', os.environ['SLURM_NTASKS'])",
-        f"from IPython.display import Image, display\ndisplay(Image(data={PNG!r}))",
-        "%%time\ntotal = sum(range(10_000))",
-        "print(greeting * repeat)",
-    ], tags={0: "parameters"})
-    job = Job.submit(notebook_spec(stack, squashed_base, path, parameters={"greeting": "'hello '", "repeat": "2"}),
-                     root / "jobs")
+    path = notebook_file(
+        root / "Study.ipynb",
+        [
+            "greeting = 'default'\nrepeat = 1",
+            "import os\nprint('ntasks', os.environ['SLURM_NTASKS'])",
+            f"from IPython.display import Image, display\ndisplay(Image(data={PNG!r}))",
+            "%%time\ntotal = sum(range(10_000))",
+            "print(greeting * repeat)",
+        ],
+        tags={0: "parameters"},
+    )
+    job = Job.submit(
+        notebook_spec(stack, squashed_base, path, parameters={"greeting": "'hello '", "repeat": "2"}), root / "jobs"
+    )
     status = job.wait(timeout=TIMEOUT, poll_interval=0.5)
     assert (status.state, status.exit_code) == ("COMPLETED", 0), (status, job.logs("err"), job.batch_log())
     cells = executed(job).cells
@@ -41,12 +48,15 @@ def test_a_2_node_notebook_comes_back_executed_with_its_parameters(squashed_base
 
 
 def test_a_cell_raising_on_rank_1_only_fails_the_job_and_is_marked_with_its_traceback(squashed_base, stack, root):
-    path = notebook_file(root / "Uneven.ipynb", [
-        "import os\nrank = int(os.environ['SLURM_PROCID'])",
-        "print('second on', rank)",
-        "if rank == 1:\n    raise RuntimeError('only rank 1 fails here')\nprint('third on', rank)",
-        "print('fourth on', rank)",
-    ])
+    path = notebook_file(
+        root / "Uneven.ipynb",
+        [
+            "import os\nrank = int(os.environ['SLURM_PROCID'])",
+            "print('second on', rank)",
+            "if rank == 1:\n    raise RuntimeError('only rank 1 fails here')\nprint('third on', rank)",
+            "print('fourth on', rank)",
+        ],
+    )
     job = Job.submit(notebook_spec(stack, squashed_base, path), root / "jobs")
     status = job.wait(timeout=TIMEOUT, poll_interval=0.5)
     assert (status.state, status.exit_code) == ("FAILED", 1), (status, job.batch_log())
@@ -59,16 +69,18 @@ def test_a_cell_raising_on_rank_1_only_fails_the_job_and_is_marked_with_its_trac
     assert third.metadata.podman_hpc.rank_errors[0]["rank"] == 1
     assert notebook.cells[3].outputs[0].text == "fourth on 0\n"  # rank 0 went on
     assert notebook.metadata.podman_hpc.state == "failed" and notebook.metadata.podman_hpc.exit_code == 1
-    assert describe_progress(job.output_notebook()) == (
-        "cell 3 failed on rank 1: RuntimeError: only rank 1 fails here")
+    assert describe_progress(job.output_notebook()) == ("cell 3 failed on rank 1: RuntimeError: only rank 1 fails here")
 
 
 def test_a_cancelled_notebook_keeps_its_completed_cells_and_marks_the_running_one(squashed_base, stack, root):
-    path = notebook_file(root / "Long.ipynb", [
-        "print('first done')",
-        "import time\nprint('second started', flush=True)\ntime.sleep(300)",
-        "print('never')",
-    ])
+    path = notebook_file(
+        root / "Long.ipynb",
+        [
+            "print('first done')",
+            "import time\nprint('second started', flush=True)\ntime.sleep(300)",
+            "print('never')",
+        ],
+    )
     job = Job.submit(notebook_spec(stack, squashed_base, path), root / "jobs")
     try:
         deadline = time.monotonic() + TIMEOUT

@@ -15,10 +15,19 @@ import deepcam  # noqa: E402
 from common import BenchError  # noqa: E402
 
 
-def line(rank: int, first_line: float, first_iter: float, end: float, first_loss: float = 1.0,
-         last_loss: float = 0.5, checksum: float = 2000.0) -> str:
-    return (f"DEEPCAM rank={rank} first_line={first_line:.6f} first_iter={first_iter:.6f} end={end:.6f} "
-            f"first_loss={first_loss:.6f} last_loss={last_loss:.6f} checksum={checksum:.6f}")
+def line(
+    rank: int,
+    first_line: float,
+    first_iter: float,
+    end: float,
+    first_loss: float = 1.0,
+    last_loss: float = 0.5,
+    checksum: float = 2000.0,
+) -> str:
+    return (
+        f"DEEPCAM rank={rank} first_line={first_line:.6f} first_iter={first_iter:.6f} end={end:.6f} "
+        f"first_loss={first_loss:.6f} last_loss={last_loss:.6f} checksum={checksum:.6f}"
+    )
 
 
 def test_phases_end_at_the_slowest_ranks_milestones():
@@ -32,12 +41,15 @@ def test_phases_end_at_the_slowest_ranks_milestones():
     assert phases.step == 14.0
 
 
-@pytest.mark.parametrize("out, message", [
-    (line(0, 1, 2, 3), r"ranks \[0\] reported, not 0-1"),
-    (line(0, 1, 2, 3) + "\n" + line(0, 1, 2, 3), r"ranks \[0, 0\] reported, not 0-1"),  # rank 0 twice
-    (line(0, 1, 2, 3) + "\n" + line(1, 1, 2, 3, checksum=2001.0), "trained weights differ"),
-    (line(0, 1, 2, 3, last_loss=1.0) + "\n" + line(1, 1, 2, 3, last_loss=1.0), "loss did not go down"),
-])
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        (line(0, 1, 2, 3), r"ranks \[0\] reported, not 0-1"),
+        (line(0, 1, 2, 3) + "\n" + line(0, 1, 2, 3), r"ranks \[0, 0\] reported, not 0-1"),  # rank 0 twice
+        (line(0, 1, 2, 3) + "\n" + line(1, 1, 2, 3, checksum=2001.0), "trained weights differ"),
+        (line(0, 1, 2, 3, last_loss=1.0) + "\n" + line(1, 1, 2, 3, last_loss=1.0), "loss did not go down"),
+    ],
+)
 def test_a_run_that_did_not_train_on_every_rank_gives_no_number(out, message):
     with pytest.raises(BenchError, match=message):
         deepcam.phases(out, started=0.0, step=4.0, ranks=2, label="t")

@@ -36,13 +36,12 @@ SCRIPT = """\
 
 def test_the_command_and_the_nodes_programs_with_their_lifetimes():
     programs = podman_phases.parse(SCRIPT, roots={50})
-    rows = [(p.name, p.pid, round(p.start - 10, 3), None if p.end is None else round(p.end - 10, 3))
-            for p in programs]
+    rows = [(p.name, p.pid, round(p.start - 10, 3), None if p.end is None else round(p.end - 10, 3)) for p in programs]
     assert rows == [
         ("runuser", 100, 0.0, None),
-        ("podman", 101, 0.003, 0.095),      # its last thread's exit ends it
-        ("conmon", 102, 0.05, 0.09),        # the daemonized child runs on in conmon's program
-        ("runc", 104, 0.054, 0.06),         # ended by its own next exec
+        ("podman", 101, 0.003, 0.095),  # its last thread's exit ends it
+        ("conmon", 102, 0.05, 0.09),  # the daemonized child runs on in conmon's program
+        ("runc", 104, 0.054, 0.06),  # ended by its own next exec
         ("runc init", 104, 0.06, 0.07),
         ("true", 104, 0.07, 0.071),
         ("slurmstepd", 51, 0.097, None),

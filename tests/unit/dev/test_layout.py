@@ -14,8 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "dev"))
 from stacklib import layout  # noqa: E402
 
 
-@pytest.mark.parametrize("value, count", [(None, 4), ("", 4), ("16", 16), (" 1 ", 1),
-                                          ("n1 n2 n3 n4", 4), ("n1", 1)])
+@pytest.mark.parametrize("value, count", [(None, 4), ("", 4), ("16", 16), (" 1 ", 1), ("n1 n2 n3 n4", 4), ("n1", 1)])
 def test_a_count_or_the_names_env_exports(value, count):
     assert layout.requested_node_count(value) == count
 

@@ -26,12 +26,17 @@ def served() -> set[tuple[str, str]]:
 
 def documented(paths: dict) -> set[tuple[str, str]]:
     """(path with each ``{name}`` as ``{}``, method) for every operation of the document."""
-    return {(re.sub(r"\{[^}]*\}", "{}", path), method)
-            for path, item in paths.items() for method in METHODS if method in item}
+    return {
+        (re.sub(r"\{[^}]*\}", "{}", path), method)
+        for path, item in paths.items()
+        for method in METHODS
+        if method in item
+    }
 
 
 def undeclared_parameters(paths: dict, components: dict) -> list[str]:
     """``path method name`` of each ``{name}`` in a path that neither the path nor the operation declares."""
+
     def names(parameters: list) -> set[str]:
         resolved = [components["parameters"][p["$ref"].rsplit("/", 1)[1]] if "$ref" in p else p for p in parameters]
         return {p["name"] for p in resolved if p["in"] == "path"}

@@ -1,8 +1,14 @@
 """The podman command builder and option parsing (no podman needed)."""
 
 from jupyter_podman_hpc.engine.site.config import load_config
-from jupyter_podman_hpc.engine.podman import (Podman, group_options, option_values, parse_options, split_at_image,
-                                              split_short_flags)
+from jupyter_podman_hpc.engine.podman import (
+    Podman,
+    group_options,
+    option_values,
+    parse_options,
+    split_at_image,
+    split_short_flags,
+)
 
 HELP = """\
 Options:
@@ -28,29 +34,49 @@ def test_split_at_image_finds_the_image_after_options():
     table = parse_options(HELP)
     options, image, command = split_at_image(
         ["-e", "A=1", "--rm", "-it", "--gpu", "-v", "/a:/b", "--env=B=2", "img:1", "ls", "-e", "x"],
-        table, flags=["--gpu"])
+        table,
+        flags=["--gpu"],
+    )
     assert options == ["-e", "A=1", "--rm", "-it", "--gpu", "-v", "/a:/b", "--env=B=2"]
     assert image == "img:1" and command == ["ls", "-e", "x"]
     assert split_at_image(["--rm"], table) == (["--rm"], None, [])
 
 
 def test_group_options_pairs_flags_with_values():
-    assert group_options(["-e", "A=1", "--rm", "-w/x", "--env=B"], parse_options(HELP)) == \
-        [["-e", "A=1"], ["--rm"], ["-w/x"], ["--env=B"]]
+    assert group_options(["-e", "A=1", "--rm", "-w/x", "--env=B"], parse_options(HELP)) == [
+        ["-e", "A=1"],
+        ["--rm"],
+        ["-w/x"],
+        ["--env=B"],
+    ]
 
 
 def test_grouped_short_flags_are_split_as_podman_reads_them():
     table = {"-i": False, "-t": False, "-e": True, "-w": True}
     assert split_short_flags([["-it"], ["-eA=1"], ["-e", "B=2"], ["--tty"]], table) == [
-        ["-i"], ["-t"], ["-e", "A=1"], ["-e", "B=2"], ["--tty"]]
+        ["-i"],
+        ["-t"],
+        ["-e", "A=1"],
+        ["-e", "B=2"],
+        ["--tty"],
+    ]
 
 
 def test_option_values_read_every_spelling_podman_accepts():
     table = parse_options(HELP)
     words = ["-v", "/a:/b", "-v/c:/d", "-v=/e:/f", "--volume=/g:/h", "-iv", "/i:/j", "-it", "-eX=1", "--rm"]
     assert option_values(words, table) == [
-        ("-v", "/a:/b"), ("-v", "/c:/d"), ("-v", "/e:/f"), ("--volume", "/g:/h"), ("-i", ""), ("-v", "/i:/j"),
-        ("-i", ""), ("-t", ""), ("-e", "X=1"), ("--rm", "")]
+        ("-v", "/a:/b"),
+        ("-v", "/c:/d"),
+        ("-v", "/e:/f"),
+        ("--volume", "/g:/h"),
+        ("-i", ""),
+        ("-v", "/i:/j"),
+        ("-i", ""),
+        ("-t", ""),
+        ("-e", "X=1"),
+        ("--rm", ""),
+    ]
     assert split_at_image([*words, "img", "-v", "/x:/y"], table)[1:] == ("img", ["-v", "/x:/y"])
 
 
@@ -96,4 +122,4 @@ def test_builders_for_remove_exec_and_help():
     assert podman.exec_command("c", ["ls", "-l"], ["-e", "A=1"])[-6:] == ["exec", "-e", "A=1", "c", "ls", "-l"]
     assert podman.help_command("run") == ["/x/podman", "run", "--help"]
     assert podman.help_command() == ["/x/podman", "--help"]
-    assert podman.remove_containers() is None        # nothing to remove: podman is not run
+    assert podman.remove_containers() is None  # nothing to remove: podman is not run

@@ -5,8 +5,15 @@ from jupyter_podman_hpc.engine.text import human_bytes, image_rows, text_table, 
 
 
 def test_human_bytes():
-    assert [human_bytes(n) for n in (0, 999, 1000, 1_084_004, 136_749_269, 5 * 10**12, None)] == \
-        ["0 B", "999 B", "1.0 kB", "1.1 MB", "136.7 MB", "5.0 TB", "?"]
+    assert [human_bytes(n) for n in (0, 999, 1000, 1_084_004, 136_749_269, 5 * 10**12, None)] == [
+        "0 B",
+        "999 B",
+        "1.0 kB",
+        "1.1 MB",
+        "136.7 MB",
+        "5.0 TB",
+        "?",
+    ]
 
 
 def test_text_table_aligns_columns_and_drops_trailing_blanks():
@@ -17,8 +24,15 @@ def test_text_table_aligns_columns_and_drops_trailing_blanks():
 
 
 def test_image_rows_one_row_per_name_and_shadowed_names_marked():
-    image = ImageInfo(id="c" * 64, names=["localhost/a:1", "localhost/a:2"], size=1_500_000,
-                      created="2026-11-30T20:27:12+00:00", local=True, squashed=True, shadowed=["localhost/a:2"])
+    image = ImageInfo(
+        id="c" * 64,
+        names=["localhost/a:1", "localhost/a:2"],
+        size=1_500_000,
+        created="2026-11-30T20:27:12+00:00",
+        local=True,
+        squashed=True,
+        shadowed=["localhost/a:2"],
+    )
     header, first, second = image_rows([image])
     assert header[0] == "REPOSITORY:TAG" and len(header) == 6
     assert first == ("localhost/a:1", "cccccccccccc", "2026-11-30 20:27:12", "1.5 MB", "yes", "local + squashed")

@@ -19,8 +19,14 @@ def test_a_start_request_sets_the_connection_file_cwd_and_env(tmp_path, monkeypa
     work.mkdir()
     path = tmp_path / "runtime" / "kernel-1.json"  # not shared with the container: a private copy
     info = {"shell_port": 1, "key": "k", "transport": "tcp", "ip": "127.0.0.1"}
-    request = {"connection_file": str(path), "connection_info": info, "cwd": str(work),
-               "env": {"JPY_SESSION_NAME": "nb.ipynb"}, "unset": ["STALE"], "argv": ["-f", str(path)]}
+    request = {
+        "connection_file": str(path),
+        "connection_info": info,
+        "cwd": str(work),
+        "env": {"JPY_SESSION_NAME": "nb.ipynb"},
+        "unset": ["STALE"],
+        "argv": ["-f", str(path)],
+    }
     monkeypatch.setenv("JPY_SESSION_NAME", "before")
     argv = boot.receive(io.StringIO(json.dumps(request) + "\n"))
     assert argv == ["-f", str(path)]
@@ -33,8 +39,12 @@ def test_a_shared_connection_file_is_used_as_it_is(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "kernel-2.json"
     path.write_text('{"key": "from the host"}')
-    request = {"connection_file": str(path), "connection_info": {"key": "other"}, "cwd": str(tmp_path),
-               "argv": ["-f", str(path)]}
+    request = {
+        "connection_file": str(path),
+        "connection_info": {"key": "other"},
+        "cwd": str(tmp_path),
+        "argv": ["-f", str(path)],
+    }
     boot.receive(io.StringIO(json.dumps(request) + "\n"))
     assert json.loads(path.read_text()) == {"key": "from the host"}
 

@@ -24,8 +24,10 @@ def test_kernel_json_runs_the_image_ipykernel_through_the_provisioner():
     assert spec["display_name"] == f"Python (podman-hpc: {IMAGE})"
     assert spec["interrupt_mode"] == "message"
     provisioner = spec["metadata"]["kernel_provisioner"]
-    assert provisioner == {"provisioner_name": PROVISIONER_NAME,
-                           "config": {"image": IMAGE, "modules": ["gpu"], "podman_args": ["--shm-size=1g"]}}
+    assert provisioner == {
+        "provisioner_name": PROVISIONER_NAME,
+        "config": {"image": IMAGE, "modules": ["gpu"], "podman_args": ["--shm-size=1g"]},
+    }
 
 
 def test_install_writes_a_standard_kernelspec_with_logo(prefix):
@@ -63,8 +65,9 @@ def test_user_install_goes_to_the_jupyter_data_dir(tmp_path, monkeypatch):
 def test_invalid_names_are_refused(prefix, name):
     with pytest.raises(KernelSpecError, match="invalid kernel name"):
         kernelspec.install(IMAGE, name=name, prefix=prefix)
-    assert not (prefix / "share" / "jupyter" / "kernels").exists() or \
-        not list((prefix / "share" / "jupyter" / "kernels").iterdir())
+    assert not (prefix / "share" / "jupyter" / "kernels").exists() or not list(
+        (prefix / "share" / "jupyter" / "kernels").iterdir()
+    )
 
 
 @pytest.mark.parametrize("name", ["a", "base-1.0_x", "0", "x" * 128])
@@ -123,9 +126,15 @@ def test_reinstall_replaces_in_place(prefix):
 def test_other_kernels_are_neither_listed_nor_replaced_nor_removed(prefix):
     other = prefix / "share" / "jupyter" / "kernels" / "python-local"
     other.mkdir(parents=True)
-    (other / "kernel.json").write_text(json.dumps(
-        {"argv": ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-         "display_name": "Python", "language": "python"}))
+    (other / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python",
+                "language": "python",
+            }
+        )
+    )
     assert kernelspec.list_kernels(prefix) == []
     with pytest.raises(KernelSpecError, match="not a podman-hpc kernel"):
         kernelspec.install(IMAGE, name="python-local", prefix=prefix)
@@ -183,21 +192,32 @@ def test_unwritable_location_is_a_message(tmp_path):
         locked.chmod(0o700)
 
 
-@pytest.mark.parametrize("text, why", [
-    ('{"argv": ["python3"', "is not valid JSON (line 1, column 20): fix or remove it"),
-    ("[1, 2]", "is not a JSON object: fix or remove it"),
-    (json.dumps({"metadata": {"kernel_provisioner": {"provisioner_name": "podman-hpc-provisioner",
-                                                      "config": "nonsense"}}}),
-     ": metadata.kernel_provisioner.config is not an object: install it again"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ('{"argv": ["python3"', "is not valid JSON (line 1, column 20): fix or remove it"),
+        ("[1, 2]", "is not a JSON object: fix or remove it"),
+        (
+            json.dumps(
+                {
+                    "metadata": {
+                        "kernel_provisioner": {"provisioner_name": "podman-hpc-provisioner", "config": "nonsense"}
+                    }
+                }
+            ),
+            ": metadata.kernel_provisioner.config is not an object: install it again",
+        ),
+    ],
+)
 def test_a_broken_kernelspec_is_one_problem_and_the_others_are_listed(prefix, text, why):
     kernelspec.install(IMAGE, name="good", prefix=prefix)
     broken = kernelspec.install(IMAGE, name="broken", prefix=prefix)
     (Path(broken.path) / "kernel.json").write_text(text)
     problems = []
     assert [k.name for k in kernelspec.list_kernels(prefix, problems)] == ["good"]
-    assert len(problems) == 1 and problems[0].startswith(f"kernelspec {broken.path}/kernel.json") and \
-        why in problems[0], problems
+    assert (
+        len(problems) == 1 and problems[0].startswith(f"kernelspec {broken.path}/kernel.json") and why in problems[0]
+    ), problems
     assert [k.name for k in kernelspec.list_kernels(prefix)] == ["good"]  # without a list: still no error
     assert kernelspec.install(IMAGE, name="broken", prefix=prefix).image == IMAGE  # the retry replaces it
     assert [k.name for k in kernelspec.list_kernels(prefix, problems)] == ["broken", "good"]
@@ -228,8 +248,9 @@ def _missing(kernel):
     return "kernel.json: No such file or directory"
 
 
-@pytest.mark.parametrize("make_untrusted", [_group_writable_file, _group_writable_directory,
-                                            _link_into_a_shared_directory, _missing])
+@pytest.mark.parametrize(
+    "make_untrusted", [_group_writable_file, _group_writable_directory, _link_into_a_shared_directory, _missing]
+)
 def test_only_a_kernelspec_nobody_else_could_write_may_start_by_itself(prefix, make_untrusted):
     own = kernelspec.install(IMAGE, name="own", prefix=prefix)
     assert kernelspec.check_trusted(own.path) == Path(own.path) / "kernel.json"

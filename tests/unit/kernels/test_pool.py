@@ -39,8 +39,14 @@ class Site:
         ready = threading.Event()
         if not self.exit_at_once:
             ready.set()
-        return pools.Pooled(name, process, collections.deque(), threading.Thread(target=lambda: None), ready,
-                            ("/home/u", "/srv/notebooks"))
+        return pools.Pooled(
+            name,
+            process,
+            collections.deque(),
+            threading.Thread(target=lambda: None),
+            ready,
+            ("/home/u", "/srv/notebooks"),
+        )
 
     def remove(self, names) -> None:
         for name in names:
@@ -140,8 +146,14 @@ def container(tmp_path, monkeypatch) -> KernelContainer:
     monkeypatch.setenv("PODMANHPC_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("HOME", str(tmp_path))
     podman = Podman(load_config(os.environ), os.environ)
-    return KernelContainer(podman, "localhost/base:1", [], spec_argv=["python3", "-m", "ipykernel_launcher"],
-                           spec_env={"MY_VAR": "1"}, pass_env=["JPY_*"])
+    return KernelContainer(
+        podman,
+        "localhost/base:1",
+        [],
+        spec_argv=["python3", "-m", "ipykernel_launcher"],
+        spec_env={"MY_VAR": "1"},
+        pass_env=["JPY_*"],
+    )
 
 
 def test_the_adoption_request_carries_the_connection_the_cwd_and_the_passed_environment(tmp_path, monkeypatch):
@@ -151,10 +163,13 @@ def test_the_adoption_request_carries_the_connection_the_cwd_and_the_passed_envi
     cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection_file)]
     env = {"MY_VAR": "value", "JPY_SESSION_NAME": "nb", "SECRET": "x", "JPY_PARENT_PID": "7"}
     request = pools.adoption_request(kernel, "", cmd, env, str(tmp_path), logging.getLogger("test"))
-    assert request == {"connection_file": str(connection_file), "connection_info": {"shell_port": 5},
-                       "cwd": str(tmp_path), "env": {"HOME": str(tmp_path), "JPY_SESSION_NAME": "nb",
-                                                     "MY_VAR": "value"},
-                       "argv": ["-f", str(connection_file)]}
+    assert request == {
+        "connection_file": str(connection_file),
+        "connection_info": {"shell_port": 5},
+        "cwd": str(tmp_path),
+        "env": {"HOME": str(tmp_path), "JPY_SESSION_NAME": "nb", "MY_VAR": "value"},
+        "argv": ["-f", str(connection_file)],
+    }
 
 
 def test_an_unreadable_connection_file_means_no_adoption(tmp_path, monkeypatch, caplog):
@@ -167,8 +182,9 @@ def test_an_unreadable_connection_file_means_no_adoption(tmp_path, monkeypatch, 
 
 def test_a_pooled_container_reads_its_request_on_its_stdin():
     process = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    entry = pools.Pooled("c0", process, collections.deque(), threading.Thread(target=lambda: None),
-                         threading.Event(), ())
+    entry = pools.Pooled(
+        "c0", process, collections.deque(), threading.Thread(target=lambda: None), threading.Event(), ()
+    )
     assert entry.hand_over({"argv": ["-f", "k.json"]})
     assert json.loads(process.stdout.read()) == {"argv": ["-f", "k.json"]}
     process.wait()

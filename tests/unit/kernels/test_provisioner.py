@@ -34,10 +34,10 @@ def site(tmp_path, monkeypatch):
 
 def make(image=IMAGE, env=None, **config):
     spec_dict = kernelspec.kernel_json(image)
-    spec = KernelSpec(argv=spec_dict["argv"], display_name="x", language="python",
-                      env=env or {}, interrupt_mode="message")
-    provisioner = PodmanHPCProvisioner(kernel_id="abc-123", kernel_spec=spec, parent=None,
-                                       image=image, **config)
+    spec = KernelSpec(
+        argv=spec_dict["argv"], display_name="x", language="python", env=env or {}, interrupt_mode="message"
+    )
+    provisioner = PodmanHPCProvisioner(kernel_id="abc-123", kernel_spec=spec, parent=None, image=image, **config)
     provisioner._prepare_engine()
     provisioner.container_name = "podman-hpc-kernel-abc-123"
     provisioner.connection_info = {"transport": "tcp", "ip": "127.0.0.1", "hb_port": 1}
@@ -66,7 +66,7 @@ def test_the_kernel_runs_with_podman_hpc_run_semantics(site):
     assert f"additionalimagestore={site / 'squash'}" in argv  # the squashed store
     options = options_of(argv)
     # ipykernel_launcher becomes our boot program (mounted read-only), same arguments
-    assert argv[argv.index(IMAGE) + 1:] == ["python3", BOOT_IN_CONTAINER, "-f", "/tmp/kernel-abc.json"]
+    assert argv[argv.index(IMAGE) + 1 :] == ["python3", BOOT_IN_CONTAINER, "-f", "/tmp/kernel-abc.json"]
     for flag in ("--rm", "--init", "--replace"):
         assert flag in options
     assert pairs(options, "--name") == ["podman-hpc-kernel-abc-123"]
@@ -88,8 +88,17 @@ def test_the_kernel_runs_with_podman_hpc_run_semantics(site):
 
 def test_kernelspec_env_is_passed_and_parent_pid_is_not(site):
     provisioner = make(env={"MY_VAR": "1"})
-    argv, env = provisioner.build_command(CMD, {"MY_VAR": "value", "JPY_PARENT_PID": "77", "JPY_API_TOKEN": "t",
-                                                "JPY_SESSION_NAME": "nb", "KERNEL_USERNAME": "u"}, None)
+    argv, env = provisioner.build_command(
+        CMD,
+        {
+            "MY_VAR": "value",
+            "JPY_PARENT_PID": "77",
+            "JPY_API_TOKEN": "t",
+            "JPY_SESSION_NAME": "nb",
+            "KERNEL_USERNAME": "u",
+        },
+        None,
+    )
     passed = pairs(options_of(argv), "--env")
     assert "MY_VAR" in passed and env["MY_VAR"] == "value"
     assert "JPY_PARENT_PID" not in passed and "JPY_API_TOKEN" not in passed
@@ -185,18 +194,20 @@ def test_start_errors_are_engine_errors_without_web_types():
     assert str(error) == "image X has no ipykernel: install it or choose another image"
 
 
-@pytest.mark.parametrize("code, stderr, expected", [
-    (125, ["Error: 127.0.0.1:5000/jph/base:bookworm: image not known"], "is not on this node"),
-    (1, ["/usr/bin/python3: No module named ipykernel_launcher"], "has no ipykernel: install it or choose"),
-    (127, ['Error: runc: exec: "python3": executable file not found in $PATH'], "(python3 is not in the image)"),
-    (1, ["ERROR (catatonit:6): failed to exec pid1: No such file or directory"], "(python3 is not in the image)"),
-    (126, ["Error: creating /etc/mtab symlink: operation not supported"], "set keep_id to false"),
-    (3, ["Traceback ...", "ValueError: boom"], "exited before the kernel started: ValueError: boom"),
-    (3, [], "exit code 3"),
-])
+@pytest.mark.parametrize(
+    "code, stderr, expected",
+    [
+        (125, ["Error: 127.0.0.1:5000/jph/base:bookworm: image not known"], "is not on this node"),
+        (1, ["/usr/bin/python3: No module named ipykernel_launcher"], "has no ipykernel: install it or choose"),
+        (127, ['Error: runc: exec: "python3": executable file not found in $PATH'], "(python3 is not in the image)"),
+        (1, ["ERROR (catatonit:6): failed to exec pid1: No such file or directory"], "(python3 is not in the image)"),
+        (126, ["Error: creating /etc/mtab symlink: operation not supported"], "set keep_id to false"),
+        (3, ["Traceback ...", "ValueError: boom"], "exited before the kernel started: ValueError: boom"),
+        (3, [], "exit code 3"),
+    ],
+)
 def test_early_exits_are_explained(site, code, stderr, expected):
     provisioner = make()
     provisioner._program = "python3"
     message = provisioner.explain_exit(code, stderr)
     assert expected in message and IMAGE in message
-

@@ -8,11 +8,19 @@ from jupyter_podman_hpc.engine.text import text_table
 from jupyter_podman_hpc.magics.core import MagicError
 from jupyter_podman_hpc.magics.display import ImageList, KernelList
 
-IMAGES = ImageList([
-    ImageInfo(id="a" * 64, names=["localhost/one:1", "localhost/one:latest"], size=12_345_678,
-              created="2026-11-30T20:27:12+00:00", local=True, squashed=True),
-    ImageInfo(id="b" * 64, names=[], size=999, created="2026-11-29T10:00:00+00:00", local=True, squashed=False),
-])
+IMAGES = ImageList(
+    [
+        ImageInfo(
+            id="a" * 64,
+            names=["localhost/one:1", "localhost/one:latest"],
+            size=12_345_678,
+            created="2026-11-30T20:27:12+00:00",
+            local=True,
+            squashed=True,
+        ),
+        ImageInfo(id="b" * 64, names=[], size=999, created="2026-11-29T10:00:00+00:00", local=True, squashed=False),
+    ]
+)
 
 
 def test_images_as_text_html_and_records():
@@ -38,8 +46,11 @@ def test_empty_tables():
 
 def test_a_magic_error_renders_as_its_message():
     error = MagicError("unrecognized arguments: --x", "usage: %podman_hpc images [TEXT]")
-    assert error._render_traceback_() == ["podman-hpc: error: unrecognized arguments: --x", "",
-                                          "usage: %podman_hpc images [TEXT]"]
+    assert error._render_traceback_() == [
+        "podman-hpc: error: unrecognized arguments: --x",
+        "",
+        "usage: %podman_hpc images [TEXT]",
+    ]
 
 
 @pytest.fixture(scope="module")

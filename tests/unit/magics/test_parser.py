@@ -13,8 +13,15 @@ def usage_error(line: str) -> MagicError:
 
 def test_build_options():
     args = parse("build -t localhost/x:1 --build-arg A=1 --build-arg B=x=y --context /ctx --squash --no-cache")
-    assert (args.command, args.tag, args.build_args, args.context, args.squash, args.no_cache, args.debug) == \
-        ("build", "localhost/x:1", [("A", "1"), ("B", "x=y")], "/ctx", True, True, False)
+    assert (args.command, args.tag, args.build_args, args.context, args.squash, args.no_cache, args.debug) == (
+        "build",
+        "localhost/x:1",
+        [("A", "1"), ("B", "x=y")],
+        "/ctx",
+        True,
+        True,
+        False,
+    )
     assert parse("build --tag x").file is None
 
 
@@ -26,9 +33,15 @@ def test_build_needs_a_tag_and_key_value_arguments():
     assert error.message == "argument --build-arg: --build-arg needs KEY=VALUE, not 'NOVALUE'"
 
 
-@pytest.mark.parametrize("line, command, image", [
-    ("pull registry/img:1", "pull", "registry/img:1"), ("squash img", "squash", "img"),
-    ("migrate img", "migrate", "img"), ("rmsqi img", "rmsqi", "img")])
+@pytest.mark.parametrize(
+    "line, command, image",
+    [
+        ("pull registry/img:1", "pull", "registry/img:1"),
+        ("squash img", "squash", "img"),
+        ("migrate img", "migrate", "img"),
+        ("rmsqi img", "rmsqi", "img"),
+    ],
+)
 def test_image_commands(line, command, image):
     args = parse(line)
     assert (args.command, args.image) == (command, image)
@@ -41,17 +54,33 @@ def test_pull_no_squash_and_images_filter():
 
 def test_run_keeps_its_words_for_the_cli_parser():
     args = parse("run --rm --gpu -e A=1 img sh -c 'echo $A; exit 2' --debug")
-    assert args.command == "run" and args.args == ["--rm", "--gpu", "-e", "A=1", "img", "sh", "-c",
-                                                   "echo $A; exit 2", "--debug"]
+    assert args.command == "run" and args.args == [
+        "--rm",
+        "--gpu",
+        "-e",
+        "A=1",
+        "img",
+        "sh",
+        "-c",
+        "echo $A; exit 2",
+        "--debug",
+    ]
     assert parse("--debug run img").debug is True
 
 
 def test_submit_with_a_command_keeps_the_command_whole():
-    args = parse("submit --nodes 4 -n 2 --time 10:00 -p debug -A m123 --module openmpi-pmix --module scratch "
-                 "--mode per-process --env A=1 --env HOME --directive=--exclusive img python3 -c 'print(1)' "
-                 "--nodes 3")
-    assert (args.nodes, args.tasks_per_node, args.time, args.partition, args.account) == (4, 2, "10:00", "debug",
-                                                                                           "m123")
+    args = parse(
+        "submit --nodes 4 -n 2 --time 10:00 -p debug -A m123 --module openmpi-pmix --module scratch "
+        "--mode per-process --env A=1 --env HOME --directive=--exclusive img python3 -c 'print(1)' "
+        "--nodes 3"
+    )
+    assert (args.nodes, args.tasks_per_node, args.time, args.partition, args.account) == (
+        4,
+        2,
+        "10:00",
+        "debug",
+        "m123",
+    )
     assert args.modules == ["openmpi-pmix", "scratch"] and args.mode == "per-process"
     assert args.env == [("A", "1"), ("HOME", None)] and args.directives == ["--exclusive"]
     assert args.image == "img" and args.argv == ["python3", "-c", "print(1)", "--nodes", "3"]
@@ -59,8 +88,10 @@ def test_submit_with_a_command_keeps_the_command_whole():
     assert parse("submit --ntasks-per-node 3 img true").tasks_per_node == 3
 
 
-@pytest.mark.parametrize("line", ["submit img --notebook nb.ipynb a b", "submit img --notebook=nb.ipynb a b",
-                                  "submit --notebook nb.ipynb img a b"])
+@pytest.mark.parametrize(
+    "line",
+    ["submit img --notebook nb.ipynb a b", "submit img --notebook=nb.ipynb a b", "submit --notebook nb.ipynb img a b"],
+)
 def test_submit_a_notebook_after_or_before_the_image(line):
     args = parse(line)
     assert (args.image, args.notebook, args.script, args.argv, args.args) == ("img", "nb.ipynb", None, [], ["a", "b"])
@@ -85,16 +116,22 @@ def test_submit_a_script_and_preview():
     assert parse("submit img -- --not-an-option").argv == ["--not-an-option"]
 
 
-@pytest.mark.parametrize("line, message", [
-    ("submit img", "give the command to run after IMAGE (or --notebook PATH, --script PATH)"),
-    ("submit --script a.py img --notebook b.ipynb", "give one of a command, --notebook and --script"),
-    ("submit img --script", "--script needs a PATH"),
-    ("submit --nodes four img true", "argument -N/--nodes: 'four' is not a whole number"),
-    ("submit --mode fast img true", "argument --mode: invalid choice: 'fast' (choose from 'podman-exec', 'per-process')"),
-    ("submit --env 1A=2 img true", "argument -e/--env: --env needs NAME=VALUE or NAME, not '1A=2'"),
-    ("logs 12x", "argument JOBID: '12x' is not a Slurm job id"),
-    ("cancel", "the following arguments are required: JOBID"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("submit img", "give the command to run after IMAGE (or --notebook PATH, --script PATH)"),
+        ("submit --script a.py img --notebook b.ipynb", "give one of a command, --notebook and --script"),
+        ("submit img --script", "--script needs a PATH"),
+        ("submit --nodes four img true", "argument -N/--nodes: 'four' is not a whole number"),
+        (
+            "submit --mode fast img true",
+            "argument --mode: invalid choice: 'fast' (choose from 'podman-exec', 'per-process')",
+        ),
+        ("submit --env 1A=2 img true", "argument -e/--env: --env needs NAME=VALUE or NAME, not '1A=2'"),
+        ("logs 12x", "argument JOBID: '12x' is not a Slurm job id"),
+        ("cancel", "the following arguments are required: JOBID"),
+    ],
+)
 def test_submit_and_job_errors(line, message):
     error = usage_error(line)
     assert error.message == message
@@ -118,8 +155,13 @@ def test_unknown_commands_and_options_show_the_usage():
 
 def test_kernel_actions():
     args = parse("kernel install img --name k1 --display-name 'My kernel' --module gpu --module home")
-    assert (args.action, args.image, args.name, args.display_name, args.modules) == \
-        ("install", "img", "k1", "My kernel", ["gpu", "home"])
+    assert (args.action, args.image, args.name, args.display_name, args.modules) == (
+        "install",
+        "img",
+        "k1",
+        "My kernel",
+        ["gpu", "home"],
+    )
     assert parse("kernel list").action == "list" and parse("kernel remove k1").name == "k1"
     assert usage_error("kernel").message == "kernel needs an action: install, list or remove"
     assert "invalid choice: 'erase'" in usage_error("kernel erase k1").message
@@ -154,8 +196,9 @@ def test_debug_anywhere_among_the_options():
 
 
 def test_cluster_start_takes_the_job_options_of_submit():
-    args = parse("cluster start --nodes 4 --tasks-per-node 2 --time 10 --module openmpi-pmix "
-                 "--env A=1 --env B reg/image:1")
+    args = parse(
+        "cluster start --nodes 4 --tasks-per-node 2 --time 10 --module openmpi-pmix --env A=1 --env B reg/image:1"
+    )
     assert (args.command, args.action, args.image) == ("cluster", "start", "reg/image:1")
     assert (args.nodes, args.tasks_per_node, args.time, args.modules) == (4, 2, "10", ["openmpi-pmix"])
     assert args.env == [("A", "1"), ("B", None)] and args.timeout == 600 and args.controller_ip == "127.0.0.1"

@@ -10,17 +10,19 @@ from jupyter_podman_hpc.engine.progress import Progress
 from jupyter_podman_hpc.magics import render
 from jupyter_podman_hpc.magics.render import TextRenderer, WidgetRenderer, widgets_enabled
 
-BUILD_OUTPUT = ("STEP 1/3: FROM busybox\n"
-                "STEP 2/3: RUN echo one && echo two\n"
-                "one\n"
-                "\n"
-                "two\n"
-                "--> 1a2b3c4d5e6\n"
-                "STEP 3/3: CMD [\"sh\"]\n"
-                "COMMIT localhost/x:1\n"
-                "--> 9f8e7d6c5b4\n"
-                "Successfully tagged localhost/x:1\n"
-                "9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e\n")
+BUILD_OUTPUT = (
+    "STEP 1/3: FROM busybox\n"
+    "STEP 2/3: RUN echo one && echo two\n"
+    "one\n"
+    "\n"
+    "two\n"
+    "--> 1a2b3c4d5e6\n"
+    'STEP 3/3: CMD ["sh"]\n'
+    "COMMIT localhost/x:1\n"
+    "--> 9f8e7d6c5b4\n"
+    "Successfully tagged localhost/x:1\n"
+    "9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e\n"
+)
 
 PULL_STREAM = [
     {"status": "Pulling fs layer", "id": "aaaaaaaaaaaa"},
@@ -36,7 +38,7 @@ PULL_STREAM = [
 
 def build_events(sink):
     log = BuildLog(sink)
-    for piece in (BUILD_OUTPUT[:17], BUILD_OUTPUT[17:60], BUILD_OUTPUT[60:]):   # chunks not on line ends
+    for piece in (BUILD_OUTPUT[:17], BUILD_OUTPUT[17:60], BUILD_OUTPUT[60:]):  # chunks not on line ends
         log.feed(piece)
     log.flush()
     sink(Progress("build", "built localhost/x:1 (9f8e7d6c5b4a)", 1, 1))
@@ -63,8 +65,11 @@ def test_text_build_prints_the_steps_and_keeps_the_log():
     build_events(renderer)
     renderer.done("Built localhost/x:1 (9f8e7d6c5b4a)")
     assert out.getvalue().splitlines() == [
-        "STEP 1/3: FROM busybox", "STEP 2/3: RUN echo one && echo two", "STEP 3/3: CMD [\"sh\"]",
-        "Built localhost/x:1 (9f8e7d6c5b4a)"]
+        "STEP 1/3: FROM busybox",
+        "STEP 2/3: RUN echo one && echo two",
+        'STEP 3/3: CMD ["sh"]',
+        "Built localhost/x:1 (9f8e7d6c5b4a)",
+    ]
     assert renderer.log_lines[:3] == ["one", "", "two"] and "Successfully tagged localhost/x:1" in renderer.log_lines
 
 
@@ -124,6 +129,7 @@ def test_widgets_show_a_bar_per_layer_and_the_squash(widget_renderer):
         if event.message == "Downloading aaaaaaaaaaaa" and event.current == 1_000_000:
             bar, label = widget_renderer.layers["aaaaaaaaaaaa"]
             seen.append((bar.value, bar.max, label.value))
+
     pull_events(sink)
     widget_renderer.done("Squashed registry/x:1 (cccccccccccc) into /store")
     widget_renderer.close()
@@ -141,7 +147,7 @@ def test_widgets_show_the_step_and_the_log(widget_renderer):
     assert widget_renderer.step.value == "<code>STEP 3/3: CMD [&quot;sh&quot;]</code>"
     assert (widget_renderer.steps.value, widget_renderer.steps.max) == (3, 3)
     assert "one\n\ntwo" in widget_renderer.log_view.value
-    assert widget_renderer.log_panel.selected_index is None      # collapsed until opened
+    assert widget_renderer.log_panel.selected_index is None  # collapsed until opened
     widget_renderer.failed("build failed", "error: <oops>")
     assert "&lt;oops&gt;" in widget_renderer.status.value and widget_renderer.steps.bar_style == "danger"
 
@@ -151,13 +157,13 @@ def test_widget_updates_are_throttled_and_the_last_one_is_kept(monkeypatch):
     renderer.throttle.interval = 3600
     for done in range(1, 101):
         renderer(Progress("squash", "squashing", done, 100))
-    assert renderer.squash_bar.value == 0.01          # the first one, then held back
+    assert renderer.squash_bar.value == 0.01  # the first one, then held back
     renderer.close()
     assert renderer.squash_bar.value == 1.0
 
 
 def test_the_first_update_passes_on_a_freshly_booted_machine(monkeypatch):
-    monkeypatch.setattr(render.time, "monotonic", lambda: 0.05)   # 50 ms after boot
+    monkeypatch.setattr(render.time, "monotonic", lambda: 0.05)  # 50 ms after boot
     renderer = WidgetRenderer("squash x", display=False)
     renderer(Progress("squash", "squashing", 1, 100))
     assert renderer.squash_bar.value == 0.01
@@ -182,17 +188,20 @@ class FakeShell:
             self.kernel = kernel
 
 
-@pytest.mark.parametrize("shell, environ, expected", [
-    (FakeShell(), {}, False),                                                      # terminal IPython
-    (FakeShell(FakeKernel({"allow_stdin": True})), {}, True),                      # JupyterLab
-    (FakeShell(FakeKernel({"allow_stdin": False})), {}, False),                    # nbclient, nbval
-    (FakeShell(FakeKernel({"code": "1"})), {}, False),                             # no flag: unknown, text
-    (FakeShell(FakeKernel(None, allow=True)), {}, True),                           # older ipykernel
-    (FakeShell(FakeKernel({"allow_stdin": True})), {"PODMAN_HPC_WIDGETS": "0"}, False),
-    (FakeShell(FakeKernel({"allow_stdin": False})), {"PODMAN_HPC_WIDGETS": "1"}, True),   # Voila
-    (FakeShell(), {"PODMAN_HPC_WIDGETS": "yes"}, True),
-    (FakeShell(FakeKernel({"allow_stdin": True})), {"PODMAN_HPC_WIDGETS": "auto"}, True),
-])
+@pytest.mark.parametrize(
+    "shell, environ, expected",
+    [
+        (FakeShell(), {}, False),  # terminal IPython
+        (FakeShell(FakeKernel({"allow_stdin": True})), {}, True),  # JupyterLab
+        (FakeShell(FakeKernel({"allow_stdin": False})), {}, False),  # nbclient, nbval
+        (FakeShell(FakeKernel({"code": "1"})), {}, False),  # no flag: unknown, text
+        (FakeShell(FakeKernel(None, allow=True)), {}, True),  # older ipykernel
+        (FakeShell(FakeKernel({"allow_stdin": True})), {"PODMAN_HPC_WIDGETS": "0"}, False),
+        (FakeShell(FakeKernel({"allow_stdin": False})), {"PODMAN_HPC_WIDGETS": "1"}, True),  # Voila
+        (FakeShell(), {"PODMAN_HPC_WIDGETS": "yes"}, True),
+        (FakeShell(FakeKernel({"allow_stdin": True})), {"PODMAN_HPC_WIDGETS": "auto"}, True),
+    ],
+)
 def test_widgets_enabled(shell, environ, expected):
     assert widgets_enabled(shell, environ) is expected
 
@@ -210,8 +219,9 @@ def test_make_renderer_follows_the_rule():
 
 def test_widgets_show_the_engines_registered_of_a_cluster(widget_renderer):
     for current in (0, 3, 8):
-        widget_renderer(Progress("cluster", f"{current}/8 engines registered (job 7 RUNNING)",
-                                 current=current, total=8))
+        widget_renderer(
+            Progress("cluster", f"{current}/8 engines registered (job 7 RUNNING)", current=current, total=8)
+        )
         if current == 3:
             widget_renderer.close()
             bar = widget_renderer.engines_bar

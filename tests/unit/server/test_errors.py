@@ -2,8 +2,14 @@
 
 import pytest
 
-from jupyter_podman_hpc.engine.errors import (Conflict, ConfigError, EngineError, ImageNotFound, PermissionDenied,
-                                              PodmanError)
+from jupyter_podman_hpc.engine.errors import (
+    Conflict,
+    ConfigError,
+    EngineError,
+    ImageNotFound,
+    PermissionDenied,
+    PodmanError,
+)
 from jupyter_podman_hpc.kernels.kernelspec import KernelNotFound
 from jupyter_podman_hpc.kernels.provisioner import KernelStartError
 from jupyter_podman_hpc.server.handlers import KernelStartFailed, http_error, http_status
@@ -13,12 +19,22 @@ from jupyter_podman_hpc.slurm.jobs import JobNotFound
 from jupyter_podman_hpc.slurm.spec import JobSpecError
 
 
-@pytest.mark.parametrize("error, status", [
-    (ImageNotFound("x"), 404), (JobNotFound("x"), 404), (KernelNotFound("x"), 404),
-    (PermissionDenied("x"), 403), (Conflict("x"), 409),
-    (JobSpecError("x"), 400), (ConfigError("x"), 400), (EngineError("x"), 400),
-    (PodmanError("x"), 502), (ServiceError("x"), 502), (SlurmError("sbatch: Invalid partition name"), 400),
-])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (ImageNotFound("x"), 404),
+        (JobNotFound("x"), 404),
+        (KernelNotFound("x"), 404),
+        (PermissionDenied("x"), 403),
+        (Conflict("x"), 409),
+        (JobSpecError("x"), 400),
+        (ConfigError("x"), 400),
+        (EngineError("x"), 400),
+        (PodmanError("x"), 502),
+        (ServiceError("x"), 502),
+        (SlurmError("sbatch: Invalid partition name"), 400),
+    ],
+)
 def test_each_kind_of_error_has_its_status(error, status):
     assert http_status(error) == status
 

@@ -59,9 +59,14 @@ def test_no_pool_starts_once_the_server_is_stopping(monkeypatch, tmp_path):
 
 
 def test_a_kernelspec_others_could_write_is_not_warmed_and_the_log_says_why(monkeypatch, tmp_path, caplog):
-    for name, where in (("PODMANHPC_GRAPH_ROOT", "graph"), ("PODMANHPC_RUN_ROOT", "run"),
-                        ("PODMANHPC_CONFIG_HOME", "config"), ("SQUASH_DIR", "squash"),
-                        ("JUPYTER_DATA_DIR", "data"), ("JUPYTER_PATH", "shared/share/jupyter")):
+    for name, where in (
+        ("PODMANHPC_GRAPH_ROOT", "graph"),
+        ("PODMANHPC_RUN_ROOT", "run"),
+        ("PODMANHPC_CONFIG_HOME", "config"),
+        ("SQUASH_DIR", "squash"),
+        ("JUPYTER_DATA_DIR", "data"),
+        ("JUPYTER_PATH", "shared/share/jupyter"),
+    ):
         monkeypatch.setenv(name, str(tmp_path / where))
     image = "127.0.0.1:5000/jph/base:bookworm"
     kernelspec.install(image, name="own", pool=1)  # the user's data dir

@@ -56,8 +56,16 @@ def test_booleans_are_json_booleans():
     assert refused(v.boolean, {"squash": "yes"}, "squash", False).message == "'squash' must be true or false"
 
 
-@pytest.mark.parametrize("value, words", [(0, "between 1 and 4, not 0"), (5, "between 1 and 4, not 5"),
-                                          (True, "whole number"), ("2", "whole number"), (1.5, "whole number")])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (0, "between 1 and 4, not 0"),
+        (5, "between 1 and 4, not 5"),
+        (True, "whole number"),
+        ("2", "whole number"),
+        (1.5, "whole number"),
+    ],
+)
 def test_integers_are_whole_numbers_in_range(value, words):
     assert words in refused(v.integer, {"nodes": value}, "nodes", low=1, high=4).message
 
@@ -73,8 +81,10 @@ def test_string_maps_hold_strings_without_newlines():
     assert v.string_map({}, "environment") == {}
     assert "newline" in refused(v.string_map, {"environment": {"A": "1\nB"}}, "environment").message
     assert "newline" in refused(v.string_map, {"environment": {"A\0": "1"}}, "environment").message
-    assert refused(v.string_map, {"parameters": {"size": 3}}, "parameters").message == \
-        "'parameters' must be an object of strings"
+    assert (
+        refused(v.string_map, {"parameters": {"size": 3}}, "parameters").message
+        == "'parameters' must be an object of strings"
+    )
     assert "object of strings" in refused(v.string_map, {"parameters": ["a"]}, "parameters").message
 
 

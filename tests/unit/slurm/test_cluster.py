@@ -7,8 +7,16 @@ from pathlib import Path
 import pytest
 
 from jupyter_podman_hpc.slurm import cluster
-from jupyter_podman_hpc.slurm.cluster import (CONTROLLER_PORTS, DEFAULT_TIME, PORTS_FLOOR, ClusterError, cluster_spec,
-                                              controller_argv, controller_ports, engine_argv)
+from jupyter_podman_hpc.slurm.cluster import (
+    CONTROLLER_PORTS,
+    DEFAULT_TIME,
+    PORTS_FLOOR,
+    ClusterError,
+    cluster_spec,
+    controller_argv,
+    controller_ports,
+    engine_argv,
+)
 from jupyter_podman_hpc.slurm.spec import JobSpecError
 
 
@@ -82,13 +90,15 @@ def test_a_block_with_a_port_in_use_is_passed_over(monkeypatch):
 
 def test_the_exception_of_a_controllers_traceback_is_its_one_line(tmp_path):
     log = tmp_path / "controller.log"
-    log.write_text("2026-12-03 07:00:00.000 [IPController] WARNING | a note\n"
-                   "Process Process-3:\n"
-                   "Traceback (most recent call last):\n"
-                   '  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap\n'
-                   "    self.run()\n"
-                   "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:20011')\n"
-                   "a later line\n")
+    log.write_text(
+        "2026-12-03 07:00:00.000 [IPController] WARNING | a note\n"
+        "Process Process-3:\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap\n'
+        "    self.run()\n"
+        "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:20011')\n"
+        "a later line\n"
+    )
     assert cluster._raised(log) == "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:20011')"
     log.write_text("2026-12-03 07:00:00.000 [IPController] WARNING | no traceback here\n")
     assert cluster._raised(log) == ""

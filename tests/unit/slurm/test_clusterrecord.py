@@ -12,9 +12,15 @@ import pytest
 
 from jupyter_podman_hpc.engine.base.processes import owner_token
 from jupyter_podman_hpc.slurm import cluster
-from jupyter_podman_hpc.slurm.clusterrecord import (ClusterError, ClusterRecord, cluster_directories,
-                                                    connection_files, host_record, publish_engine_file,
-                                                    remove_connection_files)
+from jupyter_podman_hpc.slurm.clusterrecord import (
+    ClusterError,
+    ClusterRecord,
+    cluster_directories,
+    connection_files,
+    host_record,
+    publish_engine_file,
+    remove_connection_files,
+)
 from jupyter_podman_hpc.slurm.watchdog import MODULE, _controller_log, runs_part
 
 
@@ -49,8 +55,17 @@ def test_an_earlier_versions_record_is_listed_but_gives_no_job_to_cancel(directo
     assert cluster_directories(directory.parent) == [directory]
 
 
-@pytest.mark.parametrize("change", [{"cluster_id": "../../x"}, {"job_id": "42; rm"}, {"controller": "self"},
-                                    {"engines": "2"}, {"state": "mine"}, {"host": "a/b"}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"cluster_id": "../../x"},
+        {"job_id": "42; rm"},
+        {"controller": "self"},
+        {"engines": "2"},
+        {"state": "mine"},
+        {"host": "a/b"},
+    ],
+)
 def test_a_record_with_a_field_out_of_shape_is_refused_in_one_line(directory, change):
     record().write(directory)
     path = host_record(directory)
@@ -71,8 +86,7 @@ def test_a_record_that_is_a_link_is_not_read(directory, tmp_path):
 
 def sleeper(*argv: str, session: bool = True) -> subprocess.Popen:
     """A process whose command line carries ``argv`` (after a script that sleeps)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv],
-                            start_new_session=session)
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv], start_new_session=session)
 
 
 def wait_started(process: subprocess.Popen) -> str:
@@ -91,8 +105,7 @@ def test_only_the_clusters_own_controller_and_watchdog_are_recognised(directory,
         "controller": sleeper("-m", "ipyparallel.controller", f"--profile-dir={directory}/ipython"),
         "watchdog": sleeper("-m", MODULE, "--owner", "1:1", "--dir", str(directory)),
         "other's controller": sleeper("-m", "ipyparallel.controller", f"--profile-dir={other}/ipython"),
-        "in our group": sleeper("-m", "ipyparallel.controller", f"--profile-dir={directory}/ipython",
-                                session=False),
+        "in our group": sleeper("-m", "ipyparallel.controller", f"--profile-dir={directory}/ipython", session=False),
         "a sleep": sleeper(),
     }
     try:
@@ -102,11 +115,11 @@ def test_only_the_clusters_own_controller_and_watchdog_are_recognised(directory,
         assert not runs_part(tokens["controller"], directory, "watchdog")
         assert not runs_part(tokens["watchdog"], directory, "controller")
         assert not runs_part(tokens["other's controller"], directory, "controller")
-        assert not runs_part(tokens["in our group"], directory, "controller")   # not a group of its own
+        assert not runs_part(tokens["in our group"], directory, "controller")  # not a group of its own
         assert not runs_part(tokens["a sleep"], directory, "controller")
         assert not runs_part(tokens["a sleep"], directory, "watchdog")
         pid = tokens["controller"].partition(":")[0]
-        assert not runs_part(f"{pid}:1", directory, "controller")           # another start: another process
+        assert not runs_part(f"{pid}:1", directory, "controller")  # another start: another process
         assert not runs_part("", directory, "controller")
     finally:
         for process in processes.values():
@@ -167,7 +180,7 @@ def test_a_controller_log_the_engines_replaced_is_read_as_data(directory):
         _controller_log(directory)
     log.unlink()
     os.mkfifo(log)
-    assert cluster._tail(log) == "controller.log is not a regular file: not read"   # at once: nothing writes
+    assert cluster._tail(log) == "controller.log is not a regular file: not read"  # at once: nothing writes
     with pytest.raises(ClusterError, match="controller.log is not a regular file: the controller was not started"):
         _controller_log(directory)
     log.unlink()

@@ -8,13 +8,18 @@ from jupyter_podman_hpc.slurm.jobs import Job, JobError, JobRecord
 from tests.helpers.slurm_standin import StandInSlurm, submit
 
 
-@pytest.mark.parametrize("damage, why", [
-    (lambda text: text[:len(text) // 2], "is not valid JSON (line "),
-    (lambda text: "", "is not valid JSON (line 1, column 1)"),
-    (lambda text: '{"id": "x", "spec": "nonsense", "submitted": "now"}', "has a malformed spec or run"),
-    (lambda text: text.replace('"script": "job.sh"', '"script": "/home/u/.ssh/id_ed25519"'),
-     "names a script that is not a file of its directory"),
-])
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda text: text[: len(text) // 2], "is not valid JSON (line "),
+        (lambda text: "", "is not valid JSON (line 1, column 1)"),
+        (lambda text: '{"id": "x", "spec": "nonsense", "submitted": "now"}', "has a malformed spec or run"),
+        (
+            lambda text: text.replace('"script": "job.sh"', '"script": "/home/u/.ssh/id_ed25519"'),
+            "names a script that is not a file of its directory",
+        ),
+    ],
+)
 def test_a_damaged_record_is_one_problem_and_the_other_jobs_are_listed(tmp_path, damage, why):
     client = StandInSlurm(states=("COMPLETED",))
     whole, damaged = submit(tmp_path, client=client), submit(tmp_path, client=client)
@@ -40,5 +45,7 @@ def test_a_record_an_image_replaced_with_a_fifo_or_a_link_is_one_problem_not_a_h
     (link.directory / "job.json").symlink_to(whole.directory / "job.json")
     problems = []
     assert [job.id for job in Job.list(tmp_path / "jobs", client=client, problems=problems)] == [whole.id]
-    assert problems == [f"cannot read the job record {link.directory / 'job.json'}: job.json is a symbolic link: "
-                        "not read: its job is not listed"]  # the FIFO is no record: not a job directory
+    assert problems == [
+        f"cannot read the job record {link.directory / 'job.json'}: job.json is a symbolic link: "
+        "not read: its job is not listed"
+    ]  # the FIFO is no record: not a job directory

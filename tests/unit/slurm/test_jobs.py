@@ -55,8 +55,16 @@ def open_umask():
 def test_only_the_user_can_read_a_job_whatever_the_umask(tmp_path, open_umask):
     job = submit(tmp_path, spec=JobSpec(image=IMAGE, command=["true"], environment={"TOKEN": "s3cret"}))
     assert "s3cret" in (job.directory / "job.json").read_text()
-    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "jobs", job.directory, job.directory / "out",
-                                                              job.directory / "job.json", job.directory / "job.sh")}
+    modes = {
+        p.name: stat.S_IMODE(p.stat().st_mode)
+        for p in (
+            tmp_path / "jobs",
+            job.directory,
+            job.directory / "out",
+            job.directory / "job.json",
+            job.directory / "job.sh",
+        )
+    }
     assert modes == {"jobs": 0o700, job.directory.name: 0o700, "out": 0o700, "job.json": 0o600, "job.sh": 0o700}
 
 
@@ -97,30 +105,50 @@ def test_a_python_script_is_copied_and_run_from_the_job_directory(tmp_path):
 
 def test_a_notebook_goes_into_the_job_directory_with_its_runner(tmp_path):
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("n = 1", metadata={"tags": ["parameters"]}),
-                      nbformat.v4.new_code_cell("%time x = n")]
+    notebook.cells = [
+        nbformat.v4.new_code_cell("n = 1", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("%time x = n"),
+    ]
     nbformat.write(notebook, str(tmp_path / "Study.ipynb"))
     spec = JobSpec(image=IMAGE, notebook=str(tmp_path / "Study.ipynb"), parameters={"n": "2"})
     job = submit(tmp_path, spec)
-    assert {p.name for p in job.directory.iterdir()} == {"Study.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py",
-                                                         "nbrun", "out", "job.sh", "job.json"}
+    assert {p.name for p in job.directory.iterdir()} == {
+        "Study.ipynb",
+        "nbrunner.py",
+        "nbcells.py",
+        "nbrecorder.py",
+        "nbrun",
+        "out",
+        "job.sh",
+        "job.json",
+    }
     assert {p.name for p in (job.directory / "out").iterdir()} == {"nbrun"}
     assert f"python3 -u {job.directory}/nbrunner.py {job.directory}/nbrun/plan.json" in job.script
-    assert ("# Notebook Study.ipynb run cell by cell by nbrunner.py on every rank, under IPython (it uses "
-            "magics); rank 0 writes out/Study.out.ipynb.") in job.script
+    assert (
+        "# Notebook Study.ipynb run cell by cell by nbrunner.py on every rank, under IPython (it uses "
+        "magics); rank 0 writes out/Study.out.ipynb."
+    ) in job.script
     run = job.record.run
     assert (run["out"], run["output"], run["ipython"], run["parameters"]) == (
-        "out", "Study.out.ipynb", "require", {"n": "2"})
+        "out",
+        "Study.out.ipynb",
+        "require",
+        {"n": "2"},
+    )
     assert run["magics"] and run["inputs"] == ["Study.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py"]
     assert job.record.spec["parameters"] == {"n": "2"}
     assert nbformat.read(str(job.directory / "Study.ipynb"), as_version=4).cells[1].source.endswith("n = 2")
     output = job.as_dict()["output"]
     assert (output["name"], output["exists"], output["path"]) == (
-        "Study.out.ipynb", False, str(job.directory / "out" / "Study.out.ipynb"))
+        "Study.out.ipynb",
+        False,
+        str(job.directory / "out" / "Study.out.ipynb"),
+    )
     assert submit(tmp_path, JobSpec(image=IMAGE, command=["true"])).as_dict()["output"] is None
     preview = Job.preview(spec, tmp_path / "jobs", config=SiteConfig())
-    assert preview.replace(preview.split("--chdir=")[1].split("\n")[0], "D") == \
-        job.script.replace(str(job.directory), "D")
+    assert preview.replace(preview.split("--chdir=")[1].split("\n")[0], "D") == job.script.replace(
+        str(job.directory), "D"
+    )
 
 
 def test_jobs_are_found_again_from_their_directories(tmp_path):
@@ -170,8 +198,11 @@ def test_wait_reports_each_change_and_returns_the_final_status(tmp_path):
     events: list[Progress] = []
     status = job.wait(timeout=30, poll_interval=0.01, progress=events.append)
     assert status.state == "COMPLETED" and status.exit_code == 0
-    assert [e.message for e in events] == ["job 101 PENDING", "job 101 RUNNING on n[1-2]",
-                                           "job 101 COMPLETED on n[1-2]"]
+    assert [e.message for e in events] == [
+        "job 101 PENDING",
+        "job 101 RUNNING on n[1-2]",
+        "job 101 COMPLETED on n[1-2]",
+    ]
     assert {e.stage for e in events} == {"job"} and events[-1].fraction == 1.0
     assert json.loads((job.directory / "job.json").read_text())["final"]["state"] == "COMPLETED"
 
@@ -206,9 +237,11 @@ def test_logs_an_image_planted_are_one_line_each_and_a_long_one_keeps_its_end(tm
     (job.directory / "rank-2.out").write_text("x" * 100 + "\nlast line\n")
     (job.directory / f"slurm-{job.id}.out").symlink_to(tmp_path / "elsewhere")
     monkeypatch.setattr(jobs, "LOG_LIMIT", 10)
-    assert job.logs() == {0: "rank-0.out is a symbolic link: not read\n",
-                          1: "rank-1.out is not a regular file: not read\n",
-                          2: "[... cut: rank-2.out is 111 B, its last 10 B follow]\nlast line\n"}
+    assert job.logs() == {
+        0: "rank-0.out is a symbolic link: not read\n",
+        1: "rank-1.out is not a regular file: not read\n",
+        2: "[... cut: rank-2.out is 111 B, its last 10 B follow]\nlast line\n",
+    }
     assert job.batch_log() == f"slurm-{job.id}.out is a symbolic link: not read\n"
 
 

@@ -12,10 +12,15 @@ from tests.helpers.notebook_jobs import BARE_PYTHON, notebook_job, output_notebo
 def test_without_ipython_cells_run_as_plain_python(tmp_path):
     if not Path(BARE_PYTHON).exists():
         pytest.skip("no Debian python3")
-    directory = notebook_job(tmp_path, [
-        "class Shown:\n    def _repr_html_(self):\n        return '<i>shown</i>'\n",
-        "Shown()", "import pickle\npickle.loads(pickle.dumps(Shown())).__class__.__name__",
-        "print('display', 1)\n1/0"])
+    directory = notebook_job(
+        tmp_path,
+        [
+            "class Shown:\n    def _repr_html_(self):\n        return '<i>shown</i>'\n",
+            "Shown()",
+            "import pickle\npickle.loads(pickle.dumps(Shown())).__class__.__name__",
+            "print('display', 1)\n1/0",
+        ],
+    )
     assert json.loads((directory / "nbrun" / "plan.json").read_text())["ipython"] == "prefer"  # _repr_html_
     code, out, err = run_rank(directory, 0, python=BARE_PYTHON)
     assert code == 1 and "ZeroDivisionError" in err

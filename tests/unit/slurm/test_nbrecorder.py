@@ -9,28 +9,34 @@ import time
 
 from tests.helpers.notebook_jobs import finish_job, notebook_job, output_notebook, run_rank
 
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
 
 
 def test_rank_0_records_every_kind_of_output_in_its_cell(tmp_path):
-    directory = notebook_job(tmp_path, [
-        "import os\nntasks = int(os.environ['SLURM_NTASKS'])",
-        "print('ntasks', ntasks)\nntasks * 21",
-        f"from IPython.display import Image, HTML, display\ndisplay(Image(data={PNG!r}))\ndisplay(HTML('<b>hi</b>'))",
-        "%%time\ntotal = sum(range(1000))",
-        "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('a line')",
-        "import sys\nprint('to stderr', file=sys.stderr)\nsys.argv[1:]",
-        "x = 1;",
-    ])
+    directory = notebook_job(
+        tmp_path,
+        [
+            "import os\nntasks = int(os.environ['SLURM_NTASKS'])",
+            "print('ntasks', ntasks)\nntasks * 21",
+            f"from IPython.display import Image, HTML, display\ndisplay(Image(data={PNG!r}))\ndisplay(HTML('<b>hi</b>'))",
+            "%%time\ntotal = sum(range(1000))",
+            "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('a line')",
+            "import sys\nprint('to stderr', file=sys.stderr)\nsys.argv[1:]",
+            "x = 1;",
+        ],
+    )
     code, out, err = run_rank(directory, 0, args=("--flag", "v"))
     assert code == 0, err
     assert "ntasks 2" in out and "Wall time" in out  # the rank's log as before
     notebook = output_notebook(directory)
     cells = notebook.cells
     assert [c.execution_count for c in cells[1:]] == [1, 2, 3, 4, 5, 6, 7]
-    assert cells[2].outputs == [{"output_type": "stream", "name": "stdout", "text": "ntasks 2\n"},
-                                {"output_type": "execute_result", "data": {"text/plain": "42"}, "metadata": {},
-                                 "execution_count": 2}]
+    assert cells[2].outputs == [
+        {"output_type": "stream", "name": "stdout", "text": "ntasks 2\n"},
+        {"output_type": "execute_result", "data": {"text/plain": "42"}, "metadata": {}, "execution_count": 2},
+    ]
     png, html = cells[3].outputs
     assert base64.b64decode(png.data["image/png"]) == PNG and html.data["text/html"] == "<b>hi</b>"
     assert cells[4].outputs[0].name == "stdout" and "Wall time" in cells[4].outputs[0].text
@@ -47,11 +53,15 @@ def test_rank_0_records_every_kind_of_output_in_its_cell(tmp_path):
 
 
 def test_an_error_on_another_rank_is_noted_at_its_cell_with_its_traceback(tmp_path):
-    directory = notebook_job(tmp_path, [
-        "import os\nrank = int(os.environ['SLURM_PROCID'])",
-        "print('second on', rank)",
-        "if rank == 1:\n    raise ValueError(f'rank {rank} is unhappy')\nprint('third on', rank)",
-        "print('fourth on', rank)"])
+    directory = notebook_job(
+        tmp_path,
+        [
+            "import os\nrank = int(os.environ['SLURM_PROCID'])",
+            "print('second on', rank)",
+            "if rank == 1:\n    raise ValueError(f'rank {rank} is unhappy')\nprint('third on', rank)",
+            "print('fourth on', rank)",
+        ],
+    )
     one = run_rank(directory, 1)
     assert one[0] == 1 and "fourth" not in one[1] and "ValueError: rank 1 is unhappy" in one[2]
     report = json.loads((directory / "out" / "nbrun" / "rank-1.json").read_text())
@@ -66,8 +76,9 @@ def test_an_error_on_another_rank_is_noted_at_its_cell_with_its_traceback(tmp_pa
     assert (error.output_type, error.ename, error.evalue) == ("error", "ValueError", "rank 1 is unhappy")
     assert error.traceback[0] == "rank 1 (on n2) raised this in this cell and stopped:"
     assert any("raise ValueError" in line for line in error.traceback)
-    assert cell.metadata.podman_hpc.rank_errors == [{"rank": 1, "node": "n2", "ename": "ValueError",
-                                                     "evalue": "rank 1 is unhappy"}]
+    assert cell.metadata.podman_hpc.rank_errors == [
+        {"rank": 1, "node": "n2", "ename": "ValueError", "evalue": "rank 1 is unhappy"}
+    ]
     assert notebook.cells[4].outputs[0].text == "fourth on 0\n"
     meta = notebook.metadata.podman_hpc
     assert (meta.state, meta.exit_code) == ("failed", 1)
@@ -77,8 +88,9 @@ def test_an_error_on_another_rank_is_noted_at_its_cell_with_its_traceback(tmp_pa
 
 
 def test_sigterm_keeps_the_completed_cells_and_marks_the_running_one(tmp_path):
-    directory = notebook_job(tmp_path, ["print('done')", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)",
-                               "print('never')"])
+    directory = notebook_job(
+        tmp_path, ["print('done')", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)", "print('never')"]
+    )
     process = run_rank(directory, 0, wait=False)
     deadline = time.monotonic() + 60
 
@@ -88,6 +100,7 @@ def test_sigterm_keeps_the_completed_cells_and_marks_the_running_one(tmp_path):
         except (OSError, ValueError):
             return ""
         return "".join(o.get("text", "") for o in outputs)
+
     while "sleeping\n" not in printed():
         assert time.monotonic() < deadline, process.stderr.read() if process.poll() is not None else ""
         time.sleep(0.1)
@@ -110,8 +123,15 @@ def test_sigterm_keeps_the_completed_cells_and_marks_the_running_one(tmp_path):
 
 
 def test_a_process_a_cell_forks_prints_to_the_log_only(tmp_path):
-    directory = notebook_job(tmp_path, ["import os, time\npid = os.fork()\nif pid == 0:\n    print('child', flush=True)\n"
-                               "    time.sleep(0.2)\n    os._exit(0)\nos.waitpid(pid, 0)\nprint('parent')"])
+    directory = notebook_job(
+        tmp_path,
+        [
+            "import os, time\npid = os.fork()\nif pid == 0:\n    print('child', flush=True)\n"
+            "    time.sleep(0.2)\n    os._exit(0)\nos.waitpid(pid, 0)\nprint('parent')"
+        ],
+    )
     code, out, err = run_rank(directory, 0)
     assert code == 0 and "child\n" in out, err
-    assert output_notebook(directory).cells[1].outputs == [{"output_type": "stream", "name": "stdout", "text": "parent\n"}]
+    assert output_notebook(directory).cells[1].outputs == [
+        {"output_type": "stream", "name": "stdout", "text": "parent\n"}
+    ]

@@ -25,8 +25,9 @@ def test_an_error_on_rank_0_stops_it_at_its_cell(tmp_path):
     assert cells[3].outputs == [] and cells[3].execution_count is None
     progress = json.loads((directory / "out" / "nbrun" / "progress.json").read_text())
     assert progress["state"] == "failed"
-    assert progress["errors"] == [{"rank": 0, "node": "n1", "ename": "ZeroDivisionError",
-                                   "evalue": "division by zero", "cell": 3}]
+    assert progress["errors"] == [
+        {"rank": 0, "node": "n1", "ename": "ZeroDivisionError", "evalue": "division by zero", "cell": 3}
+    ]
 
 
 def test_finish_without_an_output_notebook_starts_from_the_submitted_one(tmp_path):
@@ -38,8 +39,9 @@ def test_finish_without_an_output_notebook_starts_from_the_submitted_one(tmp_pat
 
 
 def test_the_runner_finds_its_modules_beside_it_and_leaves_the_path_to_the_cells(tmp_path):
-    directory = notebook_job(tmp_path, ["import os, sys\n"
-                                        "print(any(os.path.isfile(os.path.join(p or '.', 'nbcells.py')) for p in sys.path))"])
+    directory = notebook_job(
+        tmp_path, ["import os, sys\nprint(any(os.path.isfile(os.path.join(p or '.', 'nbcells.py')) for p in sys.path))"]
+    )
     code, out, err = run_rank(directory, 0, size=1)
     assert (code, out) == (0, "True\n"), err  # python3 script.py: the script's directory first, as ever
     code, out, err = run_rank(directory, 0, size=1, extra_env={"PYTHONSAFEPATH": "1"})  # python3 -P
@@ -54,8 +56,8 @@ def test_the_finish_writes_only_in_out_whatever_the_image_planted_there(tmp_path
     bashrc.write_text("# the user's\n")
     out = directory / "out"
     os.rmdir(out / "nbrun")
-    (out / "nbrun").symlink_to(home / "state")        # progress.json would land in $HOME
-    (out / "nb.out.ipynb").symlink_to(bashrc)         # the output notebook would overwrite .bashrc
+    (out / "nbrun").symlink_to(home / "state")  # progress.json would land in $HOME
+    (out / "nb.out.ipynb").symlink_to(bashrc)  # the output notebook would overwrite .bashrc
     finish_job(directory, 1)
     assert bashrc.read_text() == "# the user's\n" and list((home / "state").iterdir()) == []
     assert not (out / "nbrun").is_symlink() and (out / "nbrun" / "progress.json").is_file()
@@ -83,7 +85,8 @@ def test_the_finish_refuses_a_plan_whose_output_is_not_a_plain_name(tmp_path, ou
     argv = [*finish_argv(str(plan_path)), "0"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and result.stderr == (
-        f"nbrunner: the output of plan {plan_path} is not a plain file name: {output!r}\n")
+        f"nbrunner: the output of plan {plan_path} is not a plain file name: {output!r}\n"
+    )
     assert list((directory / "out").iterdir()) == [directory / "out" / "nbrun"]
 
 

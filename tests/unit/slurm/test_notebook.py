@@ -34,10 +34,22 @@ def test_a_plain_notebook_runs_without_ipython(tmp_path):
     prepared = prepare(path, out)
     assert (prepared.notebook, prepared.output, prepared.ipython) == ("plain.ipynb", "plain.out.ipynb", "never")
     assert prepared.magics == () and prepared.warnings == ()
-    assert {p.name for p in out.iterdir()} == {"plain.ipynb", "nbrunner.py", "nbcells.py", "nbrecorder.py", "nbrun",
-                                               "out"}
-    assert plan_of(out) == {"version": 2, "notebook": "plain.ipynb", "out": "out", "output": "plain.out.ipynb",
-                            "ipython": "never", "code": {}}
+    assert {p.name for p in out.iterdir()} == {
+        "plain.ipynb",
+        "nbrunner.py",
+        "nbcells.py",
+        "nbrecorder.py",
+        "nbrun",
+        "out",
+    }
+    assert plan_of(out) == {
+        "version": 2,
+        "notebook": "plain.ipynb",
+        "out": "out",
+        "output": "plain.out.ipynb",
+        "ipython": "never",
+        "code": {},
+    }
     assert [p.name for p in (out / "out").iterdir()] == ["nbrun"]  # where the ranks write
     assert all((out / d).stat().st_mode & 0o777 == 0o700 for d in ("nbrun", "out", "out/nbrun"))
     nbformat.validate(nbformat.read(str(out / "plain.ipynb"), as_version=4))
@@ -54,8 +66,9 @@ def test_magics_require_ipython_and_displays_prefer_it(tmp_path):
 
 
 def test_magics_can_be_commented_out_for_images_without_ipython(tmp_path):
-    path = write_notebook(tmp_path / "magic.ipynb", [
-        "%time t = 1\nz = 3", "for i in range(2):\n    !echo {i}", "print('z', z)"])
+    path = write_notebook(
+        tmp_path / "magic.ipynb", ["%time t = 1\nz = 3", "for i in range(2):\n    !echo {i}", "print('z', z)"]
+    )
     prepared = prepare(path, tmp_path, magics="comment")
     assert prepared.ipython == "never" and len(prepared.magics) == 2
     assert prepared.warnings and "commented out" in prepared.warnings[0]
@@ -78,8 +91,7 @@ def test_only_python_notebooks_and_real_notebooks(tmp_path):
 
 
 def test_parameters_are_injected_after_the_cell_tagged_parameters(tmp_path):
-    path = write_notebook(tmp_path / "p.ipynb", ["alpha = 1\nname = 'x'", "print(alpha, name)"],
-                          tags={1: "parameters"})
+    path = write_notebook(tmp_path / "p.ipynb", ["alpha = 1\nname = 'x'", "print(alpha, name)"], tags={1: "parameters"})
     prepared = prepare(path, tmp_path, parameters={"alpha": "0.5", "name": "'run 2'"})
     assert prepared.warnings == ()
     cells = nbformat.read(str(tmp_path / "p.ipynb"), as_version=4).cells
@@ -91,7 +103,8 @@ def test_parameters_are_injected_after_the_cell_tagged_parameters(tmp_path):
     prepare(tmp_path / "p.ipynb", again, parameters={"alpha": "2"})
     cells = nbformat.read(str(again / "p.ipynb"), as_version=4).cells
     assert [c.source for c in cells if "injected-parameters" in c.metadata.get("tags", [])] == [
-        "# Parameters (injected at submit)\nalpha = 2"]
+        "# Parameters (injected at submit)\nalpha = 2"
+    ]
 
 
 def test_parameters_without_a_tagged_cell_go_first_with_a_warning(tmp_path):
@@ -101,16 +114,22 @@ def test_parameters_without_a_tagged_cell_go_first_with_a_warning(tmp_path):
     assert nbformat.read(str(tmp_path / "p.ipynb"), as_version=4).cells[0].source.endswith("beta = [1, 2]")
 
 
-@pytest.mark.parametrize("parameters, message", [
-    ({"x": "hello"}, "parameters: x=hello is not a Python literal (a number, True/False/None, a quoted string "
-                     "like x='text', a list...)"),
-    ({"x": "__import__('os')"}, "is not a Python literal"),
-    ({"x": ""}, "is not a Python literal"),
-    ({"1x": "1"}, "'1x' is not a Python variable name"),
-    ({"class": "1"}, "'class' is not a Python variable name"),
-    ({"x": 1}, "must be a string holding a Python literal"),
-    ({"x": "[1,\n2]"}, "must be one line"),
-])
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        (
+            {"x": "hello"},
+            "parameters: x=hello is not a Python literal (a number, True/False/None, a quoted string "
+            "like x='text', a list...)",
+        ),
+        ({"x": "__import__('os')"}, "is not a Python literal"),
+        ({"x": ""}, "is not a Python literal"),
+        ({"1x": "1"}, "'1x' is not a Python variable name"),
+        ({"class": "1"}, "'class' is not a Python variable name"),
+        ({"x": 1}, "must be a string holding a Python literal"),
+        ({"x": "[1,\n2]"}, "must be one line"),
+    ],
+)
 def test_bad_parameters_get_one_line(parameters, message):
     with pytest.raises(JobSpecError) as caught:
         check_parameters(parameters)
@@ -119,7 +138,12 @@ def test_bad_parameters_get_one_line(parameters, message):
 
 def test_good_parameters_are_kept_as_written():
     assert check_parameters({"a": " 1e3 ", "b": "'s'", "c": "{'k': (1, None)}", "d": "True", "e": "-2"}) == {
-        "a": "1e3", "b": "'s'", "c": "{'k': (1, None)}", "d": "True", "e": "-2"}
+        "a": "1e3",
+        "b": "'s'",
+        "c": "{'k': (1, None)}",
+        "d": "True",
+        "e": "-2",
+    }
 
 
 def test_output_info_of_an_older_job_directory_reads_the_progress_rank_0_wrote_at_its_top(tmp_path):
@@ -132,13 +156,15 @@ def test_output_info_of_an_older_job_directory_reads_the_progress_rank_0_wrote_a
     assert describe_progress(info) == ""
     (tmp_path / "a.out.ipynb").write_text("{}")
     (tmp_path / "nbrun").mkdir()
-    (tmp_path / "nbrun" / "progress.json").write_text(json.dumps({"state": "running", "cell": 3, "cells": 5,
-                                                                  "errors": []}))
+    (tmp_path / "nbrun" / "progress.json").write_text(
+        json.dumps({"state": "running", "cell": 3, "cells": 5, "errors": []})
+    )
     info = output_info(tmp_path, run)
     assert info["exists"] and info["path"] == str(tmp_path / "a.out.ipynb")
     assert describe_progress(info) == "rank 0 is in cell 3 of 5"
-    (tmp_path / "nbrun" / "progress.json").write_text(json.dumps({"state": "failed", "errors": [
-        {"rank": 1, "cell": 3, "ename": "ValueError", "evalue": "bad"}]}))
+    (tmp_path / "nbrun" / "progress.json").write_text(
+        json.dumps({"state": "failed", "errors": [{"rank": 1, "cell": 3, "ename": "ValueError", "evalue": "bad"}]})
+    )
     assert describe_progress(output_info(tmp_path, run)) == "cell 3 failed on rank 1: ValueError: bad"
     (tmp_path / "nbrun" / "progress.json").write_text("{truncated")
     assert output_info(tmp_path, run)["progress"] is None
@@ -151,8 +177,7 @@ def test_output_info_reads_the_output_directory_and_follows_no_link_there(tmp_pa
     (tmp_path / "a.out.ipynb").write_text("{}")  # the top is not where this layout's output is
     info = output_info(tmp_path, run)
     assert (info["path"], info["exists"]) == (str(tmp_path / "out" / "a.out.ipynb"), False)
-    (tmp_path / "out" / "nbrun" / "progress.json").write_text(json.dumps({"state": "running", "cell": 2,
-                                                                         "cells": 4}))
+    (tmp_path / "out" / "nbrun" / "progress.json").write_text(json.dumps({"state": "running", "cell": 2, "cells": 4}))
     (tmp_path / "out" / "a.out.ipynb").write_text("{}")
     info = output_info(tmp_path, run)
     assert info["exists"] and describe_progress(info) == "rank 0 is in cell 2 of 4"
@@ -172,8 +197,13 @@ def test_output_info_reads_the_output_directory_and_follows_no_link_there(tmp_pa
 
 def test_the_output_notebook_is_read_untrusted_and_bounded(tmp_path, monkeypatch):
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("1", metadata={"trusted": True}, outputs=[
-        nbformat.v4.new_output("display_data", {"text/html": "<img src=x onerror='alert(1)'>"})])]
+    notebook.cells = [
+        nbformat.v4.new_code_cell(
+            "1",
+            metadata={"trusted": True},
+            outputs=[nbformat.v4.new_output("display_data", {"text/html": "<img src=x onerror='alert(1)'>"})],
+        )
+    ]
     notebook.metadata["signature"] = "sha256:planted"
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "a.out.ipynb").write_text(json.dumps(notebook))

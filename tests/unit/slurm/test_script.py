@@ -16,7 +16,7 @@ from jupyter_podman_hpc.slurm.spec import JobSpec, JobSpecError
 IMAGE = "registry.example.org:5000/team/image:1.0"
 JOB_DIR = "/scratch/user/podman-hpc/jobs/20260101-000000-abcdef"
 SITE_MODULES = ModuleSet.load(str(SITE_DATA / "modules.d"))
-HOSTILE = "a'b; rm -rf / $(touch pwned) `touch pwned2` \"q\" \\ *"
+HOSTILE = 'a\'b; rm -rf / $(touch pwned) `touch pwned2` "q" \\ *'
 
 
 def rendered(spec, job_dir=JOB_DIR, **kwargs):
@@ -27,11 +27,23 @@ def rendered(spec, job_dir=JOB_DIR, **kwargs):
 
 
 def test_the_script_of_a_typical_mpi_job_line_by_line():
-    spec = JobSpec(image=IMAGE, command=["python3", "allreduce.py"], nodes=4, tasks_per_node=2,
-                   cpus_per_task=4, gpus_per_node=1, time="00:30:00", partition="debug", account="m1234",
-                   qos="regular", reservation="maint", modules=["openmpi-pmix"], job_name="allreduce",
-                   environment={"OMPI_MCA_btl": "self,tcp", "GREETING": "hello world"},
-                   extra_directives=["--mail-type=END,FAIL", "--exclusive"])
+    spec = JobSpec(
+        image=IMAGE,
+        command=["python3", "allreduce.py"],
+        nodes=4,
+        tasks_per_node=2,
+        cpus_per_task=4,
+        gpus_per_node=1,
+        time="00:30:00",
+        partition="debug",
+        account="m1234",
+        qos="regular",
+        reservation="maint",
+        modules=["openmpi-pmix"],
+        job_name="allreduce",
+        environment={"OMPI_MCA_btl": "self,tcp", "GREETING": "hello world"},
+        extra_directives=["--mail-type=END,FAIL", "--exclusive"],
+    )
     D = JOB_DIR
     assert rendered(spec).splitlines() == [
         "#!/bin/bash",
@@ -72,13 +84,16 @@ def test_the_script_of_a_typical_mpi_job_line_by_line():
 
 
 def test_per_process_mode_runs_a_container_per_rank_with_the_rank_environment():
-    spec = JobSpec(image=IMAGE, command=["hostname"], nodes=2, modules=["openmpi-pmi2"], mode="per-process",
-                   workdir="/work")
+    spec = JobSpec(
+        image=IMAGE, command=["hostname"], nodes=2, modules=["openmpi-pmi2"], mode="per-process", workdir="/work"
+    )
     lines = rendered(spec).splitlines()
     assert lines[-3] == f"srun --mpi=pmi2 --output={JOB_DIR}/rank-%t.out --error={JOB_DIR}/rank-%t.err \\"
-    assert lines[-2] == ("    podman-hpc run --rm --openmpi-pmi2 -e 'SLURM_*' -e 'SLURMD_*' -e 'PALS_*' "
-                         f"-e 'PMI_*' -e 'PMIX_*' -e 'OMPI_*' -v {JOB_DIR}:{JOB_DIR}:ro "
-                         f"-v {JOB_DIR}/out:{JOB_DIR}/out -w /work \\")
+    assert lines[-2] == (
+        "    podman-hpc run --rm --openmpi-pmi2 -e 'SLURM_*' -e 'SLURMD_*' -e 'PALS_*' "
+        f"-e 'PMI_*' -e 'PMIX_*' -e 'OMPI_*' -v {JOB_DIR}:{JOB_DIR}:ro "
+        f"-v {JOB_DIR}/out:{JOB_DIR}/out -w /work \\"
+    )
     assert f"# Every rank sees this directory read-only and may write only {JOB_DIR}/out/, and works in /work." in lines
     assert lines[-1] == f"    {IMAGE} hostname"
 
@@ -101,7 +116,8 @@ def test_script_and_notebook_targets_run_from_the_job_directory():
         "# Every rank's end into the output notebook, by this package's runner (not the job",
         "# directory's copy, which the ranks ran): it reads what they wrote as data.",
         f'{shlex.quote(sys.executable)} -I -m jupyter_podman_hpc.slurm.nbrunner --finish {plan} "$status" || true',
-        'exit "$status"']
+        'exit "$status"',
+    ]
     target = RunTarget(("python3", "run.py"), "notebook", "run by a runner")
     text = rendered(JobSpec(image=IMAGE, notebook="/home/u/a.ipynb"), target=target)
     assert "\n# run by a runner\n" in text
@@ -115,11 +131,17 @@ def test_the_script_is_valid_bash_and_hostile_values_arrive_intact(tmp_path):
     record = tmp_path / "record.json"
     (bin_dir / "srun").write_text(
         "#!/usr/bin/env python3\nimport json, os, sys\n"
-        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n")
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n"
+    )
     (bin_dir / "srun").chmod(0o755)
     job_dir = str(tmp_path / "jobs" / "a'b $(x)")
-    spec = JobSpec(image=IMAGE, command=["sh", "-c", HOSTILE, HOSTILE], environment={"HOSTILE": HOSTILE},
-                   workdir=f"/w/{HOSTILE}", job_name="x")
+    spec = JobSpec(
+        image=IMAGE,
+        command=["sh", "-c", HOSTILE, HOSTILE],
+        environment={"HOSTILE": HOSTILE},
+        workdir=f"/w/{HOSTILE}",
+        job_name="x",
+    )
     text = render(spec, job_dir, modules=SITE_MODULES, config=SiteConfig(), bin_dir=str(bin_dir))
     script = tmp_path / "job.sh"
     script.write_text(text)
@@ -127,19 +149,36 @@ def test_the_script_is_valid_bash_and_hostile_values_arrive_intact(tmp_path):
     subprocess.run(["bash", str(script)], check=True, cwd=tmp_path, env={"PATH": os.defpath, "HOME": str(tmp_path)})
     seen = json.loads(record.read_text())
     assert seen["argv"] == [
-        f"--output={job_dir}/rank-%t.out", f"--error={job_dir}/rank-%t.err",
-        "podman-hpc", "shared-run", "-e", "HOSTILE", "-v", f"{job_dir}:{job_dir}:ro", "-v",
-        f"{job_dir}/out:{job_dir}/out", "-w", f"/w/{HOSTILE}",
-        IMAGE, "sh", "-c", HOSTILE, HOSTILE]
+        f"--output={job_dir}/rank-%t.out",
+        f"--error={job_dir}/rank-%t.err",
+        "podman-hpc",
+        "shared-run",
+        "-e",
+        "HOSTILE",
+        "-v",
+        f"{job_dir}:{job_dir}:ro",
+        "-v",
+        f"{job_dir}/out:{job_dir}/out",
+        "-w",
+        f"/w/{HOSTILE}",
+        IMAGE,
+        "sh",
+        "-c",
+        HOSTILE,
+        HOSTILE,
+    ]
     assert seen["env"]["HOSTILE"] == HOSTILE
     assert seen["env"]["PATH"].startswith(f"{bin_dir}:")
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
 
 
-@pytest.mark.parametrize("job_dir, message", [
-    ("relative/dir", "the job directory must be an absolute path"),
-    ("/scratch/a\n#SBATCH --uid=0", "job directory must not contain a newline"),
-])
+@pytest.mark.parametrize(
+    "job_dir, message",
+    [
+        ("relative/dir", "the job directory must be an absolute path"),
+        ("/scratch/a\n#SBATCH --uid=0", "job directory must not contain a newline"),
+    ],
+)
 def test_bad_job_directories_are_refused(job_dir, message):
     with pytest.raises(JobSpecError, match=message):
         rendered(JobSpec(image=IMAGE, command=["true"]), job_dir=job_dir)

@@ -52,7 +52,7 @@ def test_the_cli_log_level_takes_podman_names(monkeypatch):
     logger = logging.getLogger(commands.LOGGER)
     monkeypatch.setattr(logger, "handlers", [])
     monkeypatch.setattr(logger, "level", logging.NOTSET)
-    commands.log_to_stderr("error")           # podman-hpc's default: the engine's log stays off
+    commands.log_to_stderr("error")  # podman-hpc's default: the engine's log stays off
     assert logger.handlers == []
     commands.log_to_stderr("debug")
     assert logger.level == logging.DEBUG and len(logger.handlers) == 1

@@ -35,6 +35,7 @@ def test_a_failed_write_leaves_the_file_and_no_temporary(tmp_path, monkeypatch):
 
     def refuse(fd):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(files.os, "fsync", refuse)
     with pytest.raises(OSError):
         atomic_write(path, b"new")
@@ -68,8 +69,9 @@ def test_only_the_users_own_unshared_json_is_read_back(tmp_path):
     atomic_write(big, '["' + "x" * 100 + '"]', 0o600)
     broken = tmp_path / "broken.json"
     atomic_write(broken, '{"id": ', 0o600)
-    assert [files.read_own_json(path, limit=64) for path in (link, writable, big, broken, tmp_path / "none")] \
-        == [None] * 5
+    assert [files.read_own_json(path, limit=64) for path in (link, writable, big, broken, tmp_path / "none")] == [
+        None
+    ] * 5
 
 
 @pytest.fixture
@@ -92,8 +94,12 @@ def test_an_untrusted_file_is_read_only_when_it_is_a_regular_file_within_its_lim
         (planted / "rank-0.out").write_bytes(b"x" * 101)
         files.read_untrusted(planted / "rank-0.out", 100)
     assert over.value.size == 101
-    for name, why in (("zero.out", "is a symbolic link"), ("fifo.out", "is not a regular file"),
-                      ("secret.out", "is a symbolic link"), ("dir.out", "is not a regular file")):
+    for name, why in (
+        ("zero.out", "is a symbolic link"),
+        ("fifo.out", "is not a regular file"),
+        ("secret.out", "is a symbolic link"),
+        ("dir.out", "is not a regular file"),
+    ):
         with pytest.raises(files.UntrustedFile, match=f"^{name} {why}: not read$"):
             files.read_untrusted(planted / name, 1 << 20)
     with pytest.raises(FileNotFoundError):
@@ -122,7 +128,12 @@ def test_a_log_keeps_its_end_and_a_planted_one_is_one_line(planted):
     assert files.read_untrusted_log(planted / "rank-0.out", 100) == "a" * 50 + "\nthe end\n"
     (planted / "rank-1.out").write_bytes(b"a pty's line\r\nan old Mac's\r")
     assert files.read_untrusted_log(planted / "rank-1.out", 100) == "a pty's line\nan old Mac's\n"  # as read_text
-    assert files.read_untrusted_log(planted / "rank-0.out", 10) == \
-        "[... cut: rank-0.out is 59 B, its last 10 B follow]\na\nthe end\n"
+    assert (
+        files.read_untrusted_log(planted / "rank-0.out", 10)
+        == "[... cut: rank-0.out is 59 B, its last 10 B follow]\na\nthe end\n"
+    )
     assert [files.read_untrusted_log(planted / name, 1 << 20) for name in ("zero.out", "fifo.out", "missing")] == [
-        "zero.out is a symbolic link: not read\n", "fifo.out is not a regular file: not read\n", ""]
+        "zero.out is a symbolic link: not read\n",
+        "fifo.out is not a regular file: not read\n",
+        "",
+    ]

@@ -33,9 +33,11 @@ def test_a_second_thread_waits_for_the_lock(tmp_path):
 
 def test_another_process_cannot_take_it_while_held(tmp_path):
     path = tmp_path / "layers.lock"
-    probe = ("import fcntl, os, sys\n"
-             "fd = os.open(sys.argv[1], os.O_RDWR)\n"
-             "try:\n    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n    sys.exit(3)\n")
+    probe = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "try:\n    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError:\n    sys.exit(3)\n"
+    )
     with lockf_held(str(path), open_lock(path)):
         assert subprocess.run([sys.executable, "-c", probe, str(path)]).returncode == 3
     assert subprocess.run([sys.executable, "-c", probe, str(path)]).returncode == 0

@@ -45,8 +45,10 @@ def test_an_owner_token_names_one_process_not_its_pid():
 
 
 def test_wait_any_returns_the_first_process_to_exit_or_a_wake_up():
-    sleepers = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-                for _ in range(2)]
+    sleepers = [
+        subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        for _ in range(2)
+    ]
     tokens = [processes.owner_token(child.pid) for child in sleepers]
     try:
         sleepers[1].stdin.close()
@@ -68,13 +70,16 @@ def test_ancestor_pidfd_finds_the_nearest_ancestor_by_name(tmp_path):
     """As the first task finds its step's slurmstepd: a shell renamed so stands in for it."""
     stepd = tmp_path / "slurmstepd"
     stepd.symlink_to("/bin/sh")  # the kernel names a process after the file it executes
-    probe = ("import os; from jupyter_podman_hpc.engine.base import processes; "
-             "fd = processes.ancestor_pidfd('slurmstepd'); "
-             "print(os.getppid(), fd is not None and "
-             "[l.split()[1] for l in open(f'/proc/self/fdinfo/{fd}') if l.startswith('Pid:')][0], "
-             "processes.ancestor_pidfd('no-such-ancestor'))")
-    out = subprocess.run([str(stepd), "-c", f'"$0" -c "$1"; true', sys.executable, probe],
-                         capture_output=True, text=True, check=True).stdout.split()
+    probe = (
+        "import os; from jupyter_podman_hpc.engine.base import processes; "
+        "fd = processes.ancestor_pidfd('slurmstepd'); "
+        "print(os.getppid(), fd is not None and "
+        "[l.split()[1] for l in open(f'/proc/self/fdinfo/{fd}') if l.startswith('Pid:')][0], "
+        "processes.ancestor_pidfd('no-such-ancestor'))"
+    )
+    out = subprocess.run(
+        [str(stepd), "-c", f'"$0" -c "$1"; true', sys.executable, probe], capture_output=True, text=True, check=True
+    ).stdout.split()
     parent, found, missing = out
     assert found == parent  # the shell called slurmstepd, through its pidfd
     assert missing == "None"
@@ -86,6 +91,7 @@ def test_an_owner_token_counts_clock_ticks_since_boot_and_reads_an_earlier_versi
     assert int(pid) == os.getpid() and start.isdigit() and processes.owner_alive(token)
     assert not processes.owner_alive(f"{pid}:{int(start) + 1}")  # a later process given the same pid
     import psutil
+
     earlier = f"{pid}:{psutil.Process().create_time():.2f}"  # what tokens held before
     assert processes.owner_alive(earlier) and not processes.owner_alive(f"{pid}:1.00")
 
@@ -101,10 +107,16 @@ def test_a_runc_init_is_orphaned_unless_a_conmon_or_runc_is_its_parent(tmp_path)
         "child = subprocess.Popen([sys.argv[1], 'init'], stdin=subprocess.PIPE)\n"
         "print(child.pid, flush=True)\n"
         "sys.stdin.read()\n"
-        "child.stdin.close(); child.wait()\n")
+        "child.stdin.close(); child.wait()\n"
+    )
     alone = subprocess.Popen([tmp_path / "runc", "init"], cwd=tmp_path, stdin=subprocess.PIPE)
-    conmon = subprocess.Popen([tmp_path / "conmon", "parent", tmp_path / "runc"], cwd=tmp_path,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    conmon = subprocess.Popen(
+        [tmp_path / "conmon", "parent", tmp_path / "runc"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     below_conmon = int(conmon.stdout.readline())
     try:
         orphans = processes.orphaned_runc_inits()
@@ -121,7 +133,7 @@ def _ancestors(pid: int) -> list[int]:
     while pid > 1:
         with open(f"/proc/{pid}/stat") as stat:
             text = stat.read()
-        pid = int(text[text.rindex(")") + 2:].split()[1])
+        pid = int(text[text.rindex(")") + 2 :].split()[1])
         chain.append(pid)
     return chain
 

@@ -22,8 +22,17 @@ def test_parse_step_knows_multi_stage_prefixes():
     assert step.instruction == "FROM busybox AS builder"
 
 
-@pytest.mark.parametrize("line", ["--> 0a1b2c3d4e5", "RUN echo STEP 1/2: no", "STEP x/y: RUN", "COMMIT img",
-                                  "", "Successfully tagged localhost/x:1"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "--> 0a1b2c3d4e5",
+        "RUN echo STEP 1/2: no",
+        "STEP x/y: RUN",
+        "COMMIT img",
+        "",
+        "Successfully tagged localhost/x:1",
+    ],
+)
 def test_other_lines_are_not_steps(line):
     assert parse_step(line) is None
 
@@ -37,11 +46,22 @@ def feed_all(log, chunks):
 def test_build_log_splits_chunks_into_lines_and_attributes_them_to_steps():
     events = []
     log = BuildLog(events.append)
-    feed_all(log, ["STEP 1/2: FROM tiny\nSTEP 2/2: RUN ec", "ho hi\n", "hi\nmore ", "output\n--> 0a1b2c3\n",
-                   "COMMIT localhost/x:1\n", "a" * 64 + "\n"])
+    feed_all(
+        log,
+        [
+            "STEP 1/2: FROM tiny\nSTEP 2/2: RUN ec",
+            "ho hi\n",
+            "hi\nmore ",
+            "output\n--> 0a1b2c3\n",
+            "COMMIT localhost/x:1\n",
+            "a" * 64 + "\n",
+        ],
+    )
     steps = [e for e in events if e.log.startswith("STEP ")]
-    assert [(e.current, e.total, e.message) for e in steps] == \
-        [(1, 2, "STEP 1/2: FROM tiny"), (2, 2, "STEP 2/2: RUN echo hi")]
+    assert [(e.current, e.total, e.message) for e in steps] == [
+        (1, 2, "STEP 1/2: FROM tiny"),
+        (2, 2, "STEP 2/2: RUN echo hi"),
+    ]
     output = [e for e in events if not e.log.startswith("STEP ")]
     assert [e.log for e in output][:2] == ["hi", "more output"]
     assert all(e.stage == "build" and e.message == "STEP 2/2: RUN echo hi" and e.current == 2 for e in output)
@@ -52,20 +72,22 @@ def test_build_log_splits_chunks_into_lines_and_attributes_them_to_steps():
 def test_build_log_keeps_the_last_lines_of_the_failing_step():
     log = BuildLog()
     feed_all(log, ["STEP 1/2: FROM tiny\n", "STEP 2/2: RUN seq 30; exit 3\n"] + [f"{i}\n" for i in range(1, 31)])
-    error = log.failure('building at STEP "RUN seq 30; exit 3": while running runtime: exit status 3\n',
-                        "localhost/x:1")
+    error = log.failure(
+        'building at STEP "RUN seq 30; exit 3": while running runtime: exit status 3\n', "localhost/x:1"
+    )
     assert isinstance(error, EngineError)
     assert error.step == "STEP 2/2: RUN seq 30; exit 3"
     assert error.reason == "while running runtime: exit status 3"
-    assert str(error) == "build of localhost/x:1 failed at STEP 2/2: RUN seq 30; exit 3: " \
-                         "while running runtime: exit status 3"
+    assert (
+        str(error) == "build of localhost/x:1 failed at STEP 2/2: RUN seq 30; exit 3: "
+        "while running runtime: exit status 3"
+    )
     lines = error.output.splitlines()
     assert len(lines) == TAIL_LINES and lines[-1] == "30" and lines[0] == "11"
 
 
 def test_build_failure_without_a_step_line_names_the_instruction_from_the_error():
-    error = BuildLog().failure('building at STEP "COPY missing /x": checking on sources: no such file',
-                               "localhost/x:1")
+    error = BuildLog().failure('building at STEP "COPY missing /x": checking on sources: no such file', "localhost/x:1")
     assert error.step == "STEP: COPY missing /x" and "no such file" in str(error)
     plain = BuildLog().failure("Containerfile: no FROM", "localhost/x:1")
     assert str(plain) == "build of localhost/x:1 failed: Containerfile: no FROM" and plain.step == ""

@@ -27,32 +27,48 @@ def test_pull_events_carry_bytes_per_layer():
     assert all(e.stage == "pull" for e in events)
 
 
-@pytest.mark.parametrize("failure, said", [
-    ('writing blob: storing blob to file "/var/tmp/storage1/2": happened during read: unexpected EOF',
-     "cannot pull 127.0.0.1:5999/team/x:1: the registry 127.0.0.1:5999 stopped answering during the pull "
-     "(unexpected EOF): pull again once it answers"),
-    ("initializing source docker://127.0.0.1:5999/team/x:1: pinging container registry 127.0.0.1:5999: "
-     "Get \"http://127.0.0.1:5999/v2/\": dial tcp 127.0.0.1:5999: connect: connection refused",
-     "cannot pull 127.0.0.1:5999/team/x:1: the registry 127.0.0.1:5999 stopped answering during the pull "
-     "(connection refused): pull again once it answers"),
-    ("reading manifest 1 in 127.0.0.1:5999/team/x: manifest unknown", None),
-])
+@pytest.mark.parametrize(
+    "failure, said",
+    [
+        (
+            'writing blob: storing blob to file "/var/tmp/storage1/2": happened during read: unexpected EOF',
+            "cannot pull 127.0.0.1:5999/team/x:1: the registry 127.0.0.1:5999 stopped answering during the pull "
+            "(unexpected EOF): pull again once it answers",
+        ),
+        (
+            "initializing source docker://127.0.0.1:5999/team/x:1: pinging container registry 127.0.0.1:5999: "
+            'Get "http://127.0.0.1:5999/v2/": dial tcp 127.0.0.1:5999: connect: connection refused',
+            "cannot pull 127.0.0.1:5999/team/x:1: the registry 127.0.0.1:5999 stopped answering during the pull "
+            "(connection refused): pull again once it answers",
+        ),
+        ("reading manifest 1 in 127.0.0.1:5999/team/x: manifest unknown", None),
+    ],
+)
 def test_a_registry_lost_mid_pull_is_said_as_such(failure, said):
     ref = "127.0.0.1:5999/team/x:1"
     lost = _lost_registry(ref, failure)
     assert (f"cannot pull {ref}: {lost}" if lost else None) == said
 
 
-@pytest.mark.parametrize("failure, full", [
-    ('writing blob: adding layer with blob "sha256:1f": processing tar file(write /blob: no space left on device): '
-     "exit status 1", True),
-    ("reading manifest 1 in 127.0.0.1:5999/team/x: manifest unknown", False),
-])
+@pytest.mark.parametrize(
+    "failure, full",
+    [
+        (
+            'writing blob: adding layer with blob "sha256:1f": processing tar file(write /blob: no space left on device): '
+            "exit status 1",
+            True,
+        ),
+        ("reading manifest 1 in 127.0.0.1:5999/team/x: manifest unknown", False),
+    ],
+)
 def test_a_graph_root_that_filled_is_said_as_such(tmp_path, failure, full):
     config = load_config({"PODMANHPC_GRAPH_ROOT": str(tmp_path)})  # a file system with room: the words decide
     said = _storage_full(config, "127.0.0.1:5999/team/x:1", failure)
-    assert said.startswith(f"cannot pull 127.0.0.1:5999/team/x:1: the node-local storage {tmp_path} is full "
-                           "(ENOSPC, ") if full else said == ""
+    assert (
+        said.startswith(f"cannot pull 127.0.0.1:5999/team/x:1: the node-local storage {tmp_path} is full (ENOSPC, ")
+        if full
+        else said == ""
+    )
 
 
 def test_pull_rejects_a_bad_reference_before_starting_podman(tmp_path):

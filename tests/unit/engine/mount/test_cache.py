@@ -33,8 +33,11 @@ def test_unused_copies_idle_past_the_limit_go_at_the_next_use_and_copies_in_use_
 @needs_squashfs
 def test_a_copy_of_a_job_that_has_ended_goes_at_the_next_use_on_the_node(tmp_path):
     cache = tmp_path / "cache"
-    old, running, mine = made_copy(tmp_path, "old", job="10"), made_copy(tmp_path, "running", job="11"), \
-        made_copy(tmp_path, "mine", job="12")
+    old, running, mine = (
+        made_copy(tmp_path, "old", job="10"),
+        made_copy(tmp_path, "running", job="11"),
+        made_copy(tmp_path, "mine", job="12"),
+    )
     inside = made_copy(tmp_path, "inside", job="10")  # still held: the job's container has not gone yet
     for copy in (old, running, mine):
         copy.release()
@@ -72,8 +75,11 @@ def test_the_sweep_holds_the_copies_to_the_budget_oldest_unused_first(tmp_path):
 @needs_squashfs
 def test_a_jobs_last_step_releases_its_own_unused_copies_only(tmp_path):
     cache = tmp_path / "cache"
-    own, held, other = made_copy(tmp_path, "own", job="30"), made_copy(tmp_path, "held", job="30"), \
-        made_copy(tmp_path, "other", job="31")
+    own, held, other = (
+        made_copy(tmp_path, "own", job="30"),
+        made_copy(tmp_path, "held", job="30"),
+        made_copy(tmp_path, "other", job="31"),
+    )
     own.release()
     other.release()
     settings = ReadPathSettings("auto", str(cache), 1024, 30.0, "30")

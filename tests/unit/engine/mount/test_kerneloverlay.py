@@ -6,8 +6,10 @@ from jupyter_podman_hpc.engine.mount.kerneloverlay import kernel_options
 
 def test_podman_options_become_kernel_overlay_options_with_userxattr():
     options = ["lowerdir=l/A:l/B,upperdir=/g/x/diff,workdir=/g/x/work,,volatile"]
-    assert kernel_options(options, ["/c/a", "/c/b"]) == \
-        "lowerdir=/c/a:/c/b,upperdir=/g/x/diff,workdir=/g/x/work,volatile,userxattr"
+    assert (
+        kernel_options(options, ["/c/a", "/c/b"])
+        == "lowerdir=/c/a:/c/b,upperdir=/g/x/diff,workdir=/g/x/work,volatile,userxattr"
+    )
 
 
 def test_an_option_only_fuse_overlayfs_has_keeps_fuse_overlayfs():

@@ -75,8 +75,10 @@ def test_a_changed_squash_file_is_refused_in_one_line_before_anything_is_mounted
     code = mount.main(["-o", f"lowerdir={lower},upperdir={layer}/diff,workdir={layer}/work", str(layer / "merged")])
     err = capsys.readouterr().err
     assert code == 1 and ran == []  # no unsquashfs, no squashfuse, no fuse-overlayfs
-    assert err == (f"podman-hpc-mount: squash file {squash} does not match its record: it was changed after "
-                   "it was squashed; squash the image again")  # no newline: podman puts it in one line
+    assert err == (
+        f"podman-hpc-mount: squash file {squash} does not match its record: it was changed after "
+        "it was squashed; squash the image again"
+    )  # no newline: podman puts it in one line
     assert os.listdir(tmp_path / "shm" / "unpacked") == []
 
 
@@ -128,8 +130,11 @@ def pulled(tmp_path):
 def test_a_pulled_image_is_read_from_its_squash_file(pulled):
     graph, lower, store = pulled
     squash = store / "overlay" / "l" / f"{TOP_LINK}.squash"
-    assert mount.squash_of_local_image([lower], graph, [str(store)]) == \
-        (squash, store / "overlay" / "l" / TOP_LINK, {"d" * 64})
+    assert mount.squash_of_local_image([lower], graph, [str(store)]) == (
+        squash,
+        store / "overlay" / "l" / TOP_LINK,
+        {"d" * 64},
+    )
 
 
 def test_relative_lowers_as_podman_gives_them_when_long_are_the_same_chain(pulled, monkeypatch):
@@ -148,11 +153,14 @@ def test_an_image_built_on_the_squashed_one_keeps_its_own_layers(pulled):
     assert found is not None and found[0] == other
 
 
-@pytest.mark.parametrize("lowers", [
-    lambda graph, top, extra: [top, extra],             # more than the image's chain
-    lambda graph, top, extra: [extra, top],             # the squashed layer below another
-    lambda graph, top, extra: [],                       # nothing
-])
+@pytest.mark.parametrize(
+    "lowers",
+    [
+        lambda graph, top, extra: [top, extra],  # more than the image's chain
+        lambda graph, top, extra: [extra, top],  # the squashed layer below another
+        lambda graph, top, extra: [],  # nothing
+    ],
+)
 def test_lowers_that_are_not_exactly_the_squashed_image_chain_keep_their_layers(pulled, lowers):
     graph, top, store = pulled
     extra = local_layer(graph, "e" * 64, "EE27KLVLMHONA4FWTLH3LL54FO")
@@ -218,13 +226,19 @@ def test_with_id_mappings_a_pulled_image_keeps_its_local_layers(pulled, tmp_path
     assert ran == [["-o", options, str(layer / "merged")]]  # as podman gave it: the local layers
 
 
-@pytest.mark.parametrize("variables", [
-    {"PODMANHPC_SQUASH_JOB": ""},                 # a login node: auto does not unpack
-    {"PODMANHPC_SQUASH_READ_PATH": "kernel"},     # squashfuse: no faster than the local layers
-    {"PODMANHPC_SQUASH_UNPACK_MAX_MB": "0.000001"},  # no room for a copy
-    {"PODMANHPC_SQUASH_JOB": "7", "PODMANHPC_SQUASH_JOB_NODES": "900",  # the job's nodes would read too much
-     "PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB": "0.0001"},
-])
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"PODMANHPC_SQUASH_JOB": ""},  # a login node: auto does not unpack
+        {"PODMANHPC_SQUASH_READ_PATH": "kernel"},  # squashfuse: no faster than the local layers
+        {"PODMANHPC_SQUASH_UNPACK_MAX_MB": "0.000001"},  # no room for a copy
+        {
+            "PODMANHPC_SQUASH_JOB": "7",
+            "PODMANHPC_SQUASH_JOB_NODES": "900",  # the job's nodes would read too much
+            "PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB": "0.0001",
+        },
+    ],
+)
 def test_without_an_unpacked_copy_a_pulled_image_keeps_its_local_layers(pulled, tmp_path, monkeypatch, variables):
     graph, lower, store = pulled
     squash = store / "overlay" / "l" / f"{TOP_LINK}.squash"

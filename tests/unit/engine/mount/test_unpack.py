@@ -109,8 +109,12 @@ def test_a_copy_records_who_made_it_and_release_is_its_last_use(tmp_path):
 def test_a_copy_used_again_by_a_later_job_becomes_that_jobs(tmp_path):
     first = made_copy(tmp_path, "one", job="20")
     first.release()
-    again = UnpackedCopy(first.squash, tmp_path / "cache", 2**30,
-                         settings=ReadPathSettings("auto", str(tmp_path / "cache"), 1024, 30.0, "21"))
+    again = UnpackedCopy(
+        first.squash,
+        tmp_path / "cache",
+        2**30,
+        settings=ReadPathSettings("auto", str(tmp_path / "cache"), 1024, 30.0, "21"),
+    )
     again.acquire()
     [listed] = copies(tmp_path / "cache")
     assert listed.job == "21" and listed.bytes > 1000

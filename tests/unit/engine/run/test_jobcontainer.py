@@ -22,8 +22,10 @@ def test_the_key_stands_for_the_job_node_and_the_whole_run_command():
 def lingering(directory, seconds):
     """A lingerer in a thread; the boot-clock times at which it removed the container."""
     removed = []
-    thread = threading.Thread(target=jobcontainer.linger, args=(
-        directory, seconds, lambda: removed.append(time.clock_gettime(time.CLOCK_BOOTTIME)), removed.append))
+    thread = threading.Thread(
+        target=jobcontainer.linger,
+        args=(directory, seconds, lambda: removed.append(time.clock_gettime(time.CLOCK_BOOTTIME)), removed.append),
+    )
     thread.start()
     return thread, removed
 
@@ -43,11 +45,11 @@ def test_the_container_goes_once_no_step_has_used_it_for_the_linger(tmp_path):
     time.sleep(0.2)
     jobcontainer.linger(directory, 0.3, lambda: removed.append("the second lingerer"), removed.append)  # at once
     time.sleep(1.0)
-    assert removed == [] and thread.is_alive()          # the second step still holds it
+    assert removed == [] and thread.is_alive()  # the second step still holds it
     second.release(directory)
     released = last_used(directory)
-    second.release(directory)                           # again: nothing
-    with jobcontainer.starting(directory) as third:     # a step comes and goes within the linger
+    second.release(directory)  # again: nothing
+    with jobcontainer.starting(directory) as third:  # a step comes and goes within the linger
         pass
     time.sleep(0.2)
     third.release(directory)
@@ -79,28 +81,30 @@ def test_a_step_starting_during_the_removal_waits_and_starts_on_new_files(tmp_pa
     starter = threading.Thread(target=step)
     starter.start()
     time.sleep(0.3)
-    assert not got    # it waits for create.lock while the container is removed
+    assert not got  # it waits for create.lock while the container is removed
     go_on.set()
     lingerer.join(5)
     starter.join(5)
     assert got and (directory / jobcontainer.CREATE).exists()
     fd = os.open(directory / jobcontainer.HOLDERS, os.O_RDONLY)
-    try:   # the step let go: the holders' lock is free
+    try:  # the step let go: the holders' lock is free
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(fd)
 
 
 def test_a_lingerer_first_removes_the_idle_containers_of_the_node_whose_lingerer_was_killed(tmp_path):
-    orphan, lingered, busy, elsewhere, mine = (tmp_path / f"{job}.reuse-x.{node}" for job, node in
-                                               (("1", "n2"), ("2", "n2"), ("3", "n2"), ("4", "n3"), ("5", "n2")))
+    orphan, lingered, busy, elsewhere, mine = (
+        tmp_path / f"{job}.reuse-x.{node}"
+        for job, node in (("1", "n2"), ("2", "n2"), ("3", "n2"), ("4", "n3"), ("5", "n2"))
+    )
     for directory in (orphan, lingered, busy, elsewhere, mine):
         with jobcontainer.starting(directory) as lease:
             pass
         lease.release(directory)
-    with jobcontainer.starting(busy):   # a step holds it
+    with jobcontainer.starting(busy):  # a step holds it
         held = os.open(lingered / jobcontainer.LINGER, os.O_RDONLY | os.O_CREAT, 0o600)
-        fcntl.flock(held, fcntl.LOCK_EX)   # its lingerer runs
+        fcntl.flock(held, fcntl.LOCK_EX)  # its lingerer runs
         try:
             time.sleep(0.2)
             removed = []
@@ -117,16 +121,16 @@ def test_only_a_live_keep_alive_of_the_record_is_adopted(tmp_path):
     me = ["python3", "-c", "import time; time.sleep(30)"]
     process = subprocess.Popen(me)
     try:
-        assert jobcontainer.adopted(directory, me) is None          # nothing recorded
+        assert jobcontainer.adopted(directory, me) is None  # nothing recorded
         jobcontainer.record(directory, process.pid)
         deadline = time.monotonic() + 5
         while jobcontainer.adopted(directory, me) is None and time.monotonic() < deadline:
-            time.sleep(0.01)                                        # until python3 has exec'd
+            time.sleep(0.01)  # until python3 has exec'd
         assert jobcontainer.adopted(directory, me) == process.pid
-        assert jobcontainer.adopted(directory, ["sleep", "infinity"]) is None   # another command
+        assert jobcontainer.adopted(directory, ["sleep", "infinity"]) is None  # another command
     finally:
         process.kill()
         process.wait()
-    assert jobcontainer.adopted(directory, me) is None              # gone
-    (directory / jobcontainer.KEEP_ALIVE).write_text(f"{os.getpid()}:1")   # a pid with another start
+    assert jobcontainer.adopted(directory, me) is None  # gone
+    (directory / jobcontainer.KEEP_ALIVE).write_text(f"{os.getpid()}:1")  # a pid with another start
     assert jobcontainer.adopted(directory, me) is None

@@ -9,6 +9,7 @@ def asked(answer: bool, calls: list):
     def container_left() -> bool:
         calls.append(1)
         return answer
+
     return container_left
 
 
@@ -35,14 +36,34 @@ def test_without_an_ending_signal_podman_is_not_asked():
 
 
 def test_the_output_passes_through_unless_a_log_driver_a_terminal_or_detach_is_asked():
-    table = {"-d": False, "-e": True, "-i": False, "-t": False, "-v": True, "--detach": False, "--env": True,
-             "--log-driver": True, "--rm": False, "--tty": False, "--volume": True}
+    table = {
+        "-d": False,
+        "-e": True,
+        "-i": False,
+        "-t": False,
+        "-v": True,
+        "--detach": False,
+        "--env": True,
+        "--log-driver": True,
+        "--rm": False,
+        "--tty": False,
+        "--volume": True,
+    }
     passthrough = ["--log-driver", "passthrough"]
     assert log_driver_args([], table) == passthrough
     assert log_driver_args(["--env", "A=1", "-e", "B", "--rm", "-v", "/a:/a"], table) == passthrough
     assert log_driver_args(["-edata=1", "-e", "-t", "-v", "/d:/d"], table) == passthrough  # values, not flags
-    for options in (["--log-driver", "k8s-file"], ["--log-driver=none"], ["-t"], ["-it"], ["--tty"],
-                    ["--tty=true"], ["-d"], ["--detach"], ["--rm", "-dt"]):
+    for options in (
+        ["--log-driver", "k8s-file"],
+        ["--log-driver=none"],
+        ["-t"],
+        ["-it"],
+        ["--tty"],
+        ["--tty=true"],
+        ["-d"],
+        ["--detach"],
+        ["--rm", "-dt"],
+    ):
         assert log_driver_args(options, table) == [], options
 
 
@@ -73,5 +94,9 @@ def test_a_task_sweeps_only_the_containers_whose_task_and_reaper_are_gone(tmp_pa
     os.close(held)
     assert swept == removals.removed == removals.killed == ["podman-hpc-1-9.0.n1.killed"]
     assert sorted(path.name for path in tasks.iterdir()) == [
-        "notes.txt", "podman-hpc-1-9.0.n1.alive.lock", "podman-hpc-1-9.0.n1.alive.pid",
-        "podman-hpc-1-9.0.n1.starting.lock", "podman-hpc-1-9.0.n1.starting.pid"]
+        "notes.txt",
+        "podman-hpc-1-9.0.n1.alive.lock",
+        "podman-hpc-1-9.0.n1.alive.pid",
+        "podman-hpc-1-9.0.n1.starting.lock",
+        "podman-hpc-1-9.0.n1.starting.pid",
+    ]

@@ -11,8 +11,14 @@ def test_tasks_per_node_expands_slurm_counts():
 
 def test_step_context_picks_this_nodes_count_and_names_never_collide():
     config = load_config({})
-    env = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "3", "SLURMD_NODENAME": "n2", "SLURM_LOCALID": "1",
-           "SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NODEID": "1"}
+    env = {
+        "SLURM_JOB_ID": "42",
+        "SLURM_STEP_ID": "3",
+        "SLURMD_NODENAME": "n2",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "3,2(x2)",
+        "SLURM_NODEID": "1",
+    }
     context = step_context(config, env)
     assert (context.local_id, context.tasks_on_node) == (1, 2)
     other_step = step_context(config, {**env, "SLURM_STEP_ID": "4"})

@@ -13,6 +13,7 @@ def test_exec_env_follows_podman_exec_options():
 
 def test_task_command_is_what_podman_run_would_run():
     from jupyter_podman_hpc.engine.run.taskplan import RunningContainer, parse_entrypoint, task_command
+
     image = RunningContainer(1, ["/bin/sh", "-c"], ["echo default"])
     assert task_command(None, image, ["echo hi"]) == ["/bin/sh", "-c", "echo hi"]
     assert task_command(None, image, []) == ["/bin/sh", "-c", "echo default"]

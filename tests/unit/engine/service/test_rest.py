@@ -10,8 +10,12 @@ from jupyter_podman_hpc.engine.site.config import load_config
 
 
 def config_for(tmp_path, **extra):
-    env = {"PODMANHPC_RUN_ROOT": str(tmp_path / "run"), "PODMANHPC_GRAPH_ROOT": str(tmp_path / "graph"),
-           "SQUASH_DIR": str(tmp_path / "squash"), **extra}
+    env = {
+        "PODMANHPC_RUN_ROOT": str(tmp_path / "run"),
+        "PODMANHPC_GRAPH_ROOT": str(tmp_path / "graph"),
+        "SQUASH_DIR": str(tmp_path / "squash"),
+        **extra,
+    }
     return load_config(env)
 
 
@@ -20,7 +24,7 @@ def test_shared_service_sees_the_squashed_store_and_exits_when_idle(tmp_path):
     argv = svc.command()
     assert argv[-5:] == ["system", "service", "--time", "42", f"unix://{svc.socket}"]
     assert f"additionalimagestore={tmp_path / 'squash'}" in argv
-    assert ["--root", str(tmp_path / "graph")] == argv[argv.index("--root"):argv.index("--root") + 2]
+    assert ["--root", str(tmp_path / "graph")] == argv[argv.index("--root") : argv.index("--root") + 2]
     assert svc.socket.parent == tmp_path / "run" and svc.socket.name.startswith("podman-hpc-api-")
     assert {p.parent for p in (svc.lock_path, svc.log_path, svc.pid_path)} == {tmp_path / "run"}
 

@@ -60,4 +60,4 @@ def test_stream_hands_read_errors_to_the_caller_and_survives_interruptions():
 
     stream = Stream(Response(fail=False))
     assert next(iter(stream)) == {"stream": "a"}  # the caller stops reading here...
-    assert stream.drain(timeout=5)                # ...and the rest is read to its end
+    assert stream.drain(timeout=5)  # ...and the rest is read to its end

@@ -18,14 +18,21 @@ from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.base.files import atomic_write
 
 # a "service": its command line names its socket, and it has a child in a session of its own
-SERVICE = "import subprocess, sys, time; subprocess.Popen(['sleep', '300'], start_new_session=True); " \
-          "print(flush=True); time.sleep(300)"
+SERVICE = (
+    "import subprocess, sys, time; subprocess.Popen(['sleep', '300'], start_new_session=True); "
+    "print(flush=True); time.sleep(300)"
+)
 
 
 @pytest.fixture
 def config(tmp_path):
-    return load_config({"PODMANHPC_RUN_ROOT": str(tmp_path / "run"), "PODMANHPC_GRAPH_ROOT": str(tmp_path / "graph"),
-                        "SQUASH_DIR": str(tmp_path / "squash")})
+    return load_config(
+        {
+            "PODMANHPC_RUN_ROOT": str(tmp_path / "run"),
+            "PODMANHPC_GRAPH_ROOT": str(tmp_path / "graph"),
+            "SQUASH_DIR": str(tmp_path / "squash"),
+        }
+    )
 
 
 @pytest.fixture
@@ -61,8 +68,13 @@ def service(spawned, config, caller: str, tag: str):
     for name in (".sock", ".log"):
         open(f"{run_root}/podman-hpc-op-{tag}{name}", "w").close()
     owner = f"{run_root}/podman-hpc-op-{tag}.owner"
-    atomic_write(owner, json.dumps({"caller": caller, "service": processes.owner_token(process.pid),
-                                    "socket": sock, "started": time.time()}), 0o600)
+    atomic_write(
+        owner,
+        json.dumps(
+            {"caller": caller, "service": processes.owner_token(process.pid), "socket": sock, "started": time.time()}
+        ),
+        0o600,
+    )
     return process, child, owner
 
 
@@ -74,8 +86,7 @@ def dead_token(spawned) -> str:
     return token
 
 
-def test_the_service_of_a_dead_caller_is_killed_with_its_children_and_its_files_removed(
-        config, spawned, no_podman):
+def test_the_service_of_a_dead_caller_is_killed_with_its_children_and_its_files_removed(config, spawned, no_podman):
     process, child, owner = service(spawned, config, dead_token(spawned), "1-aaaaaa")
     lines = servicesweep.sweep(config)
     assert lines[0].startswith("stopped the Podman service podman-hpc-op-1-aaaaaa.sock of a process that died")
@@ -86,7 +97,8 @@ def test_the_service_of_a_dead_caller_is_killed_with_its_children_and_its_files_
 
 
 def test_the_service_of_a_live_caller_is_left_alone_and_stops_the_removal_of_build_containers(
-        config, spawned, no_podman):
+    config, spawned, no_podman
+):
     live, child, owner = service(spawned, config, processes.owner_token(), "2-bbbbbb")
     dead, _, _ = service(spawned, config, dead_token(spawned), "3-cccccc")
     servicesweep.sweep(config)

@@ -25,8 +25,9 @@ def dead_owner() -> str:
 
 
 def record(task_id: str, owner: str, state: str = "running", **extra) -> TaskRecord:
-    return TaskRecord(task_id, "build", f"build localhost/app:{task_id}", state, extra.pop("created", time.time()),
-                      owner, **extra)
+    return TaskRecord(
+        task_id, "build", f"build localhost/app:{task_id}", state, extra.pop("created", time.time()), owner, **extra
+    )
 
 
 @pytest.fixture
@@ -55,8 +56,9 @@ def test_a_dead_owners_unfinished_tasks_are_interrupted_with_one_line_and_a_live
     assert set(recovered) == {"aaa111", "bbb222", "ccc333"}
     running = recovered["aaa111"]
     assert running.state == INTERRUPTED and running.finished is not None
-    assert running.error == "build localhost/app:aaa111 was interrupted: the server stopped while it ran; " \
-                            "start it again"
+    assert (
+        running.error == "build localhost/app:aaa111 was interrupted: the server stopped while it ran; start it again"
+    )
     assert len(running.error.splitlines()) == 1
     assert recovered["bbb222"].state == INTERRUPTED
     assert recovered["ccc333"].error == "stopped by SIGTERM"  # as its server recorded it

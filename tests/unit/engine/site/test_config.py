@@ -30,8 +30,10 @@ def test_precedence_default_file_template_env_template_file_env(tmp_path):
     assert load_config(env).run_root == f"/file-template/{os.getuid()}"
     env["PODMANHPC_RUN_ROOT_TEMPLATE"] = "/env-template/{{ user }}"
     config = load_config(env)
-    assert config.run_root.startswith("/env-template/") and config.sources["run_root"] == \
-        "env: PODMANHPC_RUN_ROOT_TEMPLATE"
+    assert (
+        config.run_root.startswith("/env-template/")
+        and config.sources["run_root"] == "env: PODMANHPC_RUN_ROOT_TEMPLATE"
+    )
     env.update(config_file(tmp_path, "run_root_template: /file-template\nrun_root: /file-value\n"))
     assert load_config(env).run_root == "/file-value"  # a plain value beats any template
     env["PODMANHPC_RUN_ROOT"] = "/env-value"
@@ -96,6 +98,7 @@ def test_without_scratch_there_is_no_shared_fallback_store():
     assert config.squash_dir == ""  # podman-hpc 1.2.2 would use /tmp/storage, shared by every user
     from jupyter_podman_hpc.engine.store.squashed import SquashStore
     from jupyter_podman_hpc.engine.store.access import configured_stores
+
     assert configured_stores(config) == []
     with pytest.raises(ConfigError, match="no squashed image store: SCRATCH is not set"):
         SquashStore(config.squash_dir)
@@ -106,5 +109,7 @@ def test_a_yaml_syntax_error_is_one_line_with_its_place(tmp_path):
     env = config_file(tmp_path, "log_level: error\nulimits: [nofile=1024:1024\nnetwork: host\n")
     with pytest.raises(ConfigError) as refused:
         load_config(env)
-    assert str(refused.value) == (f"configuration file {tmp_path / 'podman_hpc.yaml'} is not valid YAML: "
-                                  "line 3, column 8: expected ',' or ']', but got ':'")
+    assert str(refused.value) == (
+        f"configuration file {tmp_path / 'podman_hpc.yaml'} is not valid YAML: "
+        "line 3, column 8: expected ',' or ']', but got ':'"
+    )

@@ -95,8 +95,7 @@ def test_run_hook_copies_for_enabled_modules_only(image, sources, tmp_path):
     modules.mkdir()
     (modules / "a.yaml").write_text(f"name: a\nenv: ENABLE_A\ncopy:\n  - {sources[0]}:/opt/abs/\n")
     (modules / "b.yaml").write_text(f"name: b\nenv: ENABLE_B\ncopy:\n  - {sources[0]}:/opt/b/\n")
-    config = {"root": {"path": str(root)},
-              "process": {"env": ["ENABLE_A=1", f"PODMANHPC_MODULES_DIR={modules}"]}}
+    config = {"root": {"path": str(root)}, "process": {"env": ["ENABLE_A=1", f"PODMANHPC_MODULES_DIR={modules}"]}}
     done = hook.run_hook({"bundle": str(tmp_path)}, config, {})
     assert done == [f"a: copied {sources[0]} to /opt/abs/libx.so.1"]  # no /sbin/ldconfig: no cache
     untouched(host)
@@ -107,9 +106,13 @@ def in_user_namespace(code: str, *args: str) -> subprocess.CompletedProcess:
     """Run Python ``code`` as root of a new user namespace (where the hook runs, in podman's)."""
     if shutil.which("unshare") is None:
         pytest.fail("util-linux's unshare is needed")
-    return subprocess.run(["unshare", "-r", sys.executable, "-c", code, *args],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    return subprocess.run(
+        ["unshare", "-r", sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
 
 
 def test_the_library_cache_is_built_by_the_host_ldconfig_inside_the_root(image, tmp_path):
@@ -122,8 +125,10 @@ def test_the_library_cache_is_built_by_the_host_ldconfig_inside_the_root(image, 
     lib = root / str(host).lstrip("/")
     lib.mkdir(parents=True)
     shutil.copy("/lib/x86_64-linux-gnu/libz.so.1", lib / "libz.so.1")
-    result = in_user_namespace("import sys; from jupyter_podman_hpc.engine.site import hook; "
-                               "print(hook.refresh_library_cache(sys.argv[1]))", str(root))
+    result = in_user_namespace(
+        "import sys; from jupyter_podman_hpc.engine.site import hook; print(hook.refresh_library_cache(sys.argv[1]))",
+        str(root),
+    )
     assert result.stdout.strip() == "library cache refreshed by the host's /sbin/ldconfig", result.stderr
     assert not marker.exists()  # the image's ldconfig never ran
     untouched(host)

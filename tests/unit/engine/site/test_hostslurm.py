@@ -27,8 +27,9 @@ def test_the_shim_is_built_0500_in_a_private_directory_and_reused(environ):
     st = os.lstat(shim)
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o500
     assert stat.S_IMODE(os.stat(os.path.dirname(shim)).st_mode) == 0o700
-    assert sorted(os.listdir(os.path.dirname(shim))) == sorted([os.path.basename(shim),
-                                                                os.path.basename(shim)[:-3] + ".lock"])
+    assert sorted(os.listdir(os.path.dirname(shim))) == sorted(
+        [os.path.basename(shim), os.path.basename(shim)[:-3] + ".lock"]
+    )
     assert slurm.uid_shim(environ) == shim and os.lstat(shim).st_ino == st.st_ino  # not rebuilt
 
 
@@ -57,8 +58,12 @@ def test_a_cache_directory_others_could_write_gives_no_shim(environ, caplog):
 
 def ids_under_shim(shim: str, *prefix: str) -> tuple[int, int]:
     """What ``id -u`` and ``id -g`` answer with ``shim`` preloaded (``prefix``: e.g. a user namespace)."""
-    answers = [subprocess.run([*prefix, "env", f"LD_PRELOAD={shim}", "id", flag], capture_output=True, text=True,
-                              check=True).stdout for flag in ("-u", "-g")]
+    answers = [
+        subprocess.run(
+            [*prefix, "env", f"LD_PRELOAD={shim}", "id", flag], capture_output=True, text=True, check=True
+        ).stdout
+        for flag in ("-u", "-g")
+    ]
     return int(answers[0]), int(answers[1])
 
 
@@ -90,8 +95,10 @@ def test_the_users_passwd_entry_is_answered_where_the_system_has_none(environ, m
     """An image's /etc/passwd lacks the user when its root is the user: `squeue --me` looks the uid up."""
     monkeypatch.setattr(slurm, "host_ids", lambda: slurm.HostIds(4242, 4343, "jph-shim-user", "/home/jph-shim-user"))
     shim = slurm.uid_shim(environ)
-    lookups = ("import pwd; print(pwd.getpwuid(4242)[:], pwd.getpwnam('jph-shim-user').pw_uid, "
-               "pwd.getpwuid(0).pw_name)")  # the reentrant forms; getent below uses getpwuid()
+    lookups = (
+        "import pwd; print(pwd.getpwuid(4242)[:], pwd.getpwnam('jph-shim-user').pw_uid, "
+        "pwd.getpwuid(0).pw_name)"
+    )  # the reentrant forms; getent below uses getpwuid()
     env = {**os.environ, "LD_PRELOAD": shim}
     out = subprocess.run([sys.executable, "-c", lookups], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[0] == "('jph-shim-user', '*', 4242, 4343, '', '/home/jph-shim-user', '/bin/sh') 4242 root"

@@ -22,8 +22,8 @@ def tree(tmp_path):
     (root / "usr" / "lib").mkdir(parents=True)
     outside.mkdir()
     (outside / "secret").write_text("host\n")
-    (root / "lib").symlink_to("usr/lib")                                  # merged /usr, as images have
-    (root / "opt" / "abs").symlink_to(outside)                            # absolute, to the host
+    (root / "lib").symlink_to("usr/lib")  # merged /usr, as images have
+    (root / "opt" / "abs").symlink_to(outside)  # absolute, to the host
     (root / "opt" / "rel").symlink_to("../../../../../../.." + str(outside))  # climbing out
     (root / "opt" / "loop").symlink_to("loop")
     (root / "file").write_text("x")

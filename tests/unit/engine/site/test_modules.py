@@ -4,7 +4,14 @@ import pytest
 
 from jupyter_podman_hpc.engine.site.config import SITE_DATA
 from jupyter_podman_hpc.engine.errors import ModuleError
-from jupyter_podman_hpc.engine.site.modules import PRIVATE_SHM, ModuleSet, Mount, cdi_kind_available, load_module, resolve_binds
+from jupyter_podman_hpc.engine.site.modules import (
+    PRIVATE_SHM,
+    ModuleSet,
+    Mount,
+    cdi_kind_available,
+    load_module,
+    resolve_binds,
+)
 from jupyter_podman_hpc.engine.base.private import UnsafeDirectory
 
 
@@ -14,8 +21,11 @@ def write_module(directory, name, text):
 
 @pytest.fixture
 def site(tmp_path):
-    write_module(tmp_path, "a", "name: a\ncli_arg: alpha\nenv: ENABLE_A\nconflicts: [b]\n"
-                 "additional_args: ['-e SLURM_*', '--ipc=host']\n")
+    write_module(
+        tmp_path,
+        "a",
+        "name: a\ncli_arg: alpha\nenv: ENABLE_A\nconflicts: [b]\nadditional_args: ['-e SLURM_*', '--ipc=host']\n",
+    )
     write_module(tmp_path, "b", "name: b\ncli_arg: beta\nenv: ENABLE_B\n")
     write_module(tmp_path, "c", "name: c\ncli_arg: gamma\nenv: ENABLE_C\ndepends_on: [b]\n")
     return ModuleSet.load(str(tmp_path))
@@ -58,8 +68,9 @@ def test_bind_rules_resolve_like_podman_hpc(tmp_path):
     for name in ("libnvidia-ml.so.1", "libnvcuvid.so.1"):
         (tmp_path / name).write_text("")
     env = {"HOME": str(tmp_path)}
-    pairs = resolve_binds([f"{tmp_path}/libnv*:/usr/lib64/", "$HOME:$HOME", "/does/not/exist:/x",
-                           "$UNSET_VARIABLE:/y"], "/modules", env)
+    pairs = resolve_binds(
+        [f"{tmp_path}/libnv*:/usr/lib64/", "$HOME:$HOME", "/does/not/exist:/x", "$UNSET_VARIABLE:/y"], "/modules", env
+    )
     assert Mount(f"{tmp_path}/libnvidia-ml.so.1", "/usr/lib64/libnvidia-ml.so.1") in pairs
     assert Mount(f"{tmp_path}/libnvcuvid.so.1", "/usr/lib64/libnvcuvid.so.1") in pairs
     assert Mount(str(tmp_path), str(tmp_path)) in pairs
@@ -74,7 +85,10 @@ def test_relative_sources_are_relative_to_the_modules_directory():
 def test_a_bind_rule_may_be_read_only(tmp_path):
     env = {"HOME": str(tmp_path)}
     assert resolve_binds(["$HOME:/h:ro", "$HOME::ro", "$HOME:/w:rw"], "/modules", env) == [
-        Mount(str(tmp_path), "/h", "ro"), Mount(str(tmp_path), str(tmp_path), "ro"), Mount(str(tmp_path), "/w", "rw")]
+        Mount(str(tmp_path), "/h", "ro"),
+        Mount(str(tmp_path), str(tmp_path), "ro"),
+        Mount(str(tmp_path), "/w", "rw"),
+    ]
     with pytest.raises(ModuleError, match="unknown option 'rx'"):
         resolve_binds(["$HOME:/h:rx"], "/modules", env)
 
@@ -111,8 +125,7 @@ def test_cdi_device_only_when_a_spec_declares_it(tmp_path):
 
 def test_shipped_modules_load_and_the_mpi_ones_conflict(tmp_path):
     modules = ModuleSet.load(str(SITE_DATA / "modules.d"))
-    assert {"gpu", "openmpi-pmix", "openmpi-pmi2", "mpich", "jupyter", "home", "scratch"} <= \
-        {m.name for m in modules}
+    assert {"gpu", "openmpi-pmix", "openmpi-pmi2", "mpich", "jupyter", "home", "scratch"} <= {m.name for m in modules}
     with pytest.raises(ModuleError, match="conflicts"):
         modules.select(["openmpi-pmix", "openmpi-pmi2"])
     jupyter = modules.podman_args(modules.select(["jupyter"]), {"HOME": str(tmp_path)})
@@ -143,5 +156,6 @@ def test_a_module_file_that_is_not_yaml_is_one_line_with_its_place(tmp_path):
     path.write_text("name: broken\nenv: X\nbind: [/a:/b\n")
     with pytest.raises(ModuleError) as refused:
         load_module(path)
-    assert str(refused.value) == (f"module file {path} is not valid YAML: line 4, column 1: "
-                                  "expected ',' or ']', but got '<stream end>'")
+    assert str(refused.value) == (
+        f"module file {path} is not valid YAML: line 4, column 1: expected ',' or ']', but got '<stream end>'"
+    )

@@ -19,26 +19,31 @@ def test_settings_travel_to_the_mount_program_through_podmans_environment(monkey
     monkeypatch.setenv("PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB", "2048")
     config = load_config()
     settings = ReadPathSettings.from_env(config.podman_env({}))
-    assert settings == ReadPathSettings("kernel", f"/dev/shm/{os.getuid()}_hpc/unpacked", 512.0, 30.0, "1234",
-                                        16, 2048.0)
+    assert settings == ReadPathSettings(
+        "kernel", f"/dev/shm/{os.getuid()}_hpc/unpacked", 512.0, 30.0, "1234", 16, 2048.0
+    )
     assert settings.kernel_overlay and not settings.unpacks
     assert ReadPathSettings.from_env({}).mode == "auto"
 
 
 def test_auto_declines_to_unpack_what_the_jobs_nodes_together_would_read_too_much_of():
     settings = ReadPathSettings("auto", "/dev/shm/x", 4096.0, 30.0, "7", job_nodes=16, auto_job_max_mb=2048.0)
-    assert settings.auto_declines(128 * 2**20) == ""           # 16 x 128 MiB = the limit
+    assert settings.auto_declines(128 * 2**20) == ""  # 16 x 128 MiB = the limit
     assert settings.auto_declines(129 * 2**20) == (
         "auto reads it through squashfuse: 16 nodes x 129 MiB would read 2064 MiB from the shared store, "
-        "more than squash_unpack_auto_job_max_mb (2048)")
+        "more than squash_unpack_auto_job_max_mb (2048)"
+    )
     assert ReadPathSettings("unpacked", "/dev/shm/x", 4096.0, 30.0, "7", 16, 2048.0).auto_declines(2**30) == ""
     assert ReadPathSettings("auto", "/dev/shm/x", 4096.0, 30.0, None).auto_declines(2**40) == ""  # nodes unknown
 
 
 def test_a_bad_auto_job_limit_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB", "-5")
-    with pytest.raises(ConfigError, match=r"^squash_unpack_auto_job_max_mb \(env: PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB\) "
-                                          "must be positive$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^squash_unpack_auto_job_max_mb \(env: PODMANHPC_SQUASH_UNPACK_AUTO_JOB_MAX_MB\) "
+        "must be positive$",
+    ):
         load_config()
 
 
@@ -69,8 +74,11 @@ def test_the_default_budget_is_a_tenth_of_this_nodes_memory(monkeypatch, tmp_pat
 
 def test_a_bad_budget_is_a_one_line_error(monkeypatch):
     monkeypatch.setenv("PODMANHPC_SQUASH_UNPACK_MAX_MB", "half")
-    with pytest.raises(ConfigError, match=r"squash_unpack_max_mb \(env: PODMANHPC_SQUASH_UNPACK_MAX_MB\) must be "
-                                          r"a positive number of MiB or a share of memory such as 10%, not 'half'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"squash_unpack_max_mb \(env: PODMANHPC_SQUASH_UNPACK_MAX_MB\) must be "
+        r"a positive number of MiB or a share of memory such as 10%, not 'half'",
+    ):
         load_config()
 
 
@@ -91,13 +99,16 @@ def test_a_memory_cgroup_limit_below_the_nodes_memory_is_the_base(tmp_path):
     assert cgroup_limits(str(tmp_path / "cg0"), str(v1)) == []
 
 
-@pytest.mark.parametrize("job, mode, unpacks", [
-    ("", "auto", False),  # a login node: squashfuse's page cache, not a tmpfs copy
-    ("", "unpacked", True),  # unless asked
-    ("", "kernel", False),
-    ("4242", "auto", True),  # a compute node in a job
-    ("4242", "kernel", False),
-])
+@pytest.mark.parametrize(
+    "job, mode, unpacks",
+    [
+        ("", "auto", False),  # a login node: squashfuse's page cache, not a tmpfs copy
+        ("", "unpacked", True),  # unless asked
+        ("", "kernel", False),
+        ("4242", "auto", True),  # a compute node in a job
+        ("4242", "kernel", False),
+    ],
+)
 def test_a_login_node_unpacks_only_when_asked(monkeypatch, tmp_path, job, mode, unpacks):
     monkeypatch.setenv("PODMANHPC_CONFIG_FILE", str(tmp_path / "none.yaml"))
     (tmp_path / "none.yaml").write_text(f"squash_read_path: {mode}\n")

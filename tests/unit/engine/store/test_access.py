@@ -15,8 +15,9 @@ def test_missing_stores_are_left_out_and_the_order_is_personal_first(tmp_path):
     personal, extra = tmp_path / "mine", tmp_path / "extra"
     personal.mkdir()
     extra.mkdir()
-    config = load_config({"SQUASH_DIR": str(personal),
-                          "PODMANHPC_ADDITIONAL_STORES": f"{extra},{tmp_path}/none,{personal}"})
+    config = load_config(
+        {"SQUASH_DIR": str(personal), "PODMANHPC_ADDITIONAL_STORES": f"{extra},{tmp_path}/none,{personal}"}
+    )
     assert readable_stores(config) == [str(personal), str(extra)]
     assert store_access(f"{tmp_path}/none") == "missing"
 

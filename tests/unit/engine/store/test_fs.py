@@ -28,8 +28,9 @@ def test_a_lock_file_swapped_for_a_link_is_refused_and_not_followed(tmp_path, vi
     (tmp_path / "store" / "overlay-images" / "images.lock").symlink_to(victim_file)
     with pytest.raises(EntryRefused) as refused:
         Tree(tmp_path / "store").lock_file(("overlay-images",), "images.lock", 0o660)
-    assert str(refused.value).startswith(f"refusing to use {tmp_path}/store/overlay-images/images.lock: "
-                                         "it is a symbolic link")
+    assert str(refused.value).startswith(
+        f"refusing to use {tmp_path}/store/overlay-images/images.lock: it is a symbolic link"
+    )
     assert "\n" not in str(refused.value) and unchanged(victim_file)
 
 

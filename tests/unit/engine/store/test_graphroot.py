@@ -17,8 +17,10 @@ def graph_root(tmp_path, records):
 
 
 def test_find_matches_names_in_any_of_podmans_spellings_and_ids_by_prefix(tmp_path):
-    root = graph_root(tmp_path, [{"id": FIRST, "names": ["docker.io/library/busybox:latest"]},
-                                 {"id": SECOND, "names": ["localhost/x:1"]}])
+    root = graph_root(
+        tmp_path,
+        [{"id": FIRST, "names": ["docker.io/library/busybox:latest"]}, {"id": SECOND, "names": ["localhost/x:1"]}],
+    )
     assert root.find("busybox")["id"] == FIRST
     assert root.find("docker.io/library/busybox")["id"] == FIRST
     assert root.find("localhost/x:1")["id"] == SECOND

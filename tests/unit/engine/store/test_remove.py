@@ -19,8 +19,11 @@ def test_rmsqi_never_acts_on_records_whose_ids_are_paths(tmp_path, caplog):
     squashed_image(store, "a" * 64, "1" * 64, LINK, ["localhost/unrelated:1"])
     squashed_image(store, "b" * 64, "2" * 64, "Q" * 26, ["localhost/other:1"])
     depth = len(store.root.joinpath("overlay").parts) - 1
-    planted = [{"id": str(home / "keep")}, {"id": "../" * depth + str(home / "keep")[1:]},
-               {"id": "3" * 64, "parent": "../../home"}]
+    planted = [
+        {"id": str(home / "keep")},
+        {"id": "../" * depth + str(home / "keep")[1:]},
+        {"id": "3" * 64, "parent": "../../home"},
+    ]
     store.layers_json.write_text(json.dumps(json.loads(store.layers_json.read_text()) + planted))
     (store.root / "overlay" / ("4" * 64)).symlink_to(home / "keep")  # a valid id, its directory a link
     store.layers_json.write_text(json.dumps(json.loads(store.layers_json.read_text()) + [{"id": "4" * 64}]))

@@ -14,8 +14,12 @@ def made(path, mode):
 def test_a_personal_store_keeps_the_users_umask(tmp_path):
     sharing = Sharing.of(made(tmp_path / "store", 0o755))
     assert sharing == Sharing()
-    assert (sharing.file_mode(), sharing.squash_mode(), sharing.dir_mode(), sharing.dir_mode(records=True)) \
-        == (None, None, None, None)
+    assert (sharing.file_mode(), sharing.squash_mode(), sharing.dir_mode(), sharing.dir_mode(records=True)) == (
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 def test_a_group_writable_project_store_is_sticky_but_for_its_record_directories(tmp_path):

@@ -10,8 +10,14 @@ import pytest
 
 from jupyter_podman_hpc.engine.store import squashcheck
 from jupyter_podman_hpc.engine.store.records import SQUASH_DIGEST
-from jupyter_podman_hpc.engine.store.squashcheck import (SquashChanged, SquashDamaged, VerifiedFiles, check, recorded,
-                                                     verified_dir)
+from jupyter_podman_hpc.engine.store.squashcheck import (
+    SquashChanged,
+    SquashDamaged,
+    VerifiedFiles,
+    check,
+    recorded,
+    verified_dir,
+)
 
 LAYER = "2108b300847846c93247b62e64e43dee44ad29772604f104a14cdcdd515c3b1c"
 
@@ -34,6 +40,7 @@ def reads(monkeypatch):
     def counting(fd):
         count.append(fd)
         return real(fd)
+
     monkeypatch.setattr(squashcheck, "sha256_of", counting)
     return count
 
@@ -70,8 +77,9 @@ def test_a_file_written_to_after_its_check_is_read_again_and_refused(tmp_path, s
             check(fd, squash, {good}, verified)
     finally:
         os.close(fd)
-    assert str(refused.value) == (f"squash file {squash} does not match its record: it was changed after it "
-                                  "was squashed; squash the image again")
+    assert str(refused.value) == (
+        f"squash file {squash} does not match its record: it was changed after it was squashed; squash the image again"
+    )
     assert len(reads) == 2
 
 
@@ -87,11 +95,15 @@ def test_images_without_a_digest_run_unchecked(tmp_path, squash, reads):
 def test_what_the_store_records_for_a_layer(tmp_path):
     images = tmp_path / "overlay-images"
     images.mkdir()
-    (images / "images.json").write_text(json.dumps([
-        {"id": "a" * 64, "layer": LAYER, "flags": {SQUASH_DIGEST: "sha256:" + "d" * 64}},
-        {"id": "b" * 64, "layer": LAYER},  # podman-hpc 1.2.2's
-        {"id": "../x", "layer": "c" * 64, "flags": {SQUASH_DIGEST: "sha256:" + "e" * 64}},
-    ]))
+    (images / "images.json").write_text(
+        json.dumps(
+            [
+                {"id": "a" * 64, "layer": LAYER, "flags": {SQUASH_DIGEST: "sha256:" + "d" * 64}},
+                {"id": "b" * 64, "layer": LAYER},  # podman-hpc 1.2.2's
+                {"id": "../x", "layer": "c" * 64, "flags": {SQUASH_DIGEST: "sha256:" + "e" * 64}},
+            ]
+        )
+    )
     assert recorded(tmp_path, LAYER) == (True, {"d" * 64})
     assert recorded(tmp_path, "c" * 64) == (False, set())  # an invalid record vouches for nothing
     assert recorded(tmp_path / "missing", LAYER) == (False, set())
@@ -110,10 +122,13 @@ def test_the_node_remembers_beside_its_unpacked_copies_in_a_directory_of_the_use
     assert verified_dir("", "/tmp/1001_hpc/storage") == Path("/tmp/1001_hpc/storage/squash-verified")
 
 
-@pytest.mark.parametrize("cut, why", [
-    (2**20, f"it is truncated ({2**20} of its {3 * 2**20 + 4} bytes)"),
-    (0, "it is empty"),
-])
+@pytest.mark.parametrize(
+    "cut, why",
+    [
+        (2**20, f"it is truncated ({2**20} of its {3 * 2**20 + 4} bytes)"),
+        (0, "it is empty"),
+    ],
+)
 def test_a_truncated_squash_file_is_refused_as_such_before_its_digest_is_read(tmp_path, squash, reads, cut, why):
     good = digest_of(squash)
     os.truncate(squash, cut)  # a copy that stopped, a full file system
@@ -123,8 +138,9 @@ def test_a_truncated_squash_file_is_refused_as_such_before_its_digest_is_read(tm
             check(fd, squash, {good}, VerifiedFiles(tmp_path))
     finally:
         os.close(fd)
-    assert str(refused.value) == (f"squash file {squash} is damaged: {why}; squash the image again "
-                                  "(podman-hpc pull or migrate)")
+    assert str(refused.value) == (
+        f"squash file {squash} is damaged: {why}; squash the image again (podman-hpc pull or migrate)"
+    )
     assert reads == []
 
 

@@ -52,6 +52,7 @@ def test_a_personal_store_keeps_the_umask(tmp_path):
 
 # --- records used as paths --------------------------------------------------------------
 
+
 def test_a_link_that_is_no_link_name_is_not_used_as_a_file_name(tmp_path):
     store = SquashStore(tmp_path / "store")
     store.init()
