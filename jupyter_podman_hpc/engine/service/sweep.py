@@ -128,7 +128,7 @@ def _remove_build_containers(config: SiteConfig, environ: Mapping[str, str] | No
         if str(c.get("State")) == "storage" and c.get("Id") and float(c.get("Created") or 0) >= int(since) - 1
     ]
     if ids:
-        podman.run(podman.command("rm", "--force", *ids), check=False, timeout=120)
+        podman.run(podman.remove_command(*ids), check=False, timeout=120)
     return ids
 
 
