@@ -11,9 +11,9 @@ import socket
 import statistics
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 from jupyter_podman_hpc.engine.base.locks import flocked
 

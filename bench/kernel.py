@@ -70,8 +70,8 @@ import time
 import traceback
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from common import Failure, PrivateStorage, Sample, alternating, ensure_pulled, pulled_store, store_env, timed
 
@@ -333,7 +333,7 @@ async def _info_on_websocket(url: str, token: str) -> None:
                             "session": uuid.uuid4().hex,
                             "msg_type": "kernel_info_request",
                             "version": "5.3",
-                            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                            "date": datetime.datetime.now(datetime.UTC).isoformat(),
                         },
                         "parent_header": {},
                         "metadata": {},
@@ -351,7 +351,7 @@ async def _info_on_websocket(url: str, token: str) -> None:
                     msg = json.loads(raw)
                     if msg["header"]["msg_type"] == "kernel_info_reply" and msg["parent_header"].get("msg_id") in sent:
                         return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
         raise TimeoutError(f"no kernel_info reply on the WebSocket within {READY_TIMEOUT:.0f} s")
     finally:
@@ -359,8 +359,8 @@ async def _info_on_websocket(url: str, token: str) -> None:
 
 
 def _kernel_containers() -> int:
-    from jupyter_podman_hpc.engine.site.config import load_config
     from jupyter_podman_hpc.engine.podman import Podman
+    from jupyter_podman_hpc.engine.site.config import load_config
     from jupyter_podman_hpc.kernels.orphans import kernel_containers
 
     return len(kernel_containers(Podman(load_config(os.environ), os.environ)))
@@ -368,8 +368,8 @@ def _kernel_containers() -> int:
 
 def _pool_started(timeout: float) -> None:
     """Until the server's pool has a container, then the settle time (readiness is not visible)."""
-    from jupyter_podman_hpc.engine.site.config import load_config
     from jupyter_podman_hpc.engine.podman import Podman
+    from jupyter_podman_hpc.engine.site.config import load_config
     from jupyter_podman_hpc.kernels.orphans import POOL_LABEL, kernel_containers
 
     podman = Podman(load_config(os.environ), os.environ)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from common import BenchError, Sample, timed
 

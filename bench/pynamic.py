@@ -50,10 +50,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from common import (
     FRESH_NODE,

@@ -27,8 +27,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 BENCHMARK = "readpath"
 IMPORTS = (

@@ -24,18 +24,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import cluster  # noqa: E402
-import deepcam  # noqa: E402
-import kernel  # noqa: E402
-import lammps  # noqa: E402
-import launch  # noqa: E402
-import pynamic  # noqa: E402
-import readpath  # noqa: E402
-import report  # noqa: E402
-import scale  # noqa: E402
-import squash  # noqa: E402
-import steps  # noqa: E402
-from common import BenchError, Failure, PrivateStorage, Sample, image_store, machine, remove_tree  # noqa: E402
+import cluster
+import deepcam
+import kernel
+import lammps
+import launch
+import pynamic
+import readpath
+import report
+import scale
+import squash
+import steps
+from common import BenchError, Failure, PrivateStorage, Sample, image_store, machine, remove_tree
 
 BENCHMARKS = ["launch", "steps", "scale", "lammps", "pynamic", "deepcam", "readpath", "squash", "kernel", "cluster"]
 # 1x16 and 4x16 show what each added rank costs (the nodes declare 16 CPUs for them)

@@ -34,9 +34,9 @@ import resource
 import statistics
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from common import (
     BenchError,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from common import BenchError, Sample, alternating, timed
 

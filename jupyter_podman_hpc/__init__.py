@@ -2,7 +2,6 @@
 
 from .version import __version__  # noqa: F401 - the package's version, as usual
 
-
 # Jupyter's entry points. They only name modules: importing the package must
 # stay cheap and must not need Jupyter (the engine runs on compute nodes).
 

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence, TextIO
+from typing import TextIO
 
-from .version import __version__
 from .engine.base import commands
 from .engine.errors import EngineError, InvalidInput
-from .engine.run.plan import SHARED_RUN_FLAGS, Site, wants_join, wants_reuse
 from .engine.progress import Progress
+from .engine.run.plan import SHARED_RUN_FLAGS, Site, wants_join, wants_reuse
 from .engine.text import image_rows, text_table
+from .version import __version__
 
 # Commands import the rest of the engine when they need it: every Slurm task of a
 # job step starts this script, so its start-up time is paid once per rank.

@@ -16,8 +16,8 @@ import secrets
 import shutil
 import signal
 import socket
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from . import layout
 from .proc import exited, run, running_pid, say, start_daemon, stop_daemon, succeeds, wait_for, write_if_changed

@@ -25,8 +25,8 @@ command lines); ``service`` (the REST service) and ``info``; ``images`` (pull, b
 """
 
 from .errors import (
-    Conflict,
     ConfigError,
+    Conflict,
     EngineError,
     ImageNotFound,
     InvalidInput,
@@ -50,17 +50,17 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "SiteConfig",
-    "load_config",
-    "EngineError",
-    "InvalidInput",
-    "NotFound",
-    "Conflict",
-    "PermissionDenied",
     "ConfigError",
-    "ModuleError",
+    "Conflict",
+    "EngineError",
     "ImageNotFound",
+    "InvalidInput",
     "InvalidReference",
+    "ModuleError",
+    "NotFound",
+    "PermissionDenied",
     "PodmanError",
+    "SiteConfig",
     "ToolFailed",
+    "load_config",
 ]

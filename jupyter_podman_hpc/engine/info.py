@@ -8,8 +8,8 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..version import __version__
 
@@ -118,4 +118,4 @@ def unpacked_copies(site, release_job: bool = False) -> Iterator[str]:
         )
 
 
-__all__ = ["report", "read_path", "unpacked_copies"]
+__all__ = ["read_path", "report", "unpacked_copies"]

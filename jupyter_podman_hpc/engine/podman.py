@@ -13,13 +13,13 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 from .base import commands
-from .site.config import SiteConfig
-from .errors import PodmanError
 from .base.files import atomic_write
+from .errors import PodmanError
+from .site.config import SiteConfig
 from .site.modules import HOOK_ANNOTATION
 from .statebinds import guard
 from .store.access import make_store_dir, readable_stores

@@ -28,15 +28,16 @@ it is refused in one line too. The MPI modules give every capability but that on
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, NamedTuple, Sequence
+from typing import NamedTuple
 
-from .site.config import SiteConfig
 from .errors import InvalidInput
+from .mount.squashfuse import MOUNTS_DIR
+from .site.config import SiteConfig
 from .site.modules import private_shm
 from .site.readpath import node_state_dir
 from .store.squashcheck import VERIFIED_DIR
-from .mount.squashfuse import MOUNTS_DIR
 
 HOST_SHM = "/dev/shm"
 VOLUME_FLAGS = ("-v", "--volume")

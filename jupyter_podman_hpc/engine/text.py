@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def human_bytes(size: int | float | None) -> str:
@@ -56,4 +56,4 @@ def image_rows(images: Iterable) -> list[tuple[str, ...]]:
     return rows
 
 
-__all__ = ["human_bytes", "text_table", "image_rows", "truth", "TRUE_WORDS", "FALSE_WORDS"]
+__all__ = ["FALSE_WORDS", "TRUE_WORDS", "human_bytes", "image_rows", "text_table", "truth"]

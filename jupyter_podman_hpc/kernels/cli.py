@@ -19,9 +19,9 @@ import json
 import sys
 from typing import NoReturn
 
-from ..version import __version__
 from ..engine.errors import EngineError
 from ..engine.text import text_table
+from ..version import __version__
 from . import kernelspec
 
 PROG = "jupyter podman-hpc"

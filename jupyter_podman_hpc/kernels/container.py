@@ -21,15 +21,15 @@ import fnmatch
 import os
 import pwd
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from ..engine import EngineError
-from ..engine.store.graphroot import GraphRoot
 from ..engine.podman import Podman
-from ..engine.text import truth
+from ..engine.store.graphroot import GraphRoot
 from ..engine.store.squashed import SquashStore
+from ..engine.text import truth
 
 BOOT = Path(__file__).resolve().with_name("boot.py")  # mounted into the container, read-only
 BOOT_IN_CONTAINER = "/opt/podman-hpc/kernel_boot.py"

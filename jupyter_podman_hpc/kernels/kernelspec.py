@@ -23,16 +23,16 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from jupyter_core.paths import SYSTEM_JUPYTER_PATH, jupyter_data_dir, jupyter_path
 
-from ..version import __version__
-from ..engine.errors import EngineError, NotFound
 from ..engine.base.locks import flocked
 from ..engine.base.private import UnsafeDirectory, trusted_file
+from ..engine.errors import EngineError, NotFound
+from ..version import __version__
 from . import PROVISIONER_NAME
 
 KERNEL_ARGV = ["{python}", "-m", "ipykernel_launcher", "-f", "{connection_file}"]

@@ -35,7 +35,8 @@ import socket
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..engine.base.processes import detach, owner_alive, owner_token, wait_any
 
@@ -62,7 +63,7 @@ def pool_labels(kernel_name: str) -> dict[str, str]:
     return {**labels(POOL), POOL_LABEL: kernel_name}
 
 
-def kernel_containers(podman: "Podman") -> list[dict]:
+def kernel_containers(podman: Podman) -> list[dict]:
     """Every container (running or not) of this user's node storage with our label."""
     result = podman("ps", "--all", "--filter", f"label={LABEL}", "--format", "json", check=False)
     if result.returncode != 0:
@@ -86,7 +87,7 @@ def orphans(containers: Sequence[dict], host: str | None = None) -> list[dict]:
     return found
 
 
-def sweep(podman: "Podman") -> list[str]:
+def sweep(podman: Podman) -> list[str]:
     """Remove orphaned kernel containers; returns their names."""
     doomed = orphans(kernel_containers(podman))
     names = [(c.get("Names") or [c.get("Id", "")])[0] for c in doomed]
@@ -97,8 +98,8 @@ def sweep(podman: "Podman") -> list[str]:
 def sweep_environment(environ=None) -> list[str]:
     """:func:`sweep` with the engine configured from ``environ`` (default: this process's),
     for fronts that start no kernel themselves (a server extension at load, a CLI)."""
-    from ..engine.site.config import load_config
     from ..engine.podman import Podman
+    from ..engine.site.config import load_config
 
     env = dict(os.environ if environ is None else environ)
     return sweep(Podman(load_config(env), env))
@@ -154,8 +155,8 @@ def watchdog(owner: str, client_pid: int, name: str) -> int:
     if first == "client" and owner_alive(owner):
         return 0  # the kernel ended while its server lives: the provisioner cleans up
     _leave_the_job()
-    from ..engine.site.config import load_config
     from ..engine.podman import Podman
+    from ..engine.site.config import load_config
 
     remove_until_gone(Podman(load_config(os.environ)), name)
     return 0
@@ -171,7 +172,7 @@ def _leave_the_job() -> None:
         os._exit(0)
 
 
-def remove_until_gone(podman: "Podman", name: str, tries: int = REMOVE_TRIES) -> bool:
+def remove_until_gone(podman: Podman, name: str, tries: int = REMOVE_TRIES) -> bool:
     """``podman rm`` the container ``name`` until podman says it does not exist (another remover may
     hold it, or fail half-way): True once it is gone."""
     for attempt in range(tries):

@@ -37,9 +37,9 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from . import orphans
 from .container import KernelContainer, home, outermost

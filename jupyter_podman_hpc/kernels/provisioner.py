@@ -40,19 +40,21 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, Union
 
 from ..engine import EngineError, reference
+from ..engine.podman import Podman, error_message
+from ..engine.run.plan import Site
 from ..engine.site import hostslurm
 from ..engine.site.modules import ModuleSet
-from ..engine.run.plan import Site
-from ..engine.podman import Podman, error_message
-from . import kernelspec, orphans, pool as pools
+from . import kernelspec, orphans
+from . import pool as pools
 from .container import KernelContainer, KernelStartError, home
 from .spawn import STDERR_TAIL, spawn
 
@@ -360,7 +362,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
             return os.path.exists(f"{ip}-{port}")
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(ip, int(port)), 1.0)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return False
         writer.close()
         try:

@@ -14,7 +14,7 @@ import logging
 import subprocess
 import sys
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..engine import EngineError
 from ..engine.podman import Podman

@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 from argparse import Namespace
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
@@ -499,4 +499,4 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-__all__ = ["PodmanHPCMagics", "MagicError", "stream"]
+__all__ = ["MagicError", "PodmanHPCMagics", "stream"]

@@ -10,7 +10,7 @@ as an HTML table in a notebook and as aligned text in a terminal.
 from __future__ import annotations
 
 import html
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..engine.text import image_rows, text_table
 

@@ -295,7 +295,7 @@ class JobList(list):
         self.problems = list(problems)
 
     @classmethod
-    def load(cls) -> "JobList":
+    def load(cls) -> JobList:
         """The user's jobs, newest first, with their last known status (one Slurm query)."""
         from ..engine.errors import EngineError
         from ..slurm import SlurmClient

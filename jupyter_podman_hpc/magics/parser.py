@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+from collections.abc import Sequence
 from functools import partial
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 PROG = "%podman_hpc"
 

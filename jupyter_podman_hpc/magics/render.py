@@ -17,7 +17,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 from ..engine.progress import Progress
 from ..engine.text import human_bytes, truth
@@ -98,9 +99,7 @@ def widgets_enabled(shell: Any = None, environ: Mapping[str, str] | None = None)
     return bool(request_allows_stdin(kernel))
 
 
-def make_renderer(
-    title: str, *, widgets: bool | None = None, log: bool = False, out: TextIO | None = None
-) -> "Renderer":
+def make_renderer(title: str, *, widgets: bool | None = None, log: bool = False, out: TextIO | None = None) -> Renderer:
     """The renderer for an operation called ``title``: widgets if ``widgets`` (by default as
     ``widgets_enabled`` decides), else plain text to ``out`` (the cell's stdout), with the build log if
     ``log``."""
@@ -530,4 +529,4 @@ class WidgetRenderer(Renderer):
                 self._show_log()
 
 
-__all__ = ["Renderer", "TextRenderer", "WidgetRenderer", "make_renderer", "widgets_enabled", "WIDGETS_ENV"]
+__all__ = ["WIDGETS_ENV", "Renderer", "TextRenderer", "WidgetRenderer", "make_renderer", "widgets_enabled"]

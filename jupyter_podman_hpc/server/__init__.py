@@ -94,7 +94,7 @@ def _stop_on_shutdown(serverapp, backend) -> None:
             serverapp.kernel_manager.get_kernel(kernel_id).stop_restarter()
         try:
             await asyncio.get_running_loop().run_in_executor(None, backend.tasks.shutdown)
-        except Exception:  # noqa: BLE001 - the server must still stop: jupyter_server's _stop would never end
+        except Exception:
             serverapp.log.exception("podman-hpc: stopping the pulls and builds failed")
         await cleanup_extensions()
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from traitlets import Int, Unicode
 from traitlets.config import Configurable
 
-from ..engine.site.config import SiteConfig, load_config
 from ..engine.errors import EngineError
-from ..engine.site.modules import ModuleSet
 from ..engine.podman import Podman
 from ..engine.service.taskrecords import TaskRecords
+from ..engine.site.config import SiteConfig, load_config
+from ..engine.site.modules import ModuleSet
 from .tasks import Task, TaskManager
 
 

@@ -18,12 +18,13 @@ import time
 import traceback
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from ..engine.errors import EngineError
 from ..engine.base.processes import owner_token
+from ..engine.errors import EngineError
 from ..engine.progress import Progress
 from ..engine.service.rest import stop_private_services
 from ..engine.service.taskrecords import INTERRUPTED, TaskRecord, TaskRecords, interrupted_message

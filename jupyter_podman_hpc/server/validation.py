@@ -38,7 +38,7 @@ def json_body(request, limit: int = MAX_BODY_BYTES) -> dict:
 def string(data: dict, key: str, *, required: bool = True, default: str = "", max_length: int = 4096) -> str:
     """``data[key]`` as a string, checked (length, no NUL); ``default`` when absent or empty and not
     ``required``, else BadRequest."""
-    value = data.get(key, None)
+    value = data.get(key)
     if value is None or value == "":
         if required:
             raise BadRequest(f"'{key}' is required")

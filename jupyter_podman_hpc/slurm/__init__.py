@@ -26,16 +26,16 @@ from .script import render
 from .spec import JobSpec, JobSpecError
 
 __all__ = [
-    "JobSpec",
-    "JobSpecError",
-    "render",
-    "SlurmClient",
-    "SlurmError",
-    "JobStatus",
-    "Partition",
     "Job",
     "JobError",
     "JobNotFound",
+    "JobSpec",
+    "JobSpecError",
+    "JobStatus",
     "JobTimeout",
+    "Partition",
+    "SlurmClient",
+    "SlurmError",
     "default_root",
+    "render",
 ]

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 from ..engine.base import commands
 from ..engine.errors import EngineError
@@ -122,7 +122,7 @@ def expand_nodelist(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _time(text: str) -> Optional[str]:
+def _time(text: str) -> str | None:
     text = text.strip()
     return None if text in ("", "N/A", "NONE", "None", "Unknown", "(null)") else text
 
@@ -135,13 +135,13 @@ class JobStatus:
     state: str  # one of STATES
     raw_state: str = ""  # Slurm's word, e.g. "CANCELLED by 1001", "OUT_OF_MEMORY"
     reason: str = ""  # why it is pending, or what the raw state adds
-    exit_code: Optional[int] = None  # the batch script's exit code, when finished
-    signal: Optional[int] = None  # the signal that ended it, when one did
+    exit_code: int | None = None  # the batch script's exit code, when finished
+    signal: int | None = None  # the signal that ended it, when one did
     nodelist: str = ""
     nodes: tuple[str, ...] = ()
-    elapsed: Optional[int] = None  # seconds
-    start: Optional[str] = None  # ISO 8601 as Slurm prints it
-    end: Optional[str] = None
+    elapsed: int | None = None  # seconds
+    start: str | None = None  # ISO 8601 as Slurm prints it
+    end: str | None = None
     source: str = ""  # "squeue", "sacct" or "record"
 
     @property
@@ -175,7 +175,7 @@ class JobStatus:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "JobStatus":
+    def from_dict(cls, data: Mapping) -> JobStatus:
         """The status ``as_dict`` wrote (keys it does not know are ignored)."""
         known = {f for f in cls.__dataclass_fields__}
         values = {k: v for k, v in data.items() if k in known}
@@ -251,7 +251,7 @@ def parse_sacct(text: str) -> dict[str, JobStatus]:
     return found
 
 
-def parse_scontrol_exit_code(text: str) -> tuple[Optional[int], Optional[int]]:
+def parse_scontrol_exit_code(text: str) -> tuple[int | None, int | None]:
     """(exit code, signal) from ``scontrol show job -o``'s ``ExitCode=N:S``; (None, None) if absent."""
     match = re.search(r"(?:^|\s)ExitCode=(\d+):(\d+)", text)
     return (int(match.group(1)), int(match.group(2))) if match else (None, None)
@@ -269,7 +269,7 @@ class Partition:
     allocated: int
     other: int
     time_limit: str  # Slurm's form, e.g. "infinite", "1-00:00:00"
-    time_limit_seconds: Optional[int] = None  # None when unlimited
+    time_limit_seconds: int | None = None  # None when unlimited
 
     @property
     def state(self) -> str:
@@ -326,13 +326,13 @@ def _checked_ids(job_ids: Iterable[str]) -> list[str]:
     return ids
 
 
-def _needs_sacct(queued: Optional[JobStatus]) -> bool:
+def _needs_sacct(queued: JobStatus | None) -> bool:
     """Whether to ask sacct about a job squeue showed as ``queued`` (None: not at all)."""
     # squeue has no exit code, and forgets jobs MinJobAge after they end.
     return queued is None or queued.finished or queued.reason == "completing"
 
 
-def _with_whole_allocation(accounted: JobStatus, live: Optional[JobStatus]) -> JobStatus:
+def _with_whole_allocation(accounted: JobStatus, live: JobStatus | None) -> JobStatus:
     """sacct's status of a job with squeue's node list when squeue's holds more nodes."""
     if live is not None and len(live.nodes) > len(accounted.nodes):
         # slurmdbd may not have the whole allocation yet, just after the end
@@ -378,12 +378,12 @@ def submission_environment(env: Mapping[str, str]) -> dict[str, str]:
 class SlurmClient:
     """Slurm's commands with one environment (``SLURM_CONF``, PATH...) and a timeout."""
 
-    env: Optional[Mapping[str, str]] = None
+    env: Mapping[str, str] | None = None
     timeout: float = 60.0
     commands: dict[str, str] = field(default_factory=dict)  # e.g. {"sbatch": "/opt/slurm/bin/sbatch"}
 
     def _run(
-        self, command: str, args: Sequence[str], *, cwd: Optional[str] = None, check: bool = True
+        self, command: str, args: Sequence[str], *, cwd: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess:
         argv = [self.commands.get(command, command), *map(str, args)]
         env = dict(os.environ if self.env is None else self.env)
@@ -403,7 +403,7 @@ class SlurmClient:
 
     # --- jobs -------------------------------------------------------------------
 
-    def submit(self, script_path: str | os.PathLike, *, cwd: Optional[str] = None, options: Sequence[str] = ()) -> str:
+    def submit(self, script_path: str | os.PathLike, *, cwd: str | None = None, options: Sequence[str] = ()) -> str:
         """``sbatch --parsable [options] script``; returns the job id. From inside a job, the new
         job does not inherit the enclosing one's Slurm variables (``submission_environment``)."""
         result = self._run(
@@ -485,7 +485,7 @@ class SlurmClient:
             raise SlurmError(_slurm_message(result.stderr, "squeue"))
         return str(job_id) in result.stdout.split()
 
-    def cancel(self, job_id: str, *, signal: Optional[str] = None) -> None:
+    def cancel(self, job_id: str, *, signal: str | None = None) -> None:
         """``scancel``; cancelling a job that already ended is not an error."""
         if not re.fullmatch(r"\d+(?:_\d+)?", str(job_id)):
             raise SlurmError(f"{job_id!r} is not a Slurm job id")

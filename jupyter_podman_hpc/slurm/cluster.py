@@ -47,10 +47,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..engine.errors import NotFound
 from ..engine.base.files import read_untrusted_log
-from ..engine.progress import Progress, ProgressCallback, ignore
 from ..engine.base.processes import owner_alive, owner_token
+from ..engine.errors import NotFound
+from ..engine.progress import Progress, ProgressCallback, ignore
 from . import watchdog
 from .client import SlurmClient, SlurmError
 from .clusterrecord import (
@@ -210,7 +210,7 @@ class Cluster:
         config=None,
         progress: ProgressCallback = ignore,
         **fields,
-    ) -> "Cluster":
+    ) -> Cluster:
         """Submit the engines' job, start the controller and wait until every engine has registered.
 
         ``fields`` are those of a ``JobSpec`` (nodes, tasks_per_node, time, partition, modules,
@@ -336,7 +336,7 @@ class Cluster:
 
     # --- using ------------------------------------------------------------------
 
-    def client(self, **kwargs) -> "ipyparallel.Client":
+    def client(self, **kwargs) -> ipyparallel.Client:
         """An ``ipyparallel.Client`` connected to this cluster's controller."""
         import ipyparallel
 
@@ -529,17 +529,17 @@ def sweep(root: str | Path | None = None, *, client: SlurmClient | None = None) 
 
 
 __all__ = [
+    "CONTROLLER_LOG",
+    "PROFILE",
+    "RECORD",
     "Cluster",
     "ClusterError",
     "ClusterNotFound",
     "ClusterRecord",
-    "list_clusters",
-    "find_cluster",
-    "sweep",
     "cluster_spec",
     "connection_files",
     "engine_argv",
-    "CONTROLLER_LOG",
-    "PROFILE",
-    "RECORD",
+    "find_cluster",
+    "list_clusters",
+    "sweep",
 ]

@@ -22,8 +22,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..engine.errors import EngineError
 from ..engine.base.files import atomic_write, read_own_json
+from ..engine.errors import EngineError
 from .script import OUT_DIR
 
 RECORD = "cluster.json"
@@ -66,7 +66,7 @@ class ClusterRecord:
     created: float = 0.0
 
     @classmethod
-    def read(cls, directory: Path) -> "ClusterRecord":
+    def read(cls, directory: Path) -> ClusterRecord:
         """The host's record of the cluster in ``directory``; without one (an earlier version's cluster),
         the job directory's copy with no job id. ``ClusterError`` when neither is a valid record."""
         path = host_record(directory)
@@ -77,7 +77,7 @@ class ClusterRecord:
         return record
 
     @classmethod
-    def _parse(cls, data: object, path: Path) -> "ClusterRecord":
+    def _parse(cls, data: object, path: Path) -> ClusterRecord:
         if not isinstance(data, dict):
             raise ClusterError(f"{path} is not a cluster record (missing, a link, another's, too big or not JSON)")
         try:

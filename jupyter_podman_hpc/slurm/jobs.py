@@ -39,16 +39,16 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional
 
-from ..engine.site.config import SiteConfig, load_config
-from ..engine.errors import EngineError, ImageNotFound, NotFound
 from ..engine.base.files import UntrustedFile, atomic_write, read_untrusted, read_untrusted_log
+from ..engine.errors import EngineError, ImageNotFound, NotFound
 from ..engine.images.catalog import find_squashed
-from ..engine.site.modules import ModuleSet
 from ..engine.progress import Progress, ProgressCallback, ignore
+from ..engine.site.config import SiteConfig, load_config
+from ..engine.site.modules import ModuleSet
 from . import notebook as notebooks
 from .client import JobStatus, SlurmClient, SlurmError
 from .nbrecorder import is_plain_name
@@ -104,11 +104,11 @@ def default_root(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
 def _new_id() -> str:
-    return f"{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+    return f"{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
 def _atomic_write(path: Path, text: str, mode: int = RECORD_MODE) -> None:
@@ -132,10 +132,10 @@ class JobRecord:
     id: str  # the job directory's name
     spec: dict
     submitted: str  # ISO 8601, UTC
-    job_id: Optional[str] = None  # Slurm's, once sbatch answered
+    job_id: str | None = None  # Slurm's, once sbatch answered
     script: str = SCRIPT
     run: dict = field(default_factory=dict)  # kind, argv (inside the container), inputs, notes
-    final: Optional[dict] = None  # the finished JobStatus, cached
+    final: dict | None = None  # the finished JobStatus, cached
     version: int = RECORD_VERSION
 
     def as_json(self) -> str:
@@ -143,7 +143,7 @@ class JobRecord:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def read(cls, path: Path) -> "JobRecord":
+    def read(cls, path: Path) -> JobRecord:
         """The record in ``path``; JobNotFound when there is none, JobError naming the file when it cannot
         be read or is not a record (truncated, edited)."""
         try:
@@ -179,7 +179,7 @@ class Job:
         self.directory = Path(directory)
         self.record = record or JobRecord.read(self.directory / RECORD)
         self.client = client or SlurmClient()
-        self._status: Optional[JobStatus] = None
+        self._status: JobStatus | None = None
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.directory}>"
@@ -223,7 +223,7 @@ class Job:
         client: SlurmClient | None = None,
         config: SiteConfig | None = None,
         progress: ProgressCallback = ignore,
-    ) -> "Job":
+    ) -> Job:
         """Write the job directory, submit it with sbatch, and return the job."""
         client = client or SlurmClient()
         # The nodes see the submitter's environment and, over it, the one the script exports.
@@ -311,8 +311,8 @@ class Job:
         *,
         client: SlurmClient | None = None,
         status: bool = True,
-        problems: "list[str] | None" = None,
-    ) -> "list[Job]":
+        problems: list[str] | None = None,
+    ) -> list[Job]:
         """Every job recorded under ``root``, oldest first.
 
         With ``status``, Slurm is asked about all unfinished jobs at once (one
@@ -351,7 +351,7 @@ class Job:
         return jobs
 
     @classmethod
-    def find(cls, job_id: str | int, root: str | Path | None = None, *, client: SlurmClient | None = None) -> "Job":
+    def find(cls, job_id: str | int, root: str | Path | None = None, *, client: SlurmClient | None = None) -> Job:
         """The job with Slurm id ``job_id`` (the latest, should Slurm have reused it)."""
         client = client or SlurmClient()
         root_path = Path(root) if root is not None else default_root(client.env)
@@ -484,7 +484,7 @@ class Job:
         """Slurm's log of the batch script (``slurm-<jobid>.out``): srun's own errors land here."""
         return read_untrusted_log(self.directory / f"slurm-{self.id}.out", LOG_LIMIT)
 
-    def output_notebook(self) -> Optional[dict]:
+    def output_notebook(self) -> dict | None:
         """A notebook job's executed notebook (``notebook.output_info``); None for other jobs."""
         return notebooks.output_info(self.directory, self.record.run)
 
@@ -538,4 +538,4 @@ def _remove_stale_staging(root: Path) -> None:
             pass
 
 
-__all__ = ["Job", "JobRecord", "JobError", "JobNotFound", "JobTimeout", "default_root"]
+__all__ = ["Job", "JobError", "JobNotFound", "JobRecord", "JobTimeout", "default_root"]

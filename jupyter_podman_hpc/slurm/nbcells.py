@@ -78,7 +78,7 @@ class PlainRunner:
                     self.namespace["_"] = value
                     if self.recorder is not None:
                         self.recorder.display(rich_repr(value), kind="execute_result")
-        except BaseException as err:  # noqa: BLE001 - a cell's error is the notebook's, reported like Python does
+        except BaseException as err:
             if isinstance(err, SystemExit) and not err.code:
                 raise
             lines = traceback.format_exception(type(err), err, _user_frames(err.__traceback__))

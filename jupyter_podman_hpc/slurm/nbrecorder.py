@@ -50,7 +50,7 @@ def is_plain_name(value):
 
 def now():
     """The current UTC time, ISO 8601 to the millisecond with a ``Z``, as the notebook's metadata holds it."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def write_json(path, data, dir_fd=None):

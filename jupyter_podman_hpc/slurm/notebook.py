@@ -33,13 +33,13 @@ import json
 import re
 import shutil
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from stat import S_ISREG
-from typing import Mapping, Optional
 
-from ..engine.errors import EngineError
 from ..engine.base.files import UntrustedFile, read_untrusted
+from ..engine.errors import EngineError
 from ..engine.text import human_bytes
 from .nbrecorder import PROGRESS, STATE_DIR, is_plain_name
 from .script import OUT_DIR, PYTHON, RunTarget, finish_argv
@@ -98,7 +98,7 @@ def read_notebook(path: str | Path):
 # --- parameters -----------------------------------------------------------------------------------
 
 
-def inject_parameters(notebook, parameters: Mapping[str, str]) -> Optional[str]:
+def inject_parameters(notebook, parameters: Mapping[str, str]) -> str | None:
     """Papermill's convention: a cell tagged ``injected-parameters`` after the one tagged
     ``parameters`` (first if there is none); an earlier injected cell is replaced. A warning or None."""
     import nbformat
@@ -227,7 +227,7 @@ def target(spec, staging: Path, directory: Path) -> tuple[RunTarget, dict]:
 # --- reading back ---------------------------------------------------------------------------------
 
 
-def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
+def output_info(directory: str | Path, run: Mapping) -> dict | None:
     """A notebook job's output notebook: its path, whether rank 0 has written it yet, and
     its progress (the cell rank 0 is in, the errors of every rank so far); None for other jobs.
 
@@ -255,7 +255,7 @@ def output_info(directory: str | Path, run: Mapping) -> Optional[dict]:
     return info
 
 
-def describe_progress(info: Optional[dict], short: bool = False) -> str:
+def describe_progress(info: dict | None, short: bool = False) -> str:
     """One line for the magic: where rank 0 is, or which cell failed on which rank (``short``:
     without the errors' messages, for a table)."""
     if not info or not info.get("progress"):
@@ -301,17 +301,17 @@ def read_output(info: dict) -> dict:
 
 
 __all__ = [
-    "PreparedNotebook",
-    "read_notebook",
-    "check_parameters",
-    "inject_parameters",
-    "prepare",
-    "target",
-    "output_info",
-    "describe_progress",
-    "read_output",
-    "OutputTooLarge",
     "RUNNER",
     "RUNNER_FILES",
     "STATE_DIR",
+    "OutputTooLarge",
+    "PreparedNotebook",
+    "check_parameters",
+    "describe_progress",
+    "inject_parameters",
+    "output_info",
+    "prepare",
+    "read_notebook",
+    "read_output",
+    "target",
 ]

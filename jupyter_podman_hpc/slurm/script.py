@@ -20,13 +20,13 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Optional, Sequence
 
-from ..version import __version__
 from ..engine.site.config import SiteConfig, load_config
 from ..engine.site.modules import ModuleSet
+from ..version import __version__
 from .spec import SRUN_MPI, JobSpec, JobSpecError, _no_breaks
 
 BATCH_LOG = "slurm-%j.out"
@@ -47,7 +47,7 @@ class RunTarget:
     #                                never a file of the job directory, which the ranks could have written
 
 
-def podman_hpc_dir() -> Optional[str]:
+def podman_hpc_dir() -> str | None:
     """The directory of the ``podman-hpc`` console script that belongs to this Python.
 
     The one beside the interpreter (the same virtual environment as the engine

@@ -17,10 +17,11 @@ import dataclasses
 import keyword
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import PurePosixPath
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any
 
 from ..engine import reference
 from ..engine.errors import EngineError, InvalidInput, ModuleError
@@ -55,16 +56,70 @@ MANAGED = {
 # notification. Left out on purpose: those that change what the job is (--array,
 # --wrap, --het-job), where it is recorded (--clusters), or who runs it (--uid, --gid).
 ALLOWED_DIRECTIVES = frozenset(
-    """
-    begin comment constraint contiguous core-spec cores-per-socket cpu-freq deadline
-    delay-boot dependency distribution exclude exclusive extra-node-info gpu-bind gpu-freq
-    gpus gpus-per-socket gpus-per-task gres gres-flags hint hold ignore-pbs
-    kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu
-    mem-per-gpu mincpus network nice no-requeue nodefile nodelist ntasks-per-core
-    ntasks-per-gpu ntasks-per-socket open-mode overcommit oversubscribe power prefer
-    priority profile propagate reboot requeue signal sockets-per-node spread-job switches
-    thread-spec threads-per-core time-min tmp use-min-nodes wckey
-""".split()
+    [
+        "begin",
+        "comment",
+        "constraint",
+        "contiguous",
+        "core-spec",
+        "cores-per-socket",
+        "cpu-freq",
+        "deadline",
+        "delay-boot",
+        "dependency",
+        "distribution",
+        "exclude",
+        "exclusive",
+        "extra-node-info",
+        "gpu-bind",
+        "gpu-freq",
+        "gpus",
+        "gpus-per-socket",
+        "gpus-per-task",
+        "gres",
+        "gres-flags",
+        "hint",
+        "hold",
+        "ignore-pbs",
+        "kill-on-invalid-dep",
+        "licenses",
+        "mail-type",
+        "mail-user",
+        "mcs-label",
+        "mem",
+        "mem-bind",
+        "mem-per-cpu",
+        "mem-per-gpu",
+        "mincpus",
+        "network",
+        "nice",
+        "no-requeue",
+        "nodefile",
+        "nodelist",
+        "ntasks-per-core",
+        "ntasks-per-gpu",
+        "ntasks-per-socket",
+        "open-mode",
+        "overcommit",
+        "oversubscribe",
+        "power",
+        "prefer",
+        "priority",
+        "profile",
+        "propagate",
+        "reboot",
+        "requeue",
+        "signal",
+        "sockets-per-node",
+        "spread-job",
+        "switches",
+        "thread-spec",
+        "threads-per-core",
+        "time-min",
+        "tmp",
+        "use-min-nodes",
+        "wckey",
+    ]
 )
 
 # Characters Slurm names (job, partition, account, qos, reservation) may hold here.
@@ -96,7 +151,7 @@ class JobSpecError(InvalidInput):
     exit_code = 125
 
 
-def duration_seconds(text: str) -> Optional[int]:
+def duration_seconds(text: str) -> int | None:
     """Seconds in a Slurm duration (``1-02:03:04``, ``05:06``, ``7``...); None for UNLIMITED.
 
     Raises ValueError for anything else. The forms are those of sbatch --time,
@@ -118,7 +173,7 @@ def duration_seconds(text: str) -> Optional[int]:
     raise ValueError(text)
 
 
-def elapsed_seconds(text: str) -> Optional[int]:
+def elapsed_seconds(text: str) -> int | None:
     """Seconds in an elapsed time as squeue/sacct print it (``1-02:03:04``, ``2:03``, ``0:00``).
 
     Unlike --time, a two-part value here is minutes:seconds and a three-part one
@@ -136,7 +191,7 @@ def _no_breaks(field_name: str, value: str) -> None:
         raise JobSpecError(f"{field_name} must not contain a newline, carriage return or NUL character")
 
 
-def _string(field_name: str, value: Any, *, optional: bool = False) -> Optional[str]:
+def _string(field_name: str, value: Any, *, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
     if not isinstance(value, str):
@@ -145,7 +200,7 @@ def _string(field_name: str, value: Any, *, optional: bool = False) -> Optional[
     return value
 
 
-def _integer(field_name: str, value: Any, *, optional: bool = False) -> Optional[int]:
+def _integer(field_name: str, value: Any, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -156,7 +211,7 @@ def _integer(field_name: str, value: Any, *, optional: bool = False) -> Optional
     return value
 
 
-def _name(field_name: str, value: Any, pattern: re.Pattern = _NAME) -> Optional[str]:
+def _name(field_name: str, value: Any, pattern: re.Pattern = _NAME) -> str | None:
     text = _string(field_name, value, optional=True)
     if text is None:
         return None
@@ -199,7 +254,7 @@ def check_parameters(parameters: Mapping[str, str]) -> dict[str, str]:
     return checked
 
 
-def parse_directive(text: str) -> tuple[str, Optional[str]]:
+def parse_directive(text: str) -> tuple[str, str | None]:
     """``--key=value`` or ``--key`` -> (key, value), checked against the allow-list."""
     _no_breaks("extra_directives", text)
     match = _DIRECTIVE.fullmatch(text.strip())
@@ -231,7 +286,7 @@ def _image(value: Any) -> str:
         raise JobSpecError(f"image: {err}")
 
 
-def _one_thing_to_run(spec: "JobSpec") -> None:
+def _one_thing_to_run(spec: JobSpec) -> None:
     targets = [name for name in ("command", "python_script", "notebook") if getattr(spec, name) is not None]
     if len(targets) != 1:
         raise JobSpecError(
@@ -239,7 +294,7 @@ def _one_thing_to_run(spec: "JobSpec") -> None:
         )
 
 
-def _command(value: Any) -> Optional[tuple[str, ...]]:
+def _command(value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
     command = _words("command", value)
@@ -248,14 +303,14 @@ def _command(value: Any) -> Optional[tuple[str, ...]]:
     return command
 
 
-def _file_path(field_name: str, value: Any) -> Optional[str]:
+def _file_path(field_name: str, value: Any) -> str | None:
     path = _string(field_name, value, optional=True)
     if path is not None and not path:
         raise JobSpecError(f"{field_name} must be a path to a file")
     return path
 
 
-def _time(value: Any) -> Optional[str]:
+def _time(value: Any) -> str | None:
     if value is None:
         return None
     # A whole number is minutes, as sbatch reads it.
@@ -296,7 +351,7 @@ def _environment(value: Any) -> dict[str, str]:
     return {key: _variable(key, item) for key, item in value.items()}
 
 
-def _workdir(value: Any) -> Optional[str]:
+def _workdir(value: Any) -> str | None:
     workdir = _string("workdir", value, optional=True)
     if workdir is not None and not os.path.isabs(workdir):
         raise JobSpecError(f"workdir must be an absolute path inside the container, not {workdir!r}")
@@ -329,7 +384,7 @@ class _Field:
     name: str
     check: Callable[[Any], Any]
 
-    def __call__(self, spec: "JobSpec") -> None:
+    def __call__(self, spec: JobSpec) -> None:
         object.__setattr__(spec, self.name, self.check(getattr(spec, self.name)))  # the spec is frozen
 
 
@@ -338,15 +393,15 @@ class _Rule:
     """A rule between fields: a spec for which ``broken`` is true is refused with ``message``."""
 
     message: str
-    broken: Callable[["JobSpec"], bool]
+    broken: Callable[[JobSpec], bool]
 
-    def __call__(self, spec: "JobSpec") -> None:
+    def __call__(self, spec: JobSpec) -> None:
         if self.broken(spec):
             raise JobSpecError(self.message)
 
 
 # JobSpec's checks, in the order a user meets their messages: the first that fails is the one reported.
-_CHECKS: tuple[Callable[["JobSpec"], None], ...] = (
+_CHECKS: tuple[Callable[[JobSpec], None], ...] = (
     _Field("image", _image),
     _one_thing_to_run,
     _Field("command", _command),
@@ -396,25 +451,25 @@ class JobSpec:
     """
 
     image: str
-    command: Optional[tuple[str, ...]] = None
-    python_script: Optional[str] = None
-    notebook: Optional[str] = None
+    command: tuple[str, ...] | None = None
+    python_script: str | None = None
+    notebook: str | None = None
     args: tuple[str, ...] = ()
     nodes: int = 1
     tasks_per_node: int = 1
-    cpus_per_task: Optional[int] = None
-    gpus_per_node: Optional[int] = None
-    time: Optional[str] = None
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    reservation: Optional[str] = None
+    cpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
     modules: tuple[str, ...] = ()
     environment: Mapping[str, str] = field(default_factory=dict)
-    workdir: Optional[str] = None
+    workdir: str | None = None
     extra_directives: tuple[str, ...] = ()
     mode: str = "podman-exec"
-    job_name: Optional[str] = None
+    job_name: str | None = None
     notebook_magics: str = "ipython"  # IPython magics in a notebook: run under IPython, or comment them out
     parameters: Mapping[str, str] = field(default_factory=dict)  # a notebook's, as Python literals (papermill)
 
@@ -472,7 +527,7 @@ class JobSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "JobSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
         """A spec from JSON (a job record, a REST body); unknown keys are an error."""
         if not isinstance(data, Mapping):
             raise JobSpecError("a job specification must be a mapping of fields to values")
@@ -484,6 +539,6 @@ class JobSpec:
             raise JobSpecError("image is required")
         return cls(**dict(data))
 
-    def replace(self, **changes: Any) -> "JobSpec":
+    def replace(self, **changes: Any) -> JobSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from ..engine.base import commands
 from ..engine.base.processes import cmdline, owner_alive, owner_token, wait_any

@@ -78,7 +78,7 @@ class UserServer:
 
 
 @pytest.fixture
-def hub(stack, squashed_base, site_venv, configurable_http_proxy):  # noqa: F811
+def hub(stack, squashed_base, site_venv, configurable_http_proxy):
     instance = start_hub(stack=stack, squashed=squashed_base, site_venv=site_venv, chp=configurable_http_proxy)
     install_kernel(instance, site_venv, stack.base_image, "site-node", DISPLAY, "--pool", "0")  # the cold one
     install_kernel(instance, site_venv, stack.base_image, "site-node-pooled", POOLED)  # the server's default pool

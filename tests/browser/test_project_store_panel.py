@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.browser import ENGINE_VARIABLES, running_lab
 from tests.browser.lab import open_lab, open_panel
+from tests.helpers.browser import ENGINE_VARIABLES, running_lab
 from tests.helpers.commands import run
 from tests.helpers.hpc import cleanup_hpc, make_hpc
 

@@ -19,7 +19,6 @@ import pytest
 from tests.helpers.commands import run
 from tests.helpers.faults import RegistryFront, SmallFs, is_mounted
 
-
 # --- a small file system that fills up ------------------------------------------------------
 
 

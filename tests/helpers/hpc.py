@@ -11,15 +11,13 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from jupyter_podman_hpc.engine.mount.cache import CachedCopy
-
 from tests.helpers.commands import run
 from tests.helpers.stack import Stack
-
 
 # On a node: the copies in the unpack cache (argv[1]), as JSON (each node's /dev/shm is its own).
 _NODE_COPIES = (

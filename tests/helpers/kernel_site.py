@@ -10,16 +10,15 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from jupyter_podman_hpc.kernels import kernelspec
 from jupyter_podman_hpc.kernels.orphans import LABEL
 from tests.helpers.hpc import Hpc
-
 
 ENGINE_VARS = ("PODMANHPC_GRAPH_ROOT", "PODMANHPC_RUN_ROOT", "PODMANHPC_CONFIG_HOME", "SQUASH_DIR")
 BIN = Path(sys.executable).parent

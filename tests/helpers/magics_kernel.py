@@ -18,7 +18,6 @@ from jupyter_client.manager import KernelManager
 
 from tests.helpers.hpc import Hpc
 
-
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 

@@ -10,7 +10,6 @@ import nbformat
 from jupyter_podman_hpc.slurm.notebook import prepare
 from jupyter_podman_hpc.slurm.script import finish_argv
 
-
 BARE_PYTHON = "/usr/bin/python3"  # Debian's, no site packages: no IPython, nbformat or this package
 
 

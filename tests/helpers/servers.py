@@ -143,7 +143,7 @@ async def execute_over_websocket(url: str, token: str, code: str, timeout: float
                         "session": session,
                         "msg_type": "execute_request",
                         "version": "5.3",
-                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                        "date": datetime.datetime.now(datetime.UTC).isoformat(),
                     },
                     "parent_header": {},
                     "metadata": {},

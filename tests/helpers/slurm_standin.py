@@ -8,7 +8,6 @@ from jupyter_podman_hpc.slurm.client import JobStatus, SlurmClient, SlurmError
 from jupyter_podman_hpc.slurm.jobs import Job
 from jupyter_podman_hpc.slurm.spec import JobSpec
 
-
 IMAGE = "registry.example.org:5000/team/image:1.0"
 
 

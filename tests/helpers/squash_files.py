@@ -12,7 +12,6 @@ import pytest
 from jupyter_podman_hpc.engine.mount.unpack import UnpackedCopy
 from jupyter_podman_hpc.engine.site.readpath import ReadPathSettings
 
-
 needs_squashfs = pytest.mark.skipif(
     not (shutil.which("mksquashfs") and shutil.which("unsquashfs")), reason="squashfs-tools are not installed"
 )

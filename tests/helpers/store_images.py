@@ -4,7 +4,6 @@ engine/store/remove.py)."""
 import json
 import os
 
-
 LINK = "HH27KLVLMHONA4FWTLH3LL54FO"
 
 

@@ -4,9 +4,9 @@ import collections
 import ipaddress
 import os
 import uuid
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from tests.helpers.commands import run
 

@@ -89,7 +89,7 @@ def home_target():
 
 def test_image_code_cannot_make_the_host_run_or_write_anything_from_the_job_directory(
     squashed_base, stack, root, home_target
-):  # noqa: F811 (root: the fixture imported above)
+):
     marker = root / "ran-on-the-host"
     attack = ATTACK.format(
         marker=str(marker), home_file=str(home_target / "bashrc"), home_dir=str(home_target / "state")
@@ -174,7 +174,7 @@ def as_an_older_version_left_it(directory: Path, output: str) -> None:
     (directory / "job.json").write_text(json.dumps(record))
 
 
-def test_logs_and_outputs_planted_as_links_or_fifos_are_one_line_each_and_answer_at_once(squashed_base, stack, root):  # noqa: F811 (root: the fixture imported above)
+def test_logs_and_outputs_planted_as_links_or_fifos_are_one_line_each_and_answer_at_once(squashed_base, stack, root):
     path = notebook_file(root / "Plain.ipynb", ["import os\nprint('rank', os.environ['SLURM_PROCID'])"])
     job = Job.submit(notebook_spec(stack, squashed_base, path, nodes=1, tasks_per_node=2), root / "jobs")
     status = job.wait(timeout=TIMEOUT, poll_interval=0.5)

@@ -64,7 +64,7 @@ def plant(member, kernels: Path, name: str, image: str, payload: Path) -> Path:
 def test_a_planted_kernelspec_starts_only_when_picked(
     kernel_site,
     stack,
-    member,  # noqa: F811 (fixture)
+    member,
     shared_jupyter_dirs,
     tmp_path,
 ):

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.browser import ConsoleLog
 from tests.browser.lab import (
     PNG_B64,
     get_json,
@@ -35,6 +34,7 @@ from tests.browser.lab import (
     submit_job,
     wait_for_job,
 )
+from tests.helpers.browser import ConsoleLog
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

@@ -24,7 +24,7 @@ import pytest
 from tests.helpers.commands import run
 
 NODE = "n1"
-STEPS = range(0, 12)  # the job's next steps: every one is squatted
+STEPS = range(12)  # the job's next steps: every one is squatted
 # Binds every name it can derive for the steps, serves a plan whose argv creates the marker on the
 # host (in the old plan format too: podman-hpc before keyed names ran argv[0] from any plan of a
 # peer with the victim's uid). Prints "key ..." and "ready N", then "connected" per connection.

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from jupyter_podman_hpc.engine.base import processes
-from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.errors import PermissionDenied
 from jupyter_podman_hpc.engine.service.sweep import sweep
 from jupyter_podman_hpc.engine.service.taskrecords import DIRECTORY, TaskRecords
+from jupyter_podman_hpc.engine.site.config import load_config
 from tests.helpers.hpc import cleanup_hpc, make_hpc
 
 GONE = "999999999:1"  # the owner token of a caller that died

@@ -8,8 +8,8 @@ docstring says is for review; this test sees only that there is one, and that it
 """
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import jupyter_podman_hpc
 

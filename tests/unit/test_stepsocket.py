@@ -13,8 +13,8 @@ import uuid
 import pytest
 
 from jupyter_podman_hpc import stepsocket
-from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.run.stepcontext import step_context
+from jupyter_podman_hpc.engine.site.config import load_config
 
 NAMED = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "1", "SLURMD_NODENAME": "n2"}
 

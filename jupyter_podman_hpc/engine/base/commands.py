@@ -18,8 +18,9 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Mapping, Sequence, TextIO
+from typing import TextIO
 
 LOGGER = "jupyter_podman_hpc"
 

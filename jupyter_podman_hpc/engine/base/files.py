@@ -10,8 +10,8 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..text import human_bytes
 

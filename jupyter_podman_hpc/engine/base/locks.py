@@ -16,8 +16,8 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ..errors import PermissionDenied
 

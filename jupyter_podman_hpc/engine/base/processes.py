@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import select
 import signal
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def running(pid: int) -> bool:

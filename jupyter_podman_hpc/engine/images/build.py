@@ -26,17 +26,14 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from .. import reference
-from ..site.config import SiteConfig
 from ..errors import EngineError, InvalidInput
-from .migrate import migrate
 from ..podman import Podman
 from ..progress import Progress, ProgressCallback, ignore
-from .pull import PullResult
 from ..service.rest import PrivateService
 from ..service.stream import (
     CancelHook,
@@ -50,6 +47,9 @@ from ..service.stream import (
     response_error,
     stored_image_id,
 )
+from ..site.config import SiteConfig
+from .migrate import migrate
+from .pull import PullResult
 
 TAIL_LINES = 20  # lines of a failed step's output kept in BuildError
 CANCEL_GRACE = 3.0  # seconds a cancelled build may take to end before its connection is cut
@@ -161,9 +161,9 @@ class BuildLog:
         match = _FAILED_AT.match(error.strip())
         reason = (match.group("reason") if match else error).strip()
         step_line = self.step.line if self.step else ""
-        if match and self.step and self.step.instruction.strip() != match.group("instruction").strip():
-            step_line = f"STEP: {match.group('instruction').strip()}"
-        elif match and not self.step:
+        if (match and self.step and self.step.instruction.strip() != match.group("instruction").strip()) or (
+            match and not self.step
+        ):
             step_line = f"STEP: {match.group('instruction').strip()}"
         output = "\n".join(self.step_output)
         where = f" at {step_line}" if step_line else ""

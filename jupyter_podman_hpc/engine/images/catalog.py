@@ -7,8 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from ..podman import Podman
-from ..store.squashed import SquashStore, StoredImage
 from ..store.access import readable_stores
+from ..store.squashed import SquashStore, StoredImage
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def find_squashed(config, ref: str) -> StoredImage | None:
 
 def _created(value) -> str:
     if isinstance(value, (int, float)):
-        return dt.datetime.fromtimestamp(value, dt.timezone.utc).isoformat(timespec="seconds")
+        return dt.datetime.fromtimestamp(value, dt.UTC).isoformat(timespec="seconds")
     return str(value or "")
 
 

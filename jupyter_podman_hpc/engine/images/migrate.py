@@ -33,15 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import reference
-from ..store import remove as storeremove
+from ..base.private import private_dir
+from ..base.space import free_bytes, looks_full
 from ..errors import EngineError, ImageNotFound, PodmanError, StorageFull
 from ..podman import Podman
-from ..base.private import private_dir
 from ..progress import Progress, ProgressCallback, ignore
-from ..store.records import is_id
-from ..base.space import free_bytes, looks_full
-from ..store.squashcheck import VerifiedFiles, sha256_of, verified_dir
+from ..store import remove as storeremove
 from ..store.graphroot import GraphRoot
+from ..store.records import is_id
+from ..store.squashcheck import VerifiedFiles, sha256_of, verified_dir
 from ..store.squashed import SquashStore, StoredImage
 
 SQUASHFS_MAGIC = b"hsqs"

@@ -34,17 +34,15 @@ in /var/tmp.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .. import reference
-from ..site.config import SiteConfig
+from ..base.space import free_bytes, looks_full
 from ..errors import EngineError, PodmanError, StorageFull
-from .migrate import MigrateResult, migrate
 from ..podman import Podman
 from ..progress import Progress, ProgressCallback, ignore
 from ..service.rest import PrivateService
-from ..base.space import free_bytes, looks_full
 from ..service.stream import (
     CancelHook,
     Cancelled,
@@ -57,6 +55,8 @@ from ..service.stream import (
     response_error,
     stored_image_id,
 )
+from ..site.config import SiteConfig
+from .migrate import MigrateResult, migrate
 
 
 class PullError(EngineError):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 # Mount options podman (containers/storage) gives its mount program that kernel
 # overlayfs takes as they are; any other option (uidmapping=, ...) is fuse-overlayfs's.

@@ -32,16 +32,16 @@ import sys
 from pathlib import Path
 
 from ..base import commands, processes
-from ..errors import EngineError
-from .kerneloverlay import kernel_options, mount_overlay
 from ..base.private import own_dir
+from ..errors import EngineError
 from ..site.readpath import ReadPathSettings, note_fallback
-from ..store.records import is_id, is_link, layer_of_link_target
-from .squashfuse import SquashMount, log, mounted_targets, mounts_dir
-from ..store.squashcheck import VerifiedFiles, check, recorded, verified_dir
 from ..store.fs import Tree
-from .unpack import NoRoom, UnpackedCopy
+from ..store.records import is_id, is_link, layer_of_link_target
+from ..store.squashcheck import VerifiedFiles, check, recorded, verified_dir
 from .cache import sweep_unused
+from .kerneloverlay import kernel_options, mount_overlay
+from .squashfuse import SquashMount, log, mounted_targets, mounts_dir
+from .unpack import NoRoom, UnpackedCopy
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], str]:

@@ -15,8 +15,8 @@ from pathlib import Path
 from ..base import commands
 from ..base.locks import flocked
 from ..base.private import own_dir
-from ..site.readpath import ReadPathSettings, budget_key
 from ..base.space import free_bytes, looks_full
+from ..site.readpath import ReadPathSettings, budget_key
 from .cache import cache_entries, evict, in_use, read_meta, size_of, sweep, write_ref
 
 # An unpacked image takes about this many times its squash file (lz4 packs

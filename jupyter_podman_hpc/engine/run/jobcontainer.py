@@ -37,13 +37,13 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
+from ... import stepsocket
 from ..base import processes
 from ..base.files import atomic_write
 from ..base.locks import held_flock, waited_flock
-from ... import stepsocket
 
 CREATE = "create.lock"
 HOLDERS = "holders.lock"

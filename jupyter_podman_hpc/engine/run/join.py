@@ -32,8 +32,10 @@ import errno
 import os
 import resource
 import struct
-from _collections_abc import Mapping, Sequence  # collections.abc's, loaded with os: this module
-# is on every joining task's path and imports only what is built in or already loaded
+
+# collections.abc's, loaded with os: this module is on every joining task's path and imports only
+# what is built in or already loaded
+from _collections_abc import Mapping, Sequence
 
 TYPE_CHECKING = False  # typing's flag, which type checkers read as true, without importing typing
 if TYPE_CHECKING:  # the stubs know signal's (the same function); _signal, built in, has none

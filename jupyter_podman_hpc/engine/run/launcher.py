@@ -19,20 +19,20 @@ import json
 import math
 import os
 import socket
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
+from ... import stepsocket
 from ..base import commands, processes
-from . import jobcontainer
 from ..errors import EngineError, PermissionDenied
 from ..podman import Podman
+from ..store.access import configured_stores
+from ..store.graphroot import stored_command
+from . import jobcontainer
+from .join import run_joined
 from .stepcontext import StepContext, step_context
 from .stepmonitor import IMAGE_COMMAND, MONITOR_LOG, ContainerStart, start_monitor
-from ..store.graphroot import stored_command
-from ..store.access import configured_stores
 from .taskplan import RunningContainer, split_options, task_command, task_plan
-from .join import run_joined
-from ... import stepsocket
 
 
 def shared_run(

@@ -7,14 +7,14 @@ import fcntl
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
+from ... import stepsocket
 from ..base import commands, processes
 from ..base.locks import abandoned_lock, held_flock
 from ..podman import Podman, flag_name, group_options, split_short_flags
 from .stepcontext import pmi_fd_passthrough, step_context, step_env_args
-from ... import stepsocket
 
 
 def per_process_run(

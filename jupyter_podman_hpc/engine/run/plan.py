@@ -12,13 +12,13 @@ own way (exec, streamed into a cell, a kernel process, the launcher).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 from .. import reference
+from ..podman import Podman, split_at_image
 from ..site.config import SiteConfig, load_config
 from ..site.modules import Module, ModuleSet
-from ..podman import Podman, split_at_image
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Site:
         squash_dir: str | None = None,
         additional_stores: Sequence[str] = (),
         log_level: str | None = None,
-    ) -> "Site":
+    ) -> Site:
         """Everything a run needs of this site for this user: the configuration (``squash_dir``, extra
         stores and log level as given), podman and the module set."""
         config = load_config(environ, squash_dir=squash_dir)
@@ -90,9 +90,9 @@ def refuse_damaged_squash(config: SiteConfig, ref: str) -> None:
     it too, but podman wraps its line in two of its own, with the overlay's mount options).
     An image in the node-local storage is podman's to run: nothing is checked."""
     from ..errors import EngineError
-    from ..store.squashcheck import SquashDamaged, damage
-    from ..store.graphroot import GraphRoot
     from ..images.catalog import find_squashed
+    from ..store.graphroot import GraphRoot
+    from ..store.squashcheck import SquashDamaged, damage
 
     if GraphRoot(config.graph_root).find(ref) is not None:
         return

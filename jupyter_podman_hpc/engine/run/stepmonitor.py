@@ -27,17 +27,17 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
-from . import jobcontainer, perprocess
-from ..base import processes
-from ..errors import EngineError
-from ..base.locks import abandoned_lock, waited_flock
-from ..podman import Podman, error_message
-from .taskplan import RunningContainer, split_options, task_command, task_plan
 from ... import stepsocket
+from ..base import processes
+from ..base.locks import abandoned_lock, waited_flock
+from ..errors import EngineError
+from ..podman import Podman, error_message
+from . import jobcontainer, perprocess
+from .taskplan import RunningContainer, split_options, task_command, task_plan
 
 MONITOR_LOG = "shared-run-monitor.log"  # in the run root: it outlives the step directories
 PER_TASK_PREFIXES = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "PALS_")

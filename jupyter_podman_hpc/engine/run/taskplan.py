@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
+from ... import stepsocket
 from ..errors import EngineError
 from ..podman import Podman, flag_name, group_options, split_short_flags
-from ... import stepsocket
 
 
 @dataclass(frozen=True)

@@ -50,16 +50,16 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ..base import commands, processes
-from ..site.config import SiteConfig
-from ..errors import ToolFailed
 from ..base.files import atomic_write
 from ..base.locks import flocked
-from ..podman import Podman
 from ..base.private import private_dir
+from ..errors import ToolFailed
+from ..podman import Podman
+from ..site.config import SiteConfig
 from ..store.squashed import SquashStore
 
 DEFAULT_IDLE = 300  # seconds without a request before the shared service exits
@@ -345,7 +345,7 @@ class PrivateService:
         the squashed store."""
         return self.podman.command(["system", "service"], "--time", str(self.idle), self.url, squashed=self.squashed)
 
-    def start(self) -> "PrivateService":
+    def start(self) -> PrivateService:
         """Start the service, note its owner for the sweep of orphans, and wait until it answers (the
         service itself returned); ServiceError with its log's last line when it exits, or when it does
         not answer in time."""
@@ -483,7 +483,7 @@ class PrivateService:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
-    def __enter__(self) -> "PrivateService":
+    def __enter__(self) -> PrivateService:
         try:
             return self.start()
         except BaseException:
@@ -495,7 +495,7 @@ class PrivateService:
 
 
 # this process's private services that are not stopped yet (some winding down in a daemon thread)
-_RUNNING: "weakref.WeakSet[PrivateService]" = weakref.WeakSet()
+_RUNNING: weakref.WeakSet[PrivateService] = weakref.WeakSet()
 
 
 def stop_private_services(quiet_within: float = 10.0, grace: float = 5.0) -> int:
@@ -511,6 +511,7 @@ def stop_private_services(quiet_within: float = 10.0, grace: float = 5.0) -> int
 
 
 __all__ = [
+    "DEFAULT_IDLE",
     "ApiService",
     "PrivateService",
     "ServiceError",
@@ -518,5 +519,4 @@ __all__ = [
     "ensure_service",
     "ping",
     "stop_private_services",
-    "DEFAULT_IDLE",
 ]

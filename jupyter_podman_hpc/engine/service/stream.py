@@ -21,7 +21,8 @@ import queue
 import socket
 import threading
 import time
-from typing import Callable, Iterator, Mapping, Union
+from collections.abc import Callable, Iterator, Mapping
+from typing import Union
 from urllib.parse import quote
 
 from ..errors import EngineError
@@ -53,14 +54,14 @@ def cancel_requested(cancel: CancelHook) -> bool:
 class CancelWatch:
     """Watches the hook in a thread; once it fires, calls ``on_cancel(watch)`` there."""
 
-    def __init__(self, cancel: CancelHook, on_cancel: Callable[["CancelWatch"], None]):
+    def __init__(self, cancel: CancelHook, on_cancel: Callable[[CancelWatch], None]):
         self.cancel = cancel
         self.on_cancel = on_cancel
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
 
-    def __enter__(self) -> "CancelWatch":
+    def __enter__(self) -> CancelWatch:
         if self.cancel is not None:
             self.thread = threading.Thread(target=self._watch, name="podman-hpc-cancel", daemon=True)
             self.thread.start()

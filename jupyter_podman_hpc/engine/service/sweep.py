@@ -25,15 +25,15 @@ import json
 import os
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from ..base import processes
-from ..site.config import SiteConfig
-from ..errors import EngineError
 from ..base.files import read_own_json
+from ..errors import EngineError
 from ..podman import Podman
+from ..site.config import SiteConfig
 from .rest import OWNER_SUFFIX
 
 GONE_TIMEOUT = 10.0  # seconds for killed processes to be gone

@@ -60,7 +60,7 @@ class TaskRecords:
         self.directory = directory
 
     @classmethod
-    def for_run_root(cls, run_root: str | os.PathLike) -> "TaskRecords":
+    def for_run_root(cls, run_root: str | os.PathLike) -> TaskRecords:
         """The task records of the user whose run root this is (a private directory under it, made if
         missing)."""
         return cls(private_dir(Path(private_dir(run_root)) / DIRECTORY))

@@ -15,9 +15,10 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from ..text import truth
@@ -26,9 +27,11 @@ from .readpath import (
     DEFAULT_BUDGET,
     DEFAULT_IDLE_MINUTES,
     DEFAULT_LOGIN_BUDGET,
-    MODES as READ_PATHS,
     ReadPathSettings,
     budget_mb,
+)
+from .readpath import (
+    MODES as READ_PATHS,
 )
 
 NO_SQUASH_DIR = (

@@ -35,15 +35,15 @@ import re
 import shutil
 import stat
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from ... import stepsocket
 from ..base import commands
-from ..errors import EngineError
 from ..base.locks import flocked
 from ..base.private import private_dir
+from ..errors import EngineError
 
 MODULE = "slurm"
 SHIM_VARIABLE = "PODMANHPC_SLURM_UID_SHIM"  # what the module's bind rule mounts

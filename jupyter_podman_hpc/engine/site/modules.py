@@ -23,14 +23,15 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
-from . import hostslurm
-from ..errors import ModuleError
 from ..base.files import atomic_write
 from ..base.private import private_dir
+from ..errors import ModuleError
+from . import hostslurm
 
 FIELDS = {
     "name",
@@ -163,7 +164,7 @@ class ModuleSet:
     modules: tuple[Module, ...]
 
     @classmethod
-    def load(cls, directory: str, cache_dir: str | None = None) -> "ModuleSet":
+    def load(cls, directory: str, cache_dir: str | None = None) -> ModuleSet:
         """The modules of ``directory``; with ``cache_dir``, parsed once per change of the files
         (every task of a job step loads them)."""
         root = Path(directory)

@@ -36,9 +36,9 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 MODES = ("auto", "unpacked", "kernel", "fuse")
 # A tenth of the node's (or the job's) memory: room for the large ML images (15-20 GB
@@ -78,7 +78,7 @@ class ReadPathSettings:
     }
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "ReadPathSettings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ReadPathSettings:
         """The settings in ``env`` (the process environment by default), as ``env()`` wrote them; a value
         that does not parse falls back to its default, an unknown mode to ``auto``."""
         env = os.environ if env is None else env

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-from ..errors import ConfigError, EngineError, PermissionDenied
 from ..base.private import describe, describe_access, group_name, user_name
-from .sharing import Sharing
+from ..errors import ConfigError, EngineError, PermissionDenied
 from .fs import Tree, make_dirs
+from .sharing import Sharing
 
 
 def store_root(directory: str | Path) -> Path:

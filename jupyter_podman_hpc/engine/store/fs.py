@@ -24,12 +24,12 @@ import errno
 import os
 import shutil
 import stat
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
-from ..errors import PermissionDenied
 from ..base.files import atomic_write
 from ..base.private import describe
+from ..errors import PermissionDenied
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO must not hang a reader

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from .. import reference
 from ..errors import EngineError, ImageNotFound
-from .records import image_ok, is_id, is_link, layer_ok
 from .fs import Tree
+from .records import image_ok, is_id, is_link, layer_ok
 
 IMAGES = ("overlay-images",)
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from .. import reference
 from ..errors import EngineError, ImageNotFound
+from .access import check_removable
 from .graphroot import IMAGES
 from .squashed import LAYERS, LINKS, OVERLAY, SquashStore, StoredImage, warn_once
-from .access import check_removable
 
 
 def remove(store: SquashStore, ref: str) -> tuple[StoredImage, bool]:

@@ -23,7 +23,7 @@ class Sharing:
     group_write: bool = False  # ... and writes it
 
     @classmethod
-    def of(cls, root: Path) -> "Sharing":
+    def of(cls, root: Path) -> Sharing:
         """Read from the store's directory (or, before it exists, from its parent's setgid bit)."""
         for directory in (root, root.parent):
             try:

@@ -34,11 +34,11 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import EngineError
 from ..base.files import atomic_write
+from ..errors import EngineError
 from ..site.readpath import node_state_dir
-from .records import image_ok, is_id, squash_digest
 from .fs import Tree
+from .records import image_ok, is_id, squash_digest
 
 VERIFIED_DIR = "squash-verified"
 _CHUNK = 1 << 20

@@ -38,22 +38,22 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from .. import reference
 from ..base.commands import LOGGER
-from ..errors import EngineError, ImageNotFound, PermissionDenied
 from ..base.files import atomic_write
-from .graphroot import IMAGES, GraphRoot
 from ..base.locks import lockf_held
 from ..base.private import describe
+from ..errors import EngineError, ImageNotFound, PermissionDenied
+from .access import check_writable, store_root
+from .fs import EntryRefused, Tree, make_dirs
+from .graphroot import IMAGES, GraphRoot
 from .records import image_ok, is_id, is_link, layer_ok, set_squash_digest, split, squash_digest
 from .sharing import Sharing
 from .squashcheck import VerifiedFiles
-from .access import check_writable, store_root
-from .fs import EntryRefused, Tree, make_dirs
 
 
 @dataclass(frozen=True)

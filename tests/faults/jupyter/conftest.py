@@ -5,8 +5,8 @@ server's configuration is the one tests/integration/server uses (tests/helpers/s
 named here after pytest-jupyter's own."""
 
 import pytest
-from pytest_jupyter.jupyter_core import *  # noqa: F401,F403 - its fixtures and async test support
-from pytest_jupyter.jupyter_server import *  # noqa: F401,F403
+from pytest_jupyter.jupyter_core import *  # noqa: F403 - its fixtures and async test support
+from pytest_jupyter.jupyter_server import *  # noqa: F403
 
 from tests.helpers.server_extension import server_config
 

@@ -41,7 +41,7 @@ class SlowRegistry:
         host, port = self.server.server_address[:2]
         return f"{host}:{port}"
 
-    def __enter__(self) -> "SlowRegistry":
+    def __enter__(self) -> SlowRegistry:
         self.thread.start()
         return self
 

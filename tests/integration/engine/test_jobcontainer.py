@@ -7,7 +7,6 @@ and after a job cancelled in the middle of a step, nothing is left once the
 linger (5 s here) has passed.
 """
 
-import subprocess
 import time
 
 import pytest

@@ -10,7 +10,6 @@ import pytest
 
 from tests.helpers.launcher_steps import allocation, cancel_when_up
 
-
 # moments after a step shows in squeue: before, while and after its tasks reach their node's monitor
 CANCEL_DELAYS = (0.0, 0.2, 0.5, 1.0, 1.5)
 

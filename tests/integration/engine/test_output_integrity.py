@@ -240,9 +240,8 @@ def test_no_byte_of_any_rank_is_lost_and_nothing_is_left(squashed_tiny, stack):
         return losses
 
     try:
-        with allocation(stack, env) as job:
-            with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
-                losses = [loss for found in pool.map(step, range(STEPS)) for loss in found]
+        with allocation(stack, env) as job, concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
+            losses = [loss for found in pool.map(step, range(STEPS)) for loss in found]
         assert losses == [], "\n".join(losses)
         assert left_on_nodes(hpc) == ({}, [])
     finally:  # the store is the session's: what this test left must not fail the next tests' checks

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from jupyter_podman_hpc.engine.mount.cache import cache_entries, in_use
-
 from tests.helpers.hpc import cleanup_hpc, make_hpc
 
 IMAGES = ("one", "two")

@@ -10,7 +10,7 @@ tests; what these tests share besides fixtures is in tests/helpers: the kernel s
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.commands import run
-from tests.helpers.stack import unavailable
-
 from tests.helpers.hubs import Hub, HubSetup
 from tests.helpers.kernel_site import BIN, ENGINE_VARS
 from tests.helpers.servers import http, run_cell, start_kernel, stop, wait_http
+from tests.helpers.stack import unavailable
 
 pytestmark = pytest.mark.slow
 

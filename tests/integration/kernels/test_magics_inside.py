@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 import jupyter_podman_hpc
-
 from tests.helpers.kernel_clients import start
 
 pytestmark = pytest.mark.slow

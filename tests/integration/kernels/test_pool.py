@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.commands import run
-
 from tests.helpers.kernel_site import BIN
 from tests.helpers.pools import install, open_notebook, pool_containers, wait_for
 from tests.helpers.servers import execute_over_websocket, http, jupyter_server, processes_mentioning

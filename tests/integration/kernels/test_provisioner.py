@@ -26,7 +26,6 @@ from jupyter_client.manager import KernelManager
 from tornado import web
 
 from jupyter_podman_hpc.kernels.provisioner import KernelStartError
-
 from tests.helpers.kernel_clients import run, start
 from tests.helpers.servers import processes_mentioning
 

@@ -10,7 +10,6 @@ import uuid
 import pytest
 
 from tests.helpers.commands import run
-
 from tests.helpers.kernel_site import BIN
 from tests.helpers.servers import http, jupyter_server, run_cell, start_kernel
 

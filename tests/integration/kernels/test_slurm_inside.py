@@ -25,7 +25,6 @@ import pytest
 from jupyter_podman_hpc.engine.site import hostslurm as slurm
 from tests.helpers.commands import run as run_command
 from tests.helpers.hpc import cleanup_hpc, make_hpc
-
 from tests.helpers.kernel_clients import run, start
 from tests.helpers.kernel_site import KernelSite, remove_kernel_containers, site_env, use_env
 

@@ -15,8 +15,8 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from tests.integration.engine.slow_registry import SlowRegistry
 from tests.helpers.magics_kernel import MPI_ENV, WIDGET_MIME, short_error, start_session
+from tests.integration.engine.slow_registry import SlowRegistry
 
 ALLREDUCE = (
     "import os\n"

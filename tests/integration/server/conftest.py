@@ -5,8 +5,8 @@ The ``api`` and ``job_root`` fixtures are in tests/conftest.py (tests/faults/jup
 """
 
 import pytest
-from pytest_jupyter.jupyter_core import *  # noqa: F401,F403 - its fixtures and async test support
-from pytest_jupyter.jupyter_server import *  # noqa: F401,F403
+from pytest_jupyter.jupyter_core import *  # noqa: F403 - its fixtures and async test support
+from pytest_jupyter.jupyter_server import *  # noqa: F403
 
 from tests.helpers.hpc import cleanup_hpc, make_hpc
 from tests.helpers.server_extension import server_config

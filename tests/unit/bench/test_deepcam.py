@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
-import deepcam  # noqa: E402
-from common import BenchError  # noqa: E402
+import deepcam
+from common import BenchError
 
 
 def line(

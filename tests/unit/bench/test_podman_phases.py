@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
-import podman_phases  # noqa: E402
+import podman_phases
 
 # perf script -F comm,pid,tid,time,event,trace, as recorded here (pids shortened); 900 is another
 # user's podman, 50 a node's slurmd

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
-import scale  # noqa: E402
+import scale
 
 
 def launch_table():

@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "dev"))
 
-from stacklib import layout, slurm  # noqa: E402
+from stacklib import layout, slurm
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "dev"))
 
-from stacklib import layout  # noqa: E402
+from stacklib import layout
 
 
 @pytest.mark.parametrize("value, count", [(None, 4), ("", 4), ("16", 16), (" 1 ", 1), ("n1 n2 n3 n4", 4), ("n1", 1)])

@@ -3,8 +3,8 @@ tests/integration/engine/test_unpack_policy.py)."""
 
 from types import SimpleNamespace
 
-from jupyter_podman_hpc.engine.site.config import SiteConfig
 from jupyter_podman_hpc.engine.info import unpacked_copies
+from jupyter_podman_hpc.engine.site.config import SiteConfig
 
 
 class NoPodman:

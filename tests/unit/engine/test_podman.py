@@ -1,6 +1,5 @@
 """The podman command builder and option parsing (no podman needed)."""
 
-from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.podman import (
     Podman,
     group_options,
@@ -9,6 +8,7 @@ from jupyter_podman_hpc.engine.podman import (
     split_at_image,
     split_short_flags,
 )
+from jupyter_podman_hpc.engine.site.config import load_config
 
 HELP = """\
 Options:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from jupyter_podman_hpc.engine.errors import InvalidReference
 from jupyter_podman_hpc.engine import reference
+from jupyter_podman_hpc.engine.errors import InvalidReference
 from jupyter_podman_hpc.engine.reference import candidate_names, parse, validate
 
 

@@ -3,10 +3,10 @@
 
 import pytest
 
-from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.errors import InvalidInput
-from jupyter_podman_hpc.engine.site.modules import PRIVATE_SHM
 from jupyter_podman_hpc.engine.podman import Podman, option_values, parse_options
+from jupyter_podman_hpc.engine.site.config import load_config
+from jupyter_podman_hpc.engine.site.modules import PRIVATE_SHM
 from jupyter_podman_hpc.engine.statebinds import binds, guard, host_pid_with_ptrace, reached_state
 
 HELP = """\

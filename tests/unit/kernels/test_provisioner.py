@@ -11,8 +11,8 @@ from tornado import web
 
 from jupyter_podman_hpc.engine.errors import EngineError
 from jupyter_podman_hpc.kernels import kernelspec
-from jupyter_podman_hpc.kernels.orphans import HOST_LABEL, LABEL, OWNER_LABEL, owner_token
 from jupyter_podman_hpc.kernels.container import BOOT, BOOT_IN_CONTAINER
+from jupyter_podman_hpc.kernels.orphans import HOST_LABEL, LABEL, OWNER_LABEL, owner_token
 from jupyter_podman_hpc.kernels.provisioner import KernelStartError, PodmanHPCProvisioner
 
 IMAGE = "127.0.0.1:5000/jph/base:bookworm"

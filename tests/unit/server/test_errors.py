@@ -3,17 +3,17 @@
 import pytest
 
 from jupyter_podman_hpc.engine.errors import (
-    Conflict,
     ConfigError,
+    Conflict,
     EngineError,
     ImageNotFound,
     PermissionDenied,
     PodmanError,
 )
+from jupyter_podman_hpc.engine.service.rest import ServiceError
 from jupyter_podman_hpc.kernels.kernelspec import KernelNotFound
 from jupyter_podman_hpc.kernels.provisioner import KernelStartError
 from jupyter_podman_hpc.server.handlers import KernelStartFailed, http_error, http_status
-from jupyter_podman_hpc.engine.service.rest import ServiceError
 from jupyter_podman_hpc.slurm.client import SlurmError
 from jupyter_podman_hpc.slurm.jobs import JobNotFound
 from jupyter_podman_hpc.slurm.spec import JobSpecError

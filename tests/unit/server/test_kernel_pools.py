@@ -24,7 +24,7 @@ class StandInPool:
 
 
 def test_a_stopping_server_closes_its_pools_and_leaves_its_process_pooling_nothing(monkeypatch, tmp_path):
-    monkeypatch.setattr(kernelspec, "list_kernels", lambda: [])
+    monkeypatch.setattr(kernelspec, "list_kernels", list)
     backend = Backend(PodmanHPC(config=Config({"PodmanHPC": {"kernel_pool": 2}})), str(tmp_path))
     backend.start_kernel_pools()
     assert pools.default_size == 2 and pools.default_dirs == (str(tmp_path.resolve()),)

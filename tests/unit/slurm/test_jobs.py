@@ -9,11 +9,11 @@ import stat
 import nbformat
 import pytest
 
-from jupyter_podman_hpc.engine.site.config import SiteConfig
 from jupyter_podman_hpc.engine.errors import ImageNotFound
 from jupyter_podman_hpc.engine.progress import Progress
-from jupyter_podman_hpc.slurm.client import JobStatus, SlurmError
+from jupyter_podman_hpc.engine.site.config import SiteConfig
 from jupyter_podman_hpc.slurm import jobs
+from jupyter_podman_hpc.slurm.client import JobStatus, SlurmError
 from jupyter_podman_hpc.slurm.jobs import Job, JobError, JobNotFound, JobTimeout, default_root
 from jupyter_podman_hpc.slurm.spec import JobSpec, JobSpecError
 from tests.helpers.slurm_standin import IMAGE, StandInSlurm, squashed_config, submit

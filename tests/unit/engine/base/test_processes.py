@@ -78,7 +78,7 @@ def test_ancestor_pidfd_finds_the_nearest_ancestor_by_name(tmp_path):
         "processes.ancestor_pidfd('no-such-ancestor'))"
     )
     out = subprocess.run(
-        [str(stepd), "-c", f'"$0" -c "$1"; true', sys.executable, probe], capture_output=True, text=True, check=True
+        [str(stepd), "-c", '"$0" -c "$1"; true', sys.executable, probe], capture_output=True, text=True, check=True
     ).stdout.split()
     parent, found, missing = out
     assert found == parent  # the shell called slurmstepd, through its pidfd

@@ -5,9 +5,9 @@ import tarfile
 
 import pytest
 
+from jupyter_podman_hpc.engine.errors import EngineError, InvalidReference
 from jupyter_podman_hpc.engine.images.build import TAIL_LINES, BuildLog, _context_tar, build, parse_step
 from jupyter_podman_hpc.engine.site.config import load_config
-from jupyter_podman_hpc.engine.errors import EngineError, InvalidReference
 
 
 def test_parse_step_reads_number_total_and_instruction():

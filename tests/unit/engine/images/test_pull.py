@@ -2,9 +2,9 @@
 
 import pytest
 
-from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.errors import InvalidReference
 from jupyter_podman_hpc.engine.images.pull import _lost_registry, _pull_event, _storage_full, pull
+from jupyter_podman_hpc.engine.site.config import load_config
 
 
 def test_pull_events_carry_bytes_per_layer():

@@ -1,9 +1,8 @@
 """The unpack cache's policy (sweep): unused copies idle too long, made by a job that has
 ended, over the budget, or released at their job's end go; copies in use never."""
 
-from jupyter_podman_hpc.engine.site.readpath import ReadPathSettings
 from jupyter_podman_hpc.engine.mount.cache import cache_entries, sweep
-
+from jupyter_podman_hpc.engine.site.readpath import ReadPathSettings
 from tests.helpers.squash_files import age, made_copy, needs_squashfs
 
 

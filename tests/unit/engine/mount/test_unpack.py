@@ -6,10 +6,9 @@ import time
 
 import pytest
 
-from jupyter_podman_hpc.engine.site.readpath import ReadPathSettings
-from jupyter_podman_hpc.engine.mount.unpack import NoRoom, UnpackedCopy
 from jupyter_podman_hpc.engine.mount.cache import cache_entries, copies
-
+from jupyter_podman_hpc.engine.mount.unpack import NoRoom, UnpackedCopy
+from jupyter_podman_hpc.engine.site.readpath import ReadPathSettings
 from tests.helpers.squash_files import age, made_copy, needs_squashfs, squash_file
 
 

@@ -62,9 +62,8 @@ def test_a_process_beside_the_task_is_no_container_and_nothing_is_entered():
 
 
 def test_only_a_pidfd_names_the_process_to_join():
-    with open(os.devnull) as not_a_pidfd:
-        with pytest.raises(join.JoinFailed, match="no process to join"):
-            join.open_process(not_a_pidfd.fileno())
+    with open(os.devnull) as not_a_pidfd, pytest.raises(join.JoinFailed, match="no process to join"):
+        join.open_process(not_a_pidfd.fileno())
     pidfd = os.pidfd_open(os.getpid())
     proc = join.open_process(pidfd)
     assert os.readlink("exe", dir_fd=proc) == os.readlink("/proc/self/exe")  # that process, not a pid's

@@ -75,8 +75,8 @@ def test_a_task_sweeps_only_the_containers_whose_task_and_reaper_are_gone(tmp_pa
     import time
     from types import SimpleNamespace
 
-    from jupyter_podman_hpc.engine.run import perprocess
     from jupyter_podman_hpc.engine.base.locks import NEW_LOCK_GRACE
+    from jupyter_podman_hpc.engine.run import perprocess
 
     removals.config = SimpleNamespace(run_root=str(tmp_path))
     tasks = tmp_path / "per-process"

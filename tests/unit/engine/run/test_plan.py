@@ -3,8 +3,8 @@ the settings."""
 
 import pytest
 
-from jupyter_podman_hpc.engine.site.config import ConfigError, load_config
 from jupyter_podman_hpc.engine.run.plan import wants_join, wants_reuse
+from jupyter_podman_hpc.engine.site.config import ConfigError, load_config
 
 
 def test_tasks_join_unless_told_to_use_podman_exec():

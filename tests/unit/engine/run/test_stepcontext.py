@@ -1,7 +1,7 @@
 """Where a task sits in its step, and what its per-process container gets from the step."""
 
-from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.run.stepcontext import step_context, step_env_args, tasks_per_node
+from jupyter_podman_hpc.engine.site.config import load_config
 
 
 def test_tasks_per_node_expands_slurm_counts():

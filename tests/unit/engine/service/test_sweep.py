@@ -13,9 +13,9 @@ import time
 import pytest
 
 from jupyter_podman_hpc.engine.base import processes
+from jupyter_podman_hpc.engine.base.files import atomic_write
 from jupyter_podman_hpc.engine.service import sweep as servicesweep
 from jupyter_podman_hpc.engine.site.config import load_config
-from jupyter_podman_hpc.engine.base.files import atomic_write
 
 # a "service": its command line names its socket, and it has a child in a session of its own
 SERVICE = (

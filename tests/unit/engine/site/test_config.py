@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.errors import ConfigError
+from jupyter_podman_hpc.engine.site.config import load_config
 
 
 def config_file(tmp_path, text):
@@ -96,8 +96,8 @@ def test_podman_env_hides_runtime_dir_and_user_config():
 def test_without_scratch_there_is_no_shared_fallback_store():
     config = load_config({})
     assert config.squash_dir == ""  # podman-hpc 1.2.2 would use /tmp/storage, shared by every user
-    from jupyter_podman_hpc.engine.store.squashed import SquashStore
     from jupyter_podman_hpc.engine.store.access import configured_stores
+    from jupyter_podman_hpc.engine.store.squashed import SquashStore
 
     assert configured_stores(config) == []
     with pytest.raises(ConfigError, match="no squashed image store: SCRATCH is not set"):

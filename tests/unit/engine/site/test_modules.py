@@ -2,8 +2,9 @@
 
 import pytest
 
-from jupyter_podman_hpc.engine.site.config import SITE_DATA
+from jupyter_podman_hpc.engine.base.private import UnsafeDirectory
 from jupyter_podman_hpc.engine.errors import ModuleError
+from jupyter_podman_hpc.engine.site.config import SITE_DATA
 from jupyter_podman_hpc.engine.site.modules import (
     PRIVATE_SHM,
     ModuleSet,
@@ -12,7 +13,6 @@ from jupyter_podman_hpc.engine.site.modules import (
     load_module,
     resolve_binds,
 )
-from jupyter_podman_hpc.engine.base.private import UnsafeDirectory
 
 
 def write_module(directory, name, text):

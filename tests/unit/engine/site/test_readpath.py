@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.errors import ConfigError
+from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.site.readpath import ReadPathSettings, budget_mb, cgroup_limits, memory_bytes
 
 

@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.errors import ConfigError, PermissionDenied
-from jupyter_podman_hpc.engine.store.squashed import SquashStore
+from jupyter_podman_hpc.engine.site.config import load_config
 from jupyter_podman_hpc.engine.store.access import check_writable, readable_stores, store_access
+from jupyter_podman_hpc.engine.store.squashed import SquashStore
 
 
 def test_missing_stores_are_left_out_and_the_order_is_personal_first(tmp_path):

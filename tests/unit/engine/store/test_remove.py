@@ -3,8 +3,8 @@ record names outside the store."""
 
 import json
 
-from jupyter_podman_hpc.engine.store.squashed import SquashStore
 from jupyter_podman_hpc.engine.store.remove import remove
+from jupyter_podman_hpc.engine.store.squashed import SquashStore
 from tests.helpers.store_images import LINK, squashed_image
 
 

@@ -7,9 +7,9 @@ import stat
 import pytest
 
 from jupyter_podman_hpc.engine.errors import PermissionDenied
+from jupyter_podman_hpc.engine.store.access import make_store_dir
 from jupyter_podman_hpc.engine.store.records import SQUASH_DIGEST
 from jupyter_podman_hpc.engine.store.squashed import SquashStore
-from jupyter_podman_hpc.engine.store.access import make_store_dir
 from tests.helpers.store_images import LINK, squashed_image
 
 
