@@ -363,7 +363,7 @@ class PrivateService:
         _RUNNING.add(self)
         _wait_ready(
             self.socket,
-            lambda: self.process is not None and self.process.poll() is None,
+            self._running,
             self.log_path,
             self.start_timeout,
         )
@@ -387,6 +387,11 @@ class PrivateService:
             "started": time.time(),
         }
         atomic_write(self.owner_path, json.dumps(record) + "\n", 0o600)
+
+    def _running(self) -> bool:
+        """Whether the service's process runs (read once: see ``process``)."""
+        process = self.process
+        return process is not None and process.poll() is None
 
     def container_processes(self) -> list[int]:
         """Processes of the containers the service runs right now (a build's RUN step).
@@ -442,8 +447,7 @@ class PrivateService:
         deadline = time.monotonic() + timeout
         calm_since = time.monotonic()
         while time.monotonic() < deadline:
-            process = self.process
-            if process is None or process.poll() is not None:
+            if not self._running():
                 return True
             if self.kill_containers() or self.open_temporary_files():
                 calm_since = time.monotonic()
@@ -460,8 +464,7 @@ class PrivateService:
         stops the service, and the caller gets control back at once. Should
         this process exit first, the service's own idle timeout ends it.
         """
-        process = self.process
-        if self.aborted and process is not None and process.poll() is None:
+        if self.aborted and self._running():
             threading.Thread(target=self._stop_when_quiet, args=(grace,), name="podman-hpc-reaper", daemon=True).start()
             return
         self._stop_now(grace)
