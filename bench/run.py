@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         if name not in args.only:
             return
         print(f"== {name}", flush=True)
+        started = time.monotonic()
         try:
             run()
         except (BenchError, subprocess.SubprocessError, OSError) as err:
             failures.append(Failure(name, "-", "-", -1, f"{type(err).__name__}: {err}"))
             print(f"{name}: FAILED {err}", flush=True)
+        print(f"== {name}: {time.monotonic() - started:.0f} s", flush=True)  # where a run's time goes
 
     try:
         prepared: list[launch.Setup] = []
