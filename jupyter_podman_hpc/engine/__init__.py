@@ -15,7 +15,8 @@ command lines); ``service`` (the REST service) and ``info``; ``images`` (pull, b
 - ``site``: the site configuration, its modules, the read path's settings, the OCI hook
 - ``store``: the squashed image store: its format, its files, who may use which, checks and removal
 - ``mount``: the mount program podman calls for squashed images: fuse mounts, unpacked copies, kernel overlay
-- ``statebinds``: the engine's state kept out of every container: the user's own /dev/shm for ``--ipc=host``, binds of state refused
+- ``statebinds``: the engine's state kept out of every container: the user's own /dev/shm for ``--ipc=host``,
+  binds of state refused
 - ``podman``: the one place podman command lines are built and run
 - ``service``: the per-user Podman REST service, its streams, its sweep; the server's task records
 - ``info``: the ``infohpc`` report (configuration and its sources, stores, read path, modules), as lines

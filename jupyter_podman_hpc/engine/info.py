@@ -21,7 +21,7 @@ def report(site) -> Iterator[str]:
     c = site.config
     yield f"podman-hpc version: {__version__} (jupyter-podman-hpc)"
     yield f"config file: {c.config_file or 'none'}"
-    for key in c.keys():
+    for key in c.keys():  # noqa: SIM118  a SiteConfig is no dict: keys() lists the settings a file may set
         value = getattr(c, key)
         source = c.sources.get(key, "default")
         if isinstance(value, list):

@@ -20,7 +20,8 @@ def human_bytes(size: int | float | None) -> str:
 def text_table(rows: Sequence[Sequence[object]]) -> str:
     """Rows (the first a header) as left-aligned columns two spaces apart, without trailing blanks."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+    lines = ("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 TRUE_WORDS = ("1", "true", "yes", "on")

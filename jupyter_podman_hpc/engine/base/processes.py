@@ -153,7 +153,7 @@ def detach() -> bool:
         middle = os.getpid()
         if os.fork() != 0:
             os._exit(0)
-    except BaseException:
+    except BaseException:  # noqa: BLE001  a forked child never returns into the caller's code, whatever happened
         os._exit(1)
     try:
         pidfd = os.pidfd_open(middle)

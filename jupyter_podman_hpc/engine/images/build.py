@@ -372,7 +372,7 @@ def _context_tar(context: Path | None, containerfile: str, name: str) -> Iterato
         with tarfile.open(fileobj=body, mode="w", format=tarfile.PAX_FORMAT) as tar:
             if context is not None:
                 for entry in sorted(os.listdir(context)):
-                    if entry == ignore_name or entry == name:
+                    if entry in (ignore_name, name):
                         continue
                     try:
                         tar.add(context / entry, arcname=entry, filter=normalize)

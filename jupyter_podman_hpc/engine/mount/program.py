@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"local image {paths[0]} read from its squashed copy {whole[0]}")
             lowers.append(root)
         else:
-            for lower, path in zip(lower_dirs(options), paths):
+            for lower, path in zip(lower_dirs(options), paths, strict=True):
                 found = squash_of(path)
                 if found is None:
                     all_squashed = False

@@ -37,13 +37,13 @@ import struct
 # what is built in or already loaded
 from _collections_abc import Mapping, Sequence
 
+from ...stepsocket import default_signals, wait_forwarding
+
 TYPE_CHECKING = False  # typing's flag, which type checkers read as true, without importing typing
 if TYPE_CHECKING:  # the stubs know signal's (the same function); _signal, built in, has none
     from signal import pidfd_send_signal
 else:
     from _signal import pidfd_send_signal
-
-from ...stepsocket import default_signals, wait_forwarding
 
 JOIN_FAILED = 125  # podman's code for errors of the tool itself
 
@@ -197,9 +197,9 @@ def out_of_reach() -> None:
 
 def _drop_bounding_set(bounding: int) -> None:
     for cap in range(64):
-        if not bounding >> cap & 1:
-            if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
-                _check(-1, "dropping a capability")
+        kept = bounding >> cap & 1
+        if not kept and _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+            _check(-1, "dropping a capability")
 
 
 def _set_caps(caps: dict[str, int]) -> None:

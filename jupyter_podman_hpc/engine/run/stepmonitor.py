@@ -75,12 +75,12 @@ def start_monitor(
             os.dup2(log, 1)
             os.dup2(log, 2)
             keep = sorted(fd for fd in (listener.fileno(), step_daemon) if fd is not None)
-            for low, high in zip([2, *keep], [*keep, os.sysconf("SC_OPEN_MAX")]):
+            for low, high in zip([2, *keep], [*keep, os.sysconf("SC_OPEN_MAX")], strict=True):
                 os.closerange(low + 1, high)
             code = StepMonitor(
                 podman, directory, socket.socket(fileno=listener.detach()), name, start, tasks, step_daemon
             ).run()
-        except BaseException:
+        except BaseException:  # noqa: BLE001  logged, then exit: the monitor never returns into the task
             import traceback
 
             traceback.print_exc()

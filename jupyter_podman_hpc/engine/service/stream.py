@@ -22,13 +22,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Union
 from urllib.parse import quote
 
 from ..errors import EngineError
 from .rest import PrivateService
 
-CancelHook = Union[threading.Event, Callable[[], bool], None]
+CancelHook = threading.Event | Callable[[], bool] | None
 
 CANCEL_POLL = 0.1  # seconds between looks at the cancel hook
 
@@ -146,7 +145,7 @@ class Stream:
             for obj in json_objects(self.response):
                 self.queue.put(obj)
             self.queue.put(self._END)
-        except BaseException as err:  # handed to the caller's thread
+        except BaseException as err:  # noqa: BLE001  whatever stops the reader is handed to the caller's thread
             broken = StreamBroken(str(err) or type(err).__name__)
             broken.__cause__ = err
             self.queue.put(broken)

@@ -225,7 +225,7 @@ def load_config(
     )
     given = _Given(from_file or {}, env, squash_dir, user, uid)
     defaults = _defaults(config, env)
-    for key in SiteConfig.keys():
+    for key in SiteConfig.keys():  # noqa: SIM118  a class, no dict: keys() lists the settings a file may set
         value, source = _value_of(key, defaults[key], given)
         setattr(config, key, _coerce(key, value, source))
         config.sources[key] = source

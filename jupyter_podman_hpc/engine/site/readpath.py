@@ -39,6 +39,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 MODES = ("auto", "unpacked", "kernel", "fuse")
 # A tenth of the node's (or the job's) memory: room for the large ML images (15-20 GB
@@ -67,7 +68,7 @@ class ReadPathSettings:
     job_nodes: int = 0  # the job's node count; 0 when unknown
     auto_job_max_mb: float = DEFAULT_AUTO_JOB_MAX_MB
 
-    VARIABLES = {
+    VARIABLES: ClassVar[dict[str, str]] = {
         "mode": "PODMANHPC_SQUASH_READ_PATH",
         "unpack_dir": "PODMANHPC_SQUASH_UNPACK_DIR",
         "unpack_max_mb": "PODMANHPC_SQUASH_UNPACK_MAX_MB",
@@ -196,7 +197,7 @@ def cgroup_limits(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/c
         return []
     limits = []
     for line in lines:
-        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        hierarchy, controllers, path = [*line.split(":", 2), "", ""][:3]
         if hierarchy == "0" and controllers == "":
             base, name = Path(root), "memory.max"
         elif "memory" in controllers.split(","):

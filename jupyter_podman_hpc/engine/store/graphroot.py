@@ -120,7 +120,7 @@ def stored_command(storages: list[str], ref: str) -> tuple[list[str] | None, lis
         tree = Tree(storage)
         key = base64.b64encode(f"sha256:{record['id']}".encode()).decode()
         try:
-            data = tree.read(IMAGES + (record["id"],), f"={key}")
+            data = tree.read((*IMAGES, record["id"]), f"={key}")
             # the image id is the config's digest: a config changed in a shared store is podman's to refuse
             if data is None or hashlib.sha256(data).hexdigest() != record["id"]:
                 return None

@@ -199,7 +199,7 @@ class SquashStore:
         if not is_id(layer):
             return ""
         try:
-            data = self.tree.read(OVERLAY + (layer,), "link")
+            data = self.tree.read((*OVERLAY, layer), "link")
         except EntryRefused as refused:
             warn_once(f"link:{layer}", str(refused))
             return ""
@@ -337,13 +337,13 @@ class SquashStore:
             name = f"{layer_id}.tar-split.gz"
             if split_file.exists() and self.tree.lstat(LAYERS, name) is None:
                 self.tree.write(LAYERS, name, split_file.read_bytes(), self.sharing.file_mode())
-            with self._dir(OVERLAY + (layer_id, "diff")):
+            with self._dir((*OVERLAY, layer_id, "diff")):
                 pass
             # A layer the store has keeps its link: another image's squash file is named by it
             # (the base image's top layer is a parent of every image built FROM it).
             link = self.link_of(layer_id) or source.link(layer_id)
             if not self.link_of(layer_id):
-                self.tree.write(OVERLAY + (layer_id,), "link", link.encode(), self.sharing.file_mode())
+                self.tree.write((*OVERLAY, layer_id), "link", link.encode(), self.sharing.file_mode())
             target = f"../{layer_id}/diff"
             if self.tree.readlink(LINKS, link) != target:
                 tmp = f".{link}.{os.getpid()}.{os.urandom(3).hex()}.tmp"
@@ -361,11 +361,13 @@ class SquashStore:
         with contextlib.suppress(OSError, EngineError):
             self.tree.rmtree(IMAGES, tmp)  # a killed migrate's
         mode = self.sharing.file_mode()
-        with self.tree.new_directory(IMAGES, tmp, self._dir_mode(IMAGES)) as dirfd:
-            with os.scandir(source.big_data(image_id)) as entries:
-                for entry in entries:
-                    if entry.is_file(follow_symlinks=False):
-                        atomic_write(entry.name, Path(entry.path).read_bytes(), mode, dir_fd=dirfd)
+        with (
+            self.tree.new_directory(IMAGES, tmp, self._dir_mode(IMAGES)) as dirfd,
+            os.scandir(source.big_data(image_id)) as entries,
+        ):
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    atomic_write(entry.name, Path(entry.path).read_bytes(), mode, dir_fd=dirfd)
         try:
             self.tree.rename(IMAGES, tmp, image_id)
         except OSError as err:
