@@ -322,7 +322,7 @@ def install(
 
     image = reference.validate(image)
     name = validate_name(name if name is not None else default_name(image))
-    modules = [m for m in modules]
+    modules = list(modules)
     podman_args = [str(a) for a in podman_args]
     _check_options(display_name=display_name, interrupt_mode=interrupt_mode, python=python, pool=pool)
     _check_modules(modules)

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return watchdog(args.owner, args.client, args.name)
-    except Exception:  # a watchdog has no one to report to; the sweep is the fallback
+    except Exception:  # noqa: BLE001  a watchdog has no one to report to; the sweep is the fallback
         return 1
 
 

@@ -193,7 +193,7 @@ class Pool:
                     return
             try:
                 entry = self._spawn()
-            except Exception as err:  # a pool never breaks kernel starts: they go on demand
+            except Exception as err:  # noqa: BLE001  a pool never breaks kernel starts: they go on demand
                 self._failures += 1
                 log.warning("podman-hpc: cannot start a pooled kernel container for %s: %s", self.key, err)
                 return

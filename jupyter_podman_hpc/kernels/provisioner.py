@@ -170,7 +170,7 @@ class PodmanHPCProvisioner(LocalProvisioner):
                 removed = orphans.sweep(podman)
                 if removed:
                     log.info("podman-hpc: removed orphaned kernel containers: %s", ", ".join(removed))
-            except Exception as err:  # never fail a kernel start over housekeeping
+            except Exception as err:  # noqa: BLE001  never fail a kernel start over housekeeping
                 log.warning("podman-hpc: sweeping orphaned kernel containers failed: %s", err)
 
         threading.Thread(target=sweep, name="podman-hpc-kernel-sweep", daemon=False).start()

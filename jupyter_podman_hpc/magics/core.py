@@ -250,21 +250,21 @@ class PodmanHPCMagics(Magics):
                     raise MagicError(f"--env {key}: {key} is not set in this kernel (give {key}=VALUE)")
                 value = os.environ[key]
             environment[key] = value
-        return dict(
-            nodes=args.nodes,
-            tasks_per_node=args.tasks_per_node,
-            cpus_per_task=args.cpus_per_task,
-            gpus_per_node=args.gpus_per_node,
-            time=args.time,
-            partition=args.partition,
-            account=args.account,
-            qos=args.qos,
-            reservation=args.reservation,
-            modules=tuple(args.modules),
-            environment=environment,
-            extra_directives=tuple(args.directives),
-            job_name=args.job_name,
-        )
+        return {
+            "nodes": args.nodes,
+            "tasks_per_node": args.tasks_per_node,
+            "cpus_per_task": args.cpus_per_task,
+            "gpus_per_node": args.gpus_per_node,
+            "time": args.time,
+            "partition": args.partition,
+            "account": args.account,
+            "qos": args.qos,
+            "reservation": args.reservation,
+            "modules": tuple(args.modules),
+            "environment": environment,
+            "extra_directives": tuple(args.directives),
+            "job_name": args.job_name,
+        }
 
     def _spec(self, args: Namespace):
         from ..slurm import JobSpec
@@ -332,10 +332,7 @@ class PodmanHPCMagics(Magics):
 
             state = describe_progress(output) or ("not written yet" if not output["exists"] else "")
             print(f"Output notebook: {output['path']}" + (f" ({state})" if state else ""))
-        if args.batch:
-            text = job.batch_log()
-        else:
-            text = job.labelled_output("err" if args.err else "out")
+        text = job.batch_log() if args.batch else job.labelled_output("err" if args.err else "out")
         if text:
             print(text.rstrip("\n"))
         else:

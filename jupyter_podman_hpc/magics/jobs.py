@@ -23,6 +23,7 @@ import time
 from ..slurm import Job as SlurmJob
 from ..slurm import JobStatus
 from ..slurm.client import SlurmError
+from ..slurm.spec import JobSpecError
 from .render import widgets_enabled
 
 POLL_MIN = 0.5
@@ -88,7 +89,7 @@ class Job:
         """The Slurm job name (the spec's, else the one the batch script gets)."""
         try:
             return self.job.spec.default_job_name()
-        except Exception:
+        except JobSpecError:  # a record this version refuses (an older one's)
             return self.job.record.spec.get("job_name") or ""
 
     def status(self, refresh: bool = True) -> JobStatus:
@@ -222,7 +223,7 @@ class _StatusView:
                 try:
                     status = self.job.status()
                     failures = 0
-                except Exception:  # a busy slurmctld: keep the last status, try again later
+                except Exception:  # noqa: BLE001  a failed poll (a busy slurmctld) never ends the view: last status kept
                     failures += 1
                     status = self.job._status
                     if failures >= 20:

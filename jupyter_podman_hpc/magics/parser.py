@@ -511,7 +511,7 @@ def _leading_params(namespace: argparse.Namespace, words: list[str], parser_: Pa
     its arguments, which follow): moved to ``params``; the rest returned."""
     convert = _key_value("--param")
     while words and words[0].split("=", 1)[0] == "--param":
-        flag, sep, value = words[0].partition("=")
+        _, sep, value = words[0].partition("=")
         if not sep:
             if len(words) < 2:
                 raise MagicError("--param needs NAME=VALUE", parser_.format_usage())

@@ -36,7 +36,7 @@ def ipywidgets_available() -> bool:
     """ipywidgets can be imported in this kernel."""
     try:
         import ipywidgets  # noqa: F401
-    except Exception:
+    except Exception:  # noqa: BLE001  a broken install raises more than ImportError: not available either
         return False
     return True
 
@@ -46,10 +46,10 @@ def request_allows_stdin(kernel: Any) -> bool | None:
     parent = None
     try:
         parent = kernel.get_parent("shell")
-    except Exception:
+    except (TypeError, AttributeError):  # an ipykernel before 6 (no channel argument), or none at all
         try:
             parent = kernel.get_parent()
-        except Exception:
+        except (TypeError, AttributeError):
             parent = None
     content = (parent or {}).get("content") if isinstance(parent, Mapping) else None
     if isinstance(content, Mapping) and "allow_stdin" in content:
@@ -89,7 +89,7 @@ def widgets_enabled(shell: Any = None, environ: Mapping[str, str] | None = None)
             from IPython import get_ipython
 
             shell = get_ipython()
-        except Exception:
+        except ImportError:
             shell = None
     if forced is True:
         return ipywidgets_available()
