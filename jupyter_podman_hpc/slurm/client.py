@@ -177,7 +177,7 @@ class JobStatus:
     @classmethod
     def from_dict(cls, data: Mapping) -> JobStatus:
         """The status ``as_dict`` wrote (keys it does not know are ignored)."""
-        known = {f for f in cls.__dataclass_fields__}
+        known = set(cls.__dataclass_fields__)
         values = {k: v for k, v in data.items() if k in known}
         values["nodes"] = tuple(values.get("nodes") or ())
         return cls(**values)

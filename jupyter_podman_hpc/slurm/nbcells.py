@@ -8,6 +8,10 @@ needs it (magics: ``ipython`` is ``require``) or may use it (``prefer``) and
 the image has it.
 """
 
+# The image's python3 runs this file, whatever its version: it keeps to what old ones read (no f-strings,
+# annotations or :=), so its strings are %-formatted.
+# ruff: noqa: UP031
+
 import ast
 import builtins
 import linecache
@@ -73,7 +77,7 @@ class PlainRunner:
                 last = ast.Expression(tree.body.pop().value)
             exec(compile(tree, filename, "exec"), self.namespace)
             if last is not None:
-                value = eval(compile(last, filename, "eval"), self.namespace)
+                value = eval(compile(last, filename, "eval"), self.namespace)  # noqa: S307  the cell's own code
                 if value is not None:
                     self.namespace["_"] = value
                     if self.recorder is not None:

@@ -15,6 +15,10 @@ link, at most a size, JSON) and replaced by a rename, never written through
 a name the image could have made a link.
 """
 
+# The image's python3 runs this file, whatever its version: it keeps to what old ones read (no f-strings,
+# annotations or :=), so its strings are %-formatted.
+# ruff: noqa: UP031
+
 import base64
 import datetime
 import json
@@ -248,11 +252,11 @@ class Recorder:
         """The job is being stopped: say so at the running cell, and write a last time."""
         if self.cell is not None:
             cell = self.notebook["cells"][self.cell]
-            cell["outputs"] = (
-                self.outputs
-                + [note(STOPPED_NOTE.format(signal=signame, elapsed=time.monotonic() - self.started))]
-                + self.extra.get(self.cell, [])
-            )
+            cell["outputs"] = [
+                *self.outputs,
+                note(STOPPED_NOTE.format(signal=signame, elapsed=time.monotonic() - self.started)),
+                *self.extra.get(self.cell, []),
+            ]
             cell["metadata"]["podman_hpc"].update(status="stopped", finished=now())
         self.meta["state"] = "stopped"
         self.cell = None
@@ -276,9 +280,11 @@ class Recorder:
             if self.cell is not None:
                 cell = self.notebook["cells"][self.cell]
                 started = cell["metadata"]["podman_hpc"]["started"]
-                cell["outputs"] = (
-                    self.outputs + [note(RUNNING_NOTE.format(started=started))] + self.extra.get(self.cell, [])
-                )
+                cell["outputs"] = [
+                    *self.outputs,
+                    note(RUNNING_NOTE.format(started=started)),
+                    *self.extra.get(self.cell, []),
+                ]
             self.meta["cell"] = self.cell
             self.meta["updated"] = now()
             try:

@@ -27,6 +27,10 @@ bounded, never through a link), so code in the image cannot make the host
 run anything or write outside ``out/``.
 """
 
+# The image's python3 runs this file, whatever its version: it keeps to what old ones read (no f-strings,
+# annotations or :=), so its strings are %-formatted.
+# ruff: noqa: UP031
+
 import os
 import signal
 import sys
@@ -130,7 +134,7 @@ def run(plan_path, args):
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) or 0)
     size = int(os.environ.get("SLURM_NTASKS", "1") or 1)
     notebook = read_json(plan.notebook)
-    sys.argv = [plan.notebook] + list(args)
+    sys.argv = [plan.notebook, *args]
     recorder = Recorder(plan, notebook, rank, size) if rank == 0 else None
     if recorder is not None:
         signal.signal(signal.SIGTERM, recorder.on_signal)  # scancel, or the time limit

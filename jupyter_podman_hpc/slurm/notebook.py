@@ -83,7 +83,7 @@ def read_notebook(path: str | Path):
         raise JobSpecError(f"notebook {path} does not exist")
     except (OSError, ValueError, json.JSONDecodeError) as err:
         raise JobSpecError(f"notebook {path} cannot be read: {err}".splitlines()[0])
-    except Exception as err:  # nbformat's own validation errors
+    except Exception as err:  # noqa: BLE001  nbformat's validation errors (jsonschema's) and its converters'
         raise JobSpecError(f"notebook {path} is not a valid notebook: {err}".splitlines()[0])
     language = (
         notebook.metadata.get("kernelspec", {}).get("language")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import itertools
 import os
 import signal
 import stat
@@ -61,7 +62,7 @@ def runs_part(token: str, directory: Path, part: str) -> bool:
         return _follows(argv, "-m", "ipyparallel.controller") and any(
             profile.name == PROFILE and _same_dir(str(profile.parent), directory) for profile in profiles
         )
-    named = [value for flag, value in zip(argv, argv[1:]) if flag == "--dir"]
+    named = [value for flag, value in itertools.pairwise(argv) if flag == "--dir"]
     return _follows(argv, "-m", MODULE) and any(_same_dir(value, directory) for value in named)
 
 
