@@ -104,7 +104,8 @@ def member(stack) -> Hpc:
 
 @pytest.fixture
 def project_store(member):
-    """A project store as docs/users/images.md ("Project stores") says to make one now: in the project directory, 3770."""
+    """A project store as docs/users/images.md ("Project stores") says to make one now: in the project
+    directory, 3770."""
     path = Path(os.environ["STACK_PROJECT_DIR"]) / f"sec-store-{uuid.uuid4().hex[:8]}"
     path.mkdir()
     path.chmod(0o3770)
@@ -220,7 +221,7 @@ def page(request, console: ConsoleLog, artifacts: Path, tmp_path):
             yield page
             try:
                 page.screenshot(path=str(artifacts / f"{request.node.name}.png"), full_page=True)
-            except Exception as error:  # a screenshot is a help, never a failure
+            except Exception as error:  # noqa: BLE001  a screenshot is a help, never a failure
                 print(f"no screenshot of {request.node.name}: {error}")
         finally:
             context.close()

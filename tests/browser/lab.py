@@ -16,6 +16,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
+try:
+    from playwright.sync_api import Error as PlaywrightError
+except ImportError:  # the page fixture then says the browser tests need playwright
+    PlaywrightError = Exception
+
 ACTIVATED = "jupyter-podman-hpc is activated"
 PANEL = "#jp-PodmanHpc-panel"
 RUN_BUTTON = ".jp-NotebookPanel .jp-PodmanHpc-runAtScaleButton:visible"  # the current notebook's
@@ -52,7 +57,7 @@ def open_lab(page, lab, console, path: str = "lab", reset: bool = True) -> None:
     # taking the focus from whatever a test opens too early)
     try:
         page.wait_for_load_state("networkidle", timeout=10_000)
-    except Exception:
+    except PlaywrightError:
         pass
 
 
@@ -88,7 +93,7 @@ def open_palette(page):
     try:
         search.wait_for(state="visible", timeout=5_000)
         return search
-    except Exception:
+    except PlaywrightError:
         pass
     page.locator(".lm-MenuBar-itemLabel", has_text="View").first.click()
     page.locator(".lm-Menu-item", has_text="Activate Command Palette").first.click()
@@ -109,7 +114,7 @@ def run_command(page, text: str, expect=None) -> None:
             try:
                 item.click(timeout=3_000)
                 break
-            except Exception:  # detached or covered while re-rendered
+            except PlaywrightError:  # detached or covered while re-rendered
                 if not search.is_visible():
                     break
         if expect is None:
@@ -117,7 +122,7 @@ def run_command(page, text: str, expect=None) -> None:
         try:
             expect.wait_for(state="visible", timeout=5_000)
             return
-        except Exception:
+        except PlaywrightError:
             page.keyboard.press("Escape")
     raise AssertionError(f"running {text!r} from the palette did not show {expect}")
 
@@ -189,7 +194,7 @@ def wait_for_job(page, lab, job_id: str, state: str = "COMPLETED", timeout: floa
     started = time.monotonic()
     try:
         reached.wait_for(state="visible", timeout=timeout)
-    except Exception:
+    except PlaywrightError:
         shown = row.get_attribute("data-state") if row.count() else "not listed"
         job = get_json(lab, f"podman-hpc/api/jobs/{job_id}")
         logs = get_json(lab, f"podman-hpc/api/jobs/{job_id}/logs")

@@ -71,7 +71,7 @@ def test_run_at_scale_4_nodes_x_2_tasks(page, console, stack_lab, artifacts):
 
     dialog = open_dialog(page)
     shape_job(dialog, stack.base_image, nodes=4, tasks_per_node=2)
-    assert "4 nodes × 2 tasks = 8 ranks" in dialog.locator(".jp-PodmanHpc-summary").inner_text()
+    assert "4 nodes \N{MULTIPLICATION SIGN} 2 tasks = 8 ranks" in dialog.locator(".jp-PodmanHpc-summary").inner_text()
     dialog.locator('textarea[name="parameters"]').fill("colour='blue'")
 
     dialog.locator(".jp-PodmanHpc-previewButton").click()
@@ -88,7 +88,7 @@ def test_run_at_scale_4_nodes_x_2_tasks(page, console, stack_lab, artifacts):
     _, job_id = submit_job(page, dialog)
     completed = wait_for_job(page, stack_lab, job_id)
     assert completed.locator(".jp-PodmanHpc-jobExit").inner_text() == "exit 0"
-    assert completed.locator(".jp-PodmanHpc-jobNodes").inner_text().startswith("4 nodes × 2")
+    assert completed.locator(".jp-PodmanHpc-jobNodes").inner_text().startswith("4 nodes \N{MULTIPLICATION SIGN} 2")
     page.screenshot(path=str(artifacts / "containers-panel-jobs.png"))
 
     # the logs viewer: one section per rank

@@ -1,7 +1,8 @@
 """Fixtures of the fault-injection tests: file systems that fill up and a registry that goes away.
 
 The stack's ``hpc`` fixture (private storage per test, leftovers per node) comes from
-tests/conftest.py; the helpers (SmallFs, RegistryFront, one_line, own_mounts) from tests/helpers/faults.py. Faults are injected for real and without root (the tests run
+tests/conftest.py; the helpers (SmallFs, RegistryFront, one_line, own_mounts) from
+tests/helpers/faults.py. Faults are injected for real and without root (the tests run
 as the stack's user): a store's file system is a small ext4 image mounted with fuse2fs (a
 real ENOSPC where the engine and mksquashfs write, in every mount namespace of the user), the
 unpack cache a size-limited tmpfs mounted in podman's user namespace (where the mount program

@@ -92,7 +92,7 @@ def test_two_members_migrating_four_images_into_one_project_store_at_once(victim
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(migrate, jobs))
-    for (_, image), result in zip(jobs, results):
+    for (_, image), result in zip(jobs, results, strict=True):
         assert result.returncode == 0 and result.stdout.startswith(f"squashed: {image} "), result
 
     records = json.loads((project_store / "overlay-images" / "images.json").read_text())

@@ -42,7 +42,7 @@ class Hub:
     def wait_ready(self, timeout: float = 300) -> str:
         deadline = time.monotonic() + timeout
         while True:
-            status, model = self.api("GET", f"/users/{self.user}")
+            _status, model = self.api("GET", f"/users/{self.user}")
             server = (model.get("servers") or {}).get("")
             if server and server.get("ready"):
                 return f"{self.url}/user/{self.user}"

@@ -19,4 +19,4 @@ def squashed_image(store, image_id, layer, link, names):
         (store.images_json, {"id": image_id, "layer": layer, "names": names}),
         (store.layers_json, {"id": layer}),
     ):
-        path.write_text(json.dumps(json.loads(path.read_text()) + [record]))
+        path.write_text(json.dumps([*json.loads(path.read_text()), record]))

@@ -39,7 +39,7 @@ def shared_jupyter_dirs(member):
     a 2770 kernels directory and a 3770 one (group jphproj)."""
     base = Path(os.environ["STACK_PROJECT_DIR"]) / f"sec-kernels-{uuid.uuid4().hex[:8]}"
     dirs = [base / "setgid", base / "sticky"]
-    for directory, mode in zip(dirs, (0o2770, 0o3770)):
+    for directory, mode in zip(dirs, (0o2770, 0o3770), strict=True):
         (directory / "kernels").mkdir(parents=True)
         for made in (base, directory):
             made.chmod(0o2770)

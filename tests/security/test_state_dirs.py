@@ -8,6 +8,7 @@ command refuses in one line, runs nothing of the attacker's, and works once the 
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -72,7 +73,9 @@ def test_once_the_plant_is_gone_the_victims_state_is_private_and_runs(victim, st
 
 def test_a_planted_hook_is_never_run(victim, stack, plant, marker):
     evil = attack_program(plant, marker)
-    hook = '{"version": "1.0.0", "hook": {"path": "%s"}, "when": {"always": true}, "stages": ["prestart"]}' % evil
+    hook = json.dumps(
+        {"version": "1.0.0", "hook": {"path": str(evil)}, "when": {"always": True}, "stages": ["prestart"]}
+    )
     plant(f"{victim.env['PODMANHPC_RUN_ROOT']}/hooks.d/01-evil.json", hook, mode="0444")
 
     result = victim("run", "--rm", stack.tiny_image, "true", check=False)

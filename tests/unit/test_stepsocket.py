@@ -81,7 +81,10 @@ def _key_in(directory):
 
 def test_the_key_is_made_once_private_and_shared_by_simultaneous_first_tasks(tmp_path):
     path = _key_in(tmp_path)
-    script = f"from jupyter_podman_hpc import stepsocket; import sys; sys.stdout.write(stepsocket.load_secret({path!r}).hex())"
+    script = (
+        "from jupyter_podman_hpc import stepsocket; import sys; "
+        f"sys.stdout.write(stepsocket.load_secret({path!r}).hex())"
+    )
     children = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(8)]
     keys = {child.communicate()[0] for child in children}
     assert len(keys) == 1 and len(bytes.fromhex(keys.pop())) == stepsocket.KEY_SIZE

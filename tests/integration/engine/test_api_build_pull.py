@@ -93,7 +93,7 @@ class Recorder(list):
         self.times.append(time.monotonic() - self.started)
 
     def show(self):
-        return "\n".join(f"{t:6.2f} {e.message} {e.current}/{e.total}" for t, e in zip(self.times, self))
+        return "\n".join(f"{t:6.2f} {e.message} {e.current}/{e.total}" for t, e in zip(self.times, self, strict=True))
 
 
 # --- pull ------------------------------------------------------------------------------------

@@ -80,10 +80,14 @@ def test_steps_and_a_stale_container_never_share_a_name(squashed_tiny, stack):
     # In one allocation: step 0 leaves a container named as step 1's will be, as a crashed
     # step would; steps 1 and 2 then run at the same time on the same nodes.
     script = hpc.work / "steps.sh"
+    stale_run = 'podman-hpc run -d --name "podman-hpc-$(id -u)-$SLURM_JOB_ID.1.$SLURMD_NODENAME"'
+    shared_run = f"srun --overlap -N4 -n8 podman-hpc shared-run {image} sh -c"
+    # which container a rank ran in: its pid namespace and the start time of that namespace's init
+    container = '$(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat)'
     script.write_text(f"""#!/bin/sh
-srun -N4 --ntasks-per-node=1 sh -c 'podman-hpc run -d --name "podman-hpc-$(id -u)-$SLURM_JOB_ID.1.$SLURMD_NODENAME" {image} sh -c "touch /stale; sleep 600"' >/dev/null
-srun --overlap -N4 -n8 podman-hpc shared-run {image} sh -c 'test -e /stale && echo stale || echo "fresh $(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat)"' > {hpc.work}/step1.out &
-srun --overlap -N4 -n8 podman-hpc shared-run {image} sh -c 'echo "other $(readlink /proc/self/ns/pid)@$(cut -d" " -f22 /proc/1/stat)"' > {hpc.work}/step2.out &
+srun -N4 --ntasks-per-node=1 sh -c '{stale_run} {image} sh -c "touch /stale; sleep 600"' >/dev/null
+{shared_run} 'test -e /stale && echo stale || echo "fresh {container}"' > {hpc.work}/step1.out &
+{shared_run} 'echo "other {container}"' > {hpc.work}/step2.out &
 wait
 """)
     run(["sbatch", "--wait", "-N4", "-o", hpc.work / "job.out", script], env=hpc.env, timeout=300)

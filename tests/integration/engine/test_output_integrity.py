@@ -4,8 +4,9 @@ sizes (up to 4x8; per-process up to 4x2), at most 6 at once, in one allocation, 
 ``--no-join``), each rank writing a known number of lines on stdout and on stderr, 1 MB more
 on some steps, and a last write without a newline just before it exits. Every 10th step is
 cancelled (scancel) while its ranks run; at the end no container, step directory, socket,
-mount or monitor remains on any node, and no monitor had to give up removing its container. (Until 2026-12-02 the cancellations were a
-200-step test of their own, test_launcher_stress.py's, in an allocation of its own.)
+mount or monitor remains on any node, and no monitor had to give up removing its container.
+(Until 2026-12-02 the cancellations were a 200-step test of their own, test_launcher_stress.py's,
+in an allocation of its own.)
 
 Half the steps write each task's stdout and stderr to files of their own (``-o``/``-e`` with
 ``%t``, written by slurmstepd on the node): compared byte for byte. The other half come back

@@ -175,7 +175,7 @@ def test_different_images_migrate_in_parallel(hpc, stack):
         for tag in tags
     ]
     for process in processes:
-        out, err = process.communicate(timeout=600)
+        _out, err = process.communicate(timeout=600)
         assert process.returncode == 0, err
     assert len(squash_files(hpc)) == 3
     hpc.wipe_local_storage()

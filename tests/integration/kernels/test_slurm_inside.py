@@ -161,7 +161,7 @@ def test_srun_from_a_kernel_of_an_image_pulled_or_built_on_the_same_host(
         if keep_id:  # the user's uid inside, mapped to 0 of podman's namespace (not to the host's uid)
             assert f"uid {uid} " in out and f"'{uid}', '0', '1'" in out, out
         else:  # the container's root is the user
-            assert "uid 0 map ['0', '%d', '1'" % uid in out, out
+            assert f"uid 0 map ['0', '{uid}', '1'" in out, out
         host = socket.gethostname()
         assert f"srun 0 ['{host}', '{host}'] " in out, out  # the stack's nodes all run on this host
         assert "squeue 0 \n" in out, out

@@ -120,7 +120,7 @@ async def test_build_from_text_and_from_a_file_in_the_root(api, server_hpc, stac
 
 
 async def test_a_failed_build_reports_its_step(api, server_hpc, stack):
-    status, task = await api(
+    _status, task = await api(
         "POST",
         "images/build",
         body={
@@ -190,7 +190,7 @@ async def test_jobs_preview_submit_status_logs_and_cancel(api, server_hpc, stack
 
     long = {**spec, "command": ["sleep", "300"]}
     status, job = await api("POST", "jobs", body=long)
-    status, cancelled = await api("DELETE", "jobs", job["id"])
+    status, _cancelled = await api("DELETE", "jobs", job["id"])
     assert status == 200
     for _ in range(120):
         _, current = await api("GET", "jobs", job["id"])
@@ -198,7 +198,7 @@ async def test_jobs_preview_submit_status_logs_and_cancel(api, server_hpc, stack
             break
         await asyncio.sleep(0.5)
     assert current["status"]["state"] == "CANCELLED"
-    status, missing = await api("GET", "jobs", "999999")
+    status, _missing = await api("GET", "jobs", "999999")
     assert status == 404
 
 
@@ -263,7 +263,7 @@ async def test_kernels_install_list_remove(api, server_hpc, stack):
     assert [k["name"] for k in listed["kernels"]] == ["test-base"]
     status, _ = await api("DELETE", "kernels", "test-base")
     assert status == 200
-    status, answer = await api("DELETE", "kernels", "test-base")
+    status, _answer = await api("DELETE", "kernels", "test-base")
     assert status == 404
 
 

@@ -220,7 +220,7 @@ def test_slurm_s_refusals_are_errors_with_its_message_and_leave_no_directory(sta
     spec = JobSpec(
         image=stack.tiny_image, command=["true"], partition="no-such-partition", environment=store_env(squashed_tiny)
     )
-    with pytest.raises(SlurmError, match="(?i)invalid partition"):
+    with pytest.raises(SlurmError, match=r"(?i)invalid partition"):
         Job.submit(spec, root)
     assert list(root.iterdir()) == []
     with pytest.raises(SlurmError, match="Slurm has no record of job 99999999"):

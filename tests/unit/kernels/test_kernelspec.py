@@ -150,7 +150,7 @@ def test_concurrent_installs_leave_one_complete_kernelspec(prefix):
     def install(image):
         try:
             kernelspec.install(image, name="same", prefix=prefix)
-        except Exception as err:  # pragma: no cover - reported below
+        except Exception as err:  # noqa: BLE001  pragma: no cover - any error of a thread is reported below
             errors.append(err)
 
     threads = [threading.Thread(target=install, args=(image,)) for image in images]

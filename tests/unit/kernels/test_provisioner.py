@@ -178,7 +178,7 @@ def test_keep_id_auto_is_off_when_the_local_image_is_also_squashed(site):
 def test_config_errors_are_messages(site):
     with pytest.raises(KernelStartError, match="unknown key 'imgae'"):
         PodmanHPCProvisioner(kernel_id="k", imgae=IMAGE)
-    with pytest.raises(KernelStartError, match="invalid kernel_provisioner config.*modules"):
+    with pytest.raises(KernelStartError, match=r"invalid kernel_provisioner config.*modules"):
         PodmanHPCProvisioner(kernel_id="k", image=IMAGE, modules=3)
     with pytest.raises(KernelStartError, match="names no image"):
         make(image="")

@@ -204,7 +204,7 @@ def test_sbatch_errors_carry_slurm_s_message(tmp_path):
             )
         }
     )
-    with pytest.raises(SlurmError, match="^sbatch: Batch job submission failed: Invalid partition name specified$"):
+    with pytest.raises(SlurmError, match=r"^sbatch: Batch job submission failed: Invalid partition name specified$"):
         client.submit(tmp_path / "job.sh")
 
 
@@ -277,7 +277,7 @@ def test_scancel_errors_are_read_from_its_output_since_it_exits_zero(tmp_path):
             )
         }
     )
-    with pytest.raises(SlurmError, match="^scancel: Kill job error on job id 9: Invalid job id specified$"):
+    with pytest.raises(SlurmError, match=r"^scancel: Kill job error on job id 9: Invalid job id specified$"):
         client.cancel("9")
     done = SlurmClient(
         commands={
@@ -293,7 +293,7 @@ def test_scancel_errors_are_read_from_its_output_since_it_exits_zero(tmp_path):
 
 def test_a_hung_or_missing_slurm_is_an_error_not_a_hang(tmp_path):
     slow = SlurmClient(timeout=0.5, commands={"squeue": stand_in(tmp_path, "squeue", "exec sleep 30")})
-    with pytest.raises(SlurmError, match="squeue did not answer within 0 s|squeue did not answer within 1 s"):
+    with pytest.raises(SlurmError, match=r"squeue did not answer within 0 s|squeue did not answer within 1 s"):
         slow.status("1")
     missing = SlurmClient(commands={"sinfo": str(tmp_path / "no-sinfo")})
     with pytest.raises(SlurmError, match="sinfo not found"):

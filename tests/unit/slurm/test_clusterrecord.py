@@ -176,12 +176,12 @@ def test_a_controller_log_the_engines_replaced_is_read_as_data(directory):
     log = directory / "controller.log"
     log.symlink_to("/dev/zero")
     assert cluster._raised(log) == "" and cluster._tail(log) == "controller.log is a symbolic link: not read"
-    with pytest.raises(ClusterError, match="controller.log is not a regular file: the controller was not started"):
+    with pytest.raises(ClusterError, match=r"controller\.log is not a regular file: the controller was not started"):
         _controller_log(directory)
     log.unlink()
     os.mkfifo(log)
     assert cluster._tail(log) == "controller.log is not a regular file: not read"  # at once: nothing writes
-    with pytest.raises(ClusterError, match="controller.log is not a regular file: the controller was not started"):
+    with pytest.raises(ClusterError, match=r"controller\.log is not a regular file: the controller was not started"):
         _controller_log(directory)
     log.unlink()
     log.write_text("Traceback (most recent call last):\n  x\nValueError: big\n" + "noise\n" * 100_000)

@@ -87,7 +87,7 @@ def test_a_refused_submission_leaves_nothing_behind(tmp_path):
 
 def test_a_bad_input_leaves_nothing_behind(tmp_path):
     spec = JobSpec(image=IMAGE, python_script=str(tmp_path / "missing.py"))
-    with pytest.raises(JobSpecError, match="python_script .* does not exist"):
+    with pytest.raises(JobSpecError, match=r"python_script .* does not exist"):
         submit(tmp_path, spec)
     assert list((tmp_path / "jobs").iterdir()) == []
     spec = JobSpec(image=IMAGE, command=["true"], modules=["openmpi-pmix", "openmpi-pmi2"])
@@ -209,7 +209,7 @@ def test_wait_reports_each_change_and_returns_the_final_status(tmp_path):
 
 def test_wait_gives_up_after_its_timeout(tmp_path):
     job = submit(tmp_path, client=StandInSlurm(states=("RUNNING",)))
-    with pytest.raises(JobTimeout, match="job 101 is still RUNNING after 0.3 s") as caught:
+    with pytest.raises(JobTimeout, match=r"job 101 is still RUNNING after 0\.3 s") as caught:
         job.wait(timeout=0.3, poll_interval=0.05)
     assert caught.value.status.state == "RUNNING"
     job.cancel()

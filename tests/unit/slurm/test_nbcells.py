@@ -22,7 +22,7 @@ def test_without_ipython_cells_run_as_plain_python(tmp_path):
         ],
     )
     assert json.loads((directory / "nbrun" / "plan.json").read_text())["ipython"] == "prefer"  # _repr_html_
-    code, out, err = run_rank(directory, 0, python=BARE_PYTHON)
+    code, _out, err = run_rank(directory, 0, python=BARE_PYTHON)
     assert code == 1 and "ZeroDivisionError" in err
     cells = output_notebook(directory).cells
     assert cells[2].outputs[0].data["text/html"] == "<i>shown</i>"

@@ -20,7 +20,8 @@ def test_rank_0_records_every_kind_of_output_in_its_cell(tmp_path):
         [
             "import os\nntasks = int(os.environ['SLURM_NTASKS'])",
             "print('ntasks', ntasks)\nntasks * 21",
-            f"from IPython.display import Image, HTML, display\ndisplay(Image(data={PNG!r}))\ndisplay(HTML('<b>hi</b>'))",
+            f"from IPython.display import Image, HTML, display\ndisplay(Image(data={PNG!r}))\n"
+            "display(HTML('<b>hi</b>'))",
             "%%time\ntotal = sum(range(1000))",
             "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('a line')",
             "import sys\nprint('to stderr', file=sys.stderr)\nsys.argv[1:]",
@@ -119,7 +120,7 @@ def test_sigterm_keeps_the_completed_cells_and_marks_the_running_one(tmp_path):
     assert stopped.outputs[0].text == "sleeping\n"
     assert stopped.outputs[-1].data["text/plain"].startswith("podman-hpc: the job was stopped (SIGTERM) while rank 0")
     assert notebook.cells[3].outputs == [] and notebook.metadata.podman_hpc.state == "stopped"
-    assert not [p for p in (directory / "out").rglob("*.tmp")]
+    assert not list((directory / "out").rglob("*.tmp"))
 
 
 def test_a_process_a_cell_forks_prints_to_the_log_only(tmp_path):

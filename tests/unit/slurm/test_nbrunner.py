@@ -71,7 +71,7 @@ def test_rank_0_replaces_a_link_planted_at_the_output_notebook_rather_than_write
     victim = tmp_path / "victim"
     victim.write_text("kept")
     (directory / "out" / "nb.out.ipynb").symlink_to(victim)
-    code, out, err = run_rank(directory, 0, size=1)
+    code, _out, err = run_rank(directory, 0, size=1)
     assert code == 0, err
     assert victim.read_text() == "kept" and output_notebook(directory).cells[1].outputs[0].text == "ran\n"
 

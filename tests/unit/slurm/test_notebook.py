@@ -84,7 +84,7 @@ def test_only_python_notebooks_and_real_notebooks(tmp_path):
     with pytest.raises(JobSpecError, match="is a R notebook"):
         prepare(write_notebook(tmp_path / "r.ipynb", ["1"], language="R"), tmp_path)
     (tmp_path / "broken.ipynb").write_text("{not json")
-    with pytest.raises(JobSpecError, match="cannot be read|is not a valid notebook"):
+    with pytest.raises(JobSpecError, match=r"cannot be read|is not a valid notebook"):
         prepare(tmp_path / "broken.ipynb", tmp_path)
     with pytest.raises(JobSpecError, match="does not exist"):
         prepare(tmp_path / "missing.ipynb", tmp_path)
@@ -191,7 +191,7 @@ def test_output_info_reads_the_output_directory_and_follows_no_link_there(tmp_pa
     (tmp_path / "out" / "nbrun").symlink_to(elsewhere / "nbrun")
     info = output_info(tmp_path, run)
     assert (info["exists"], info["progress"]) == (False, None)
-    with pytest.raises(UntrustedFile, match="^a.out.ipynb is a symbolic link: not read$"):
+    with pytest.raises(UntrustedFile, match=r"^a\.out\.ipynb is a symbolic link: not read$"):
         read_output(info)
 
 
@@ -216,5 +216,5 @@ def test_the_output_notebook_is_read_untrusted_and_bounded(tmp_path, monkeypatch
         read_output(info)
     for planted in ("[1]", '{"nbformat": 4, "cells": 3}', "{not json"):
         (tmp_path / "out" / "a.out.ipynb").write_text(planted)
-        with pytest.raises(ValueError, match="^a.out.ipynb is not a notebook: "):
+        with pytest.raises(ValueError, match=r"^a\.out\.ipynb is not a notebook: "):
             read_output(info)

@@ -185,13 +185,13 @@ def test_bad_job_directories_are_refused(job_dir, message):
 
 
 def test_module_errors_surface_when_rendering():
-    with pytest.raises(JobSpecError, match="^modules: module 'openmpi-pmix' .* conflicts with 'openmpi-pmi2'"):
+    with pytest.raises(JobSpecError, match=r"^modules: module 'openmpi-pmix' .* conflicts with 'openmpi-pmi2'"):
         rendered(JobSpec(image=IMAGE, command=["true"], modules=["openmpi-pmix", "openmpi-pmi2"]))
-    with pytest.raises(JobSpecError, match="^modules: unknown module 'gpus'"):
+    with pytest.raises(JobSpecError, match=r"^modules: unknown module 'gpus'"):
         rendered(JobSpec(image=IMAGE, command=["true"], modules=["gpus"]))
 
 
 def test_a_target_with_a_newline_is_refused():
     target = RunTarget(("python3", "a\nb"))
-    with pytest.raises(JobSpecError, match="^command must not contain a newline"):
+    with pytest.raises(JobSpecError, match=r"^command must not contain a newline"):
         rendered(JobSpec(image=IMAGE, command=["true"]), target=target)

@@ -205,9 +205,9 @@ def test_modules_are_checked_against_the_site():
         "openmpi-pmix",
         "scratch",
     ]
-    with pytest.raises(JobSpecError, match="^modules: unknown module 'nope'"):
+    with pytest.raises(JobSpecError, match=r"^modules: unknown module 'nope'"):
         spec(modules=["nope"]).check_modules(SITE_MODULES)
-    with pytest.raises(JobSpecError, match="^modules: module 'openmpi-pmix' .* conflicts with 'openmpi-pmi2'"):
+    with pytest.raises(JobSpecError, match=r"^modules: module 'openmpi-pmix' .* conflicts with 'openmpi-pmi2'"):
         spec(modules=["openmpi-pmix", "openmpi-pmi2"]).check_modules(SITE_MODULES)
     with pytest.raises(JobSpecError, match="always runs one container per node"):
         spec(modules=["mpich"], mode="per-process").check_modules(SITE_MODULES)

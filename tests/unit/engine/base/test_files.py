@@ -115,7 +115,7 @@ def test_below_a_trusted_directory_no_link_is_followed_on_the_way(tmp_path):
     (job / "out" / "nbrun").symlink_to(home / "nbrun")
     path = job / "out" / "nbrun" / "progress.json"
     assert files.read_untrusted(path, 100) == b"{}"  # only the last name is not followed...
-    with pytest.raises(files.UntrustedFile, match="^nbrun is a symbolic link or not a directory: not read$"):
+    with pytest.raises(files.UntrustedFile, match=r"^nbrun is a symbolic link or not a directory: not read$"):
         files.read_untrusted(path, 100, beneath=job)  # ...unless the caller names the host's directory
     (job / "out" / "nbrun").unlink()
     (job / "out" / "nbrun").mkdir()

@@ -83,7 +83,7 @@ def test_a_parent_another_user_owns_below_a_sticky_directory_is_refused(tmp_path
         return os.stat_result(fields)
 
     monkeypatch.setattr(private, "_make_or_lstat", owned_by_someone_else)
-    with pytest.raises(UnsafeDirectory, match="open is root:.* drwxrwxrwx: it belongs to another user"):
+    with pytest.raises(UnsafeDirectory, match=r"open is root:.* drwxrwxrwx: it belongs to another user"):
         private_dir(tmp_path / "open" / "state")
     assert not (tmp_path / "open" / "state").exists()
 

@@ -54,8 +54,8 @@ def test_a_registry_lost_mid_pull_is_said_as_such(failure, said):
     "failure, full",
     [
         (
-            'writing blob: adding layer with blob "sha256:1f": processing tar file(write /blob: no space left on device): '
-            "exit status 1",
+            'writing blob: adding layer with blob "sha256:1f": '
+            "processing tar file(write /blob: no space left on device): exit status 1",
             True,
         ),
         ("reading manifest 1 in 127.0.0.1:5999/team/x: manifest unknown", False),

@@ -59,7 +59,7 @@ def test_the_sweep_holds_the_copies_to_the_budget_oldest_unused_first(tmp_path):
     made = [made_copy(tmp_path, name) for name in ("a", "b", "c", "d")]
     for copy in made[1:]:
         copy.release()
-    for minutes, copy in zip((9, 8, 7, 1), made):
+    for minutes, copy in zip((9, 8, 7, 1), made, strict=True):
         age(copy, minutes)
     size = cache_entries(cache)[0][1]
     budget = ReadPathSettings("auto", str(cache), 2.5 * size / 2**20, 30.0, "")

@@ -168,7 +168,7 @@ def test_lowers_that_are_not_exactly_the_squashed_image_chain_keep_their_layers(
 
 
 def test_a_chain_missing_a_parent_its_lower_file_lists_is_not_replaced(pulled):
-    graph, base, store = pulled
+    graph, _base, store = pulled
     squashed_store(store.parent / "store2", BUILT, BUILT_LINK)
     built = local_layer(graph, BUILT, BUILT_LINK, parents=[TOP_LINK])
     assert mount.squash_of_local_image([built], graph, [str(store.parent / "store2")]) is None

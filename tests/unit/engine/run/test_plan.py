@@ -21,9 +21,9 @@ def test_a_jobs_steps_share_the_container_only_when_asked():
     assert load_config({}).shared_run_reuse is False
     config = load_config({"PODMANHPC_SHARED_RUN_REUSE": "true", "PODMANHPC_SHARED_RUN_REUSE_LINGER": "5"})
     assert (config.shared_run_reuse, config.shared_run_reuse_linger) == (True, 5.0)
-    with pytest.raises(ConfigError, match="shared_run_reuse .* must be true or false, not 'maybe'"):
+    with pytest.raises(ConfigError, match=r"shared_run_reuse .* must be true or false, not 'maybe'"):
         load_config({"PODMANHPC_SHARED_RUN_REUSE": "maybe"})
-    with pytest.raises(ConfigError, match="shared_run_reuse_linger .* must be positive"):
+    with pytest.raises(ConfigError, match=r"shared_run_reuse_linger .* must be positive"):
         load_config({"PODMANHPC_SHARED_RUN_REUSE_LINGER": "0"})
     assert wants_reuse([], False) is False and wants_reuse([], True) is True
     assert wants_reuse(["--join", "--reuse"], False) is True

@@ -8,19 +8,22 @@ import pytest
 from jupyter_podman_hpc.engine.service.stream import CancelWatch, Stream, StreamBroken, error_text, json_objects
 
 
-def test_cancel_watch_fires_once_for_events_and_callables():
-    for make in (threading.Event, None):
-        event = threading.Event()
-        hook = event if make else event.is_set
-        fired = []
-        with CancelWatch(hook, lambda watch: fired.append(watch.cancelled.is_set())) as watch:
-            time.sleep(0.15)
-            assert not fired
-            event.set()
-            deadline = time.monotonic() + 2
-            while not fired and time.monotonic() < deadline:
-                time.sleep(0.01)
-        assert fired == [True] and watch.cancelled.is_set()
+@pytest.mark.parametrize("make", [threading.Event, None], ids=["event", "callable"])
+def test_cancel_watch_fires_once_for_events_and_callables(make):
+    event = threading.Event()
+    hook = event if make else event.is_set
+    fired = []
+    with CancelWatch(hook, lambda watch: fired.append(watch.cancelled.is_set())) as watch:
+        time.sleep(0.15)
+        assert not fired
+        event.set()
+        deadline = time.monotonic() + 2
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert fired == [True] and watch.cancelled.is_set()
+
+
+def test_cancel_watch_without_a_hook_starts_no_thread():
     with CancelWatch(None, lambda watch: None) as watch:
         assert watch.thread is None
 

@@ -87,7 +87,7 @@ def dead_token(spawned) -> str:
 
 
 def test_the_service_of_a_dead_caller_is_killed_with_its_children_and_its_files_removed(config, spawned, no_podman):
-    process, child, owner = service(spawned, config, dead_token(spawned), "1-aaaaaa")
+    process, child, _owner = service(spawned, config, dead_token(spawned), "1-aaaaaa")
     lines = servicesweep.sweep(config)
     assert lines[0].startswith("stopped the Podman service podman-hpc-op-1-aaaaaa.sock of a process that died")
     process.wait(timeout=10)
@@ -99,7 +99,7 @@ def test_the_service_of_a_dead_caller_is_killed_with_its_children_and_its_files_
 def test_the_service_of_a_live_caller_is_left_alone_and_stops_the_removal_of_build_containers(
     config, spawned, no_podman
 ):
-    live, child, owner = service(spawned, config, processes.owner_token(), "2-bbbbbb")
+    live, child, _owner = service(spawned, config, processes.owner_token(), "2-bbbbbb")
     dead, _, _ = service(spawned, config, dead_token(spawned), "3-cccccc")
     servicesweep.sweep(config)
     dead.wait(timeout=10)

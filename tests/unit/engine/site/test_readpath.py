@@ -49,7 +49,7 @@ def test_a_bad_auto_job_limit_is_a_one_line_error(monkeypatch):
 
 def test_an_unknown_read_path_is_a_one_line_error(monkeypatch, tmp_path):
     monkeypatch.setenv("PODMANHPC_SQUASH_READ_PATH", "fastest")
-    with pytest.raises(ConfigError, match="squash_read_path .* must be one of auto, unpacked, kernel, fuse"):
+    with pytest.raises(ConfigError, match=r"squash_read_path .* must be one of auto, unpacked, kernel, fuse"):
         load_config()
 
 

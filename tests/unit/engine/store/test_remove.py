@@ -26,7 +26,7 @@ def test_rmsqi_never_acts_on_records_whose_ids_are_paths(tmp_path, caplog):
     ]
     store.layers_json.write_text(json.dumps(json.loads(store.layers_json.read_text()) + planted))
     (store.root / "overlay" / ("4" * 64)).symlink_to(home / "keep")  # a valid id, its directory a link
-    store.layers_json.write_text(json.dumps(json.loads(store.layers_json.read_text()) + [{"id": "4" * 64}]))
+    store.layers_json.write_text(json.dumps([*json.loads(store.layers_json.read_text()), {"id": "4" * 64}]))
 
     image, deleted = remove(store, "localhost/unrelated:1")
     assert deleted and image.id == "a" * 64

@@ -70,7 +70,7 @@ def test_a_symlinked_lock_file_refuses_the_write_in_one_line(tmp_path):
     store.init()
     (store.root / "overlay-images" / "images.lock").unlink(missing_ok=True)
     (store.root / "overlay-images" / "images.lock").symlink_to(target)
-    with pytest.raises(PermissionDenied, match="images.lock: it is a symbolic link"):
+    with pytest.raises(PermissionDenied, match=r"images\.lock: it is a symbolic link"):
         store.add_names("a" * 64, ["localhost/x:1"])
     assert target.read_text() == "key" and mode(target) == 0o600
 
