@@ -146,7 +146,7 @@ def measure(image: str, work: Path, repetitions: int, failures: list[Failure], l
                         values = bare_engines(work, env)
                     else:
                         values = podman_hpc_cluster(image, env, root)
-                except Exception as err:  # one failed start is reported, the others still run
+                except Exception as err:  # noqa: BLE001  one failed start is reported, the others still run
                     failures.append(Failure(BENCHMARK, config, size, repetition, f"{type(err).__name__}: {err}"))
                     log(f"cluster {config}: FAILED {err}")
                     continue

@@ -251,7 +251,9 @@ def measure(
                     log(f"deepcam {config:<12} {size} rep {repetition}: FAILED {err}")
                     continue
                 for metric, value in zip(
-                    [*PHASES, "step_seconds"], (result.container_start, result.startup, result.loop, result.step)
+                    [*PHASES, "step_seconds"],
+                    (result.container_start, result.startup, result.loop, result.step),
+                    strict=True,
                 ):
                     samples.append(Sample(BENCHMARK, config, size, repetition, metric, value))
                 log(

@@ -58,6 +58,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import functools
 import json
 import os
 import queue
@@ -260,7 +261,7 @@ def _start(name: str) -> float:
 def _emit(config: str, size: str, repetition: int, metric: str, measure: Callable[[], float]) -> None:
     try:
         record = {"value": measure()}
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001  any failure of a measurement is recorded as its result
         # a failure says where it came from: the innermost frames outside the standard library
         frames = [
             f
@@ -284,11 +285,11 @@ def _manager_path(repetitions: int, configs: list[str]) -> None:
     for config in configs:  # warm-up, not recorded; the pooled one makes its pool
         try:
             start(config)
-        except Exception as err:  # the timed runs report it
+        except Exception as err:  # noqa: BLE001  any failure: the timed runs report it
             print(f"warm-up of {config} failed: {err}", file=sys.stderr)
     for repetition in range(repetitions):
         for config in alternating(configs, repetition):
-            _emit(config, "KernelManager", repetition, "ready_seconds", lambda: start(config))
+            _emit(config, "KernelManager", repetition, "ready_seconds", functools.partial(start, config))
     pool.close_all()
 
 
@@ -459,11 +460,11 @@ def _server_path(repetitions: int, root: Path, configs: list[str]) -> None:
         for config in configs:  # warm-up, not recorded
             try:
                 start(config)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001  any failure: the timed runs report it
                 print(f"server warm-up of {config} failed: {err}", file=sys.stderr)
         for repetition in range(repetitions):
             for config in alternating(configs, repetition):
-                _emit(config, "server", repetition, "ready_seconds", lambda: start(config))
+                _emit(config, "server", repetition, "ready_seconds", functools.partial(start, config))
     _emit(configs[-1], "server stop", 0, "containers_left", lambda: float(_kernel_containers()))
 
 

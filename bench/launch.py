@@ -86,7 +86,7 @@ def measure(
     log: Callable[[str], None] = print,
 ) -> list[Sample]:
     commands = configurations(setup, configs)
-    for name, command in commands.items():  # warm up every node's storage once
+    for command in commands.values():  # warm up every node's storage once
         argv, env = command(4 if (4, 1) in sizes else sizes[0][0], 1)
         timed(argv, env)
     samples = []

@@ -94,7 +94,7 @@ def _mount_all(squash: Path, work: Path) -> dict[str, Path]:
     _sh("fuse-overlayfs", "-o", f"lowerdir={d['sq']},{upper('fsq')}", str(d["fsq"]))
     _sh("mount", "-t", "overlay", "overlay", "-o", f"lowerdir={d['copy']}/root,{upper('kcp')},userxattr", str(d["kcp"]))
     _sh("fuse-overlayfs", "-o", f"lowerdir={d['copy']}/root,{upper('fcp')}", str(d["fcp"]))
-    roots = dict(zip(CANDIDATES, [d["plain"], d["sq"], d["ro"], d["ksq"], d["fsq"], d["kcp"], d["fcp"]]))
+    roots = dict(zip(CANDIDATES, [d["plain"], d["sq"], d["ro"], d["ksq"], d["fsq"], d["kcp"], d["fcp"]], strict=True))
     for root in roots.values():
         _sh("mount", "--rbind", "/dev", str(root / "dev"))
         _sh("mount", "--rbind", "/proc", str(root / "proc"))

@@ -155,7 +155,7 @@ def plot_phases(samples: Sequence[Sample], benchmark: str, phases: Sequence[str]
             for c in configs
         ]
         axes.bar(range(len(configs)), values, 0.6, bottom=bottoms, label=_phase_name(metric))
-        bottoms = [b + v for b, v in zip(bottoms, values)]
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
     axes.set_xticks(range(len(configs)), configs)
     axes.set_ylabel("seconds (medians)")
     axes.set_title(f"{benchmark} {size} (nodes x tasks per node)")

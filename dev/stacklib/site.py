@@ -93,7 +93,7 @@ def _wanted_stamp(key: str) -> str:
 def installed() -> bool:
     """A wheel of the checkout and the pinned requirements are installed (of any content)."""
     try:
-        key, *requirements = STAMP.read_text().splitlines()
+        _key, *requirements = STAMP.read_text().splitlines()
     except OSError:
         return False
     return requirements == REQUIREMENTS and PYTHON.exists()

@@ -146,6 +146,7 @@ def mariadb_up() -> None:
 def _slurm_conf() -> str:
     d = layout.SLURM_DIR
     first, last = layout.node_port(layout.NODES[0]), layout.node_port(layout.NODES[-1])
+    nodes, ports, cpus = layout.nodes_expr(), f"[{first}-{last}]", layout.NODE_CPUS
     return f"""\
 # Written by jupyter-podman-hpc's dev/stack: {len(layout.NODES)} nodes on one host.
 ClusterName={layout.CLUSTER}
@@ -181,9 +182,9 @@ InactiveLimit=0
 # end NODE_FAIL 30-40 s later (a ping every 10 s): srun learns of a dead node only then. No slurmd
 # missed a single ping in a day of make test, stress tests and benchmarks (slurmctld.log, 2026-12-02).
 SlurmdTimeout=30
-NodeName={layout.nodes_expr()} NodeHostname=localhost NodeAddr=127.0.0.1 Port=[{first}-{last}] CPUs={layout.NODE_CPUS} RealMemory=2000 State=UNKNOWN
+NodeName={nodes} NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports} CPUs={cpus} RealMemory=2000 State=UNKNOWN
 # Whole nodes per job, as on Perlmutter: `srun -N4 -n8` then spreads 2 tasks per node.
-PartitionName={layout.PARTITION} Nodes={layout.nodes_expr()} Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
+PartitionName={layout.PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP OverSubscribe=EXCLUSIVE
 """
 
 
