@@ -240,8 +240,10 @@ def test_watchdog_removes_the_container_when_a_job_end_signals_it_with_its_serve
     every process of the job's tree at once (the server, its ``podman run``, the watchdog), then SIGKILL to
     what is still in the tree after KillWait. conmon has left the tree, so only the watchdog can remove
     the container, and its removal can outlast KillWait (in CI it did: the server's own clean-up and
-    ``podman run --rm`` hold the container's lock). Here this test's process stands for slurmstepd, and
-    KillWait is shorter than any removal."""
+    ``podman run --rm`` hold the container's lock). Here the holder's tree stands for the job's and this
+    test's process for slurmstepd, and KillWait is shorter than any removal. Only the holder's tree is
+    signalled: the test process has other children (the session's JupyterLab, which the whole tree's
+    SIGKILL once took down for every later test)."""
     site = kernel_site
     site.install(stack.base_image, "base")
     holder, name = hold_kernel(site, "base")
@@ -249,15 +251,16 @@ def test_watchdog_removes_the_container_when_a_job_end_signals_it_with_its_serve
         pid for pid in processes_mentioning(name) if b"kernels.orphans" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
     assert len(watchdogs) == 1, watchdogs
-    job = psutil.Process()
-    assert watchdogs[0] in [p.pid for p in job.children(recursive=True)]  # as in a job: a descendant
-    for process in job.children(recursive=True):
+    holder_process = psutil.Process(holder.pid)
+    job = [holder_process, *holder_process.children(recursive=True)]  # the tree, seen before anything dies
+    assert watchdogs[0] in [p.pid for p in job]  # as in a job: a descendant
+    for process in job:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.terminate()
     time.sleep(0.3)  # KillWait
-    for process in job.children(recursive=True):
+    for process in job:
         with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
+            process.kill()  # psutil checks the process is still the one seen (no reused pid)
     holder.wait()
     seconds = site.wait_gone(name, 20)
     assert seconds < 10, f"the orphan lived {seconds:.1f} s"
