@@ -29,19 +29,21 @@ stack-status:
 
 # STACK_REQUIRED: a test that needs the stack fails instead of skipping.
 # pytest's exit code 5 (nothing collected) fails like any other non-zero code.
-# `make lint` joins `make test` once ruff is clean on the tree (issue 39: format and fixes pending).
+# `make lint` runs after pytest, whatever pytest's outcome: a lint finding never hides a test's.
 test: stack-up
 	$(MAKE) --no-print-directory docs
 	STACK_REQUIRED=1 $(AS_USER) python -m pytest $(PYTEST_ARGS); \
-	status=$$?; [ $$status -ne 5 ] || echo "pytest collected no tests" >&2; exit $$status
+	status=$$?; [ $$status -ne 5 ] || echo "pytest collected no tests" >&2; \
+	$(MAKE) --no-print-directory lint || { echo "make lint failed" >&2; [ $$status -ne 0 ] || status=1; }; \
+	exit $$status
 
 # The checks (CONTRIBUTING.md, "Checks"), as the stack's user with the stack's venv (the `lint`
 # extra) and the extension's node_modules (installed by its build). .pre-commit-config.yaml runs
 # the same tools on the files a commit changes.
 lint:
 	@$(AS_USER) python -c 'import ruff, mypy' 2>/dev/null || { echo "the stack's venv has no ruff or mypy: run 'make stack-up' as root" >&2; exit 1; }
-	$(AS_USER) python -m ruff check .
-	$(AS_USER) python -m ruff format --check .
+	$(AS_USER) python -m ruff check --no-cache .
+	$(AS_USER) python -m ruff format --check --no-cache .
 	$(AS_USER) python -m mypy
 	$(AS_USER) npm --prefix labextension run --silent lint
 	$(AS_USER) npm --prefix labextension test -- --ci --silent
