@@ -106,7 +106,10 @@ def run_command(page, text: str, expect=None) -> None:
     that shows up (a palette closed by a focus change is opened again)."""
     for _attempt in range(3):
         search = open_palette(page)
-        search.fill(text)
+        try:
+            search.fill(text, timeout=5_000)
+        except PlaywrightError:  # the palette closed again (a late focus change): reopen it
+            continue
         # the palette re-renders its items whenever some command changes: retry a click
         # that lands on an item being replaced
         item = page.locator(".lm-CommandPalette-item", has_text=text).first
