@@ -29,12 +29,14 @@ stack-status:
 
 # STACK_REQUIRED: a test that needs the stack fails instead of skipping.
 # pytest's exit code 5 (nothing collected) fails like any other non-zero code.
-# `make lint` runs after pytest, whatever pytest's outcome: a lint finding never hides a test's.
+# `make lint` runs first (30 s: its findings come before the long suite), and pytest runs whatever
+# its outcome: a lint finding never hides a test's, and either one fails the target.
 test: stack-up
 	$(MAKE) --no-print-directory docs
+	$(MAKE) --no-print-directory lint; lint=$$?; \
 	STACK_REQUIRED=1 $(AS_USER) python -m pytest $(PYTEST_ARGS); \
 	status=$$?; [ $$status -ne 5 ] || echo "pytest collected no tests" >&2; \
-	$(MAKE) --no-print-directory lint || { echo "make lint failed" >&2; [ $$status -ne 0 ] || status=1; }; \
+	[ $$lint -eq 0 ] || { echo "make lint failed" >&2; [ $$status -ne 0 ] || status=1; }; \
 	exit $$status
 
 # The checks (CONTRIBUTING.md, "Checks"), as the stack's user with the stack's venv (the `lint`
