@@ -96,30 +96,34 @@ def normalize_state(raw: str) -> tuple[str, str]:
     return _STATE_MAP.get(word, ("UNKNOWN", raw.strip().lower()))
 
 
+def _bracket_choices(inner: str) -> list[str]:
+    """The names a bracket's inside stands for (``01-03,7`` -> 01, 02, 03, 7), zero-padded as written."""
+    choices: list[str] = []
+    for rng in inner.split(","):
+        low, _, high = rng.partition("-")
+        if high:
+            choices += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+        else:
+            choices.append(low)
+    return choices
+
+
+def _expand_item(item: str) -> list[str]:
+    """One host-list item (``n[1-3]x[a,b]``) as names: each bracket multiplies the names so far."""
+    expanded = [""]
+    for part in re.split(r"(\[[^\]]*\])", item):
+        choices = _bracket_choices(part[1:-1]) if part.startswith("[") else [part]
+        expanded = [prefix + choice for prefix in expanded for choice in choices]
+    return expanded
+
+
 def expand_nodelist(text: str) -> tuple[str, ...]:
     """Slurm's host list (``n[1-3,5],login1``) as names, in order."""
     text = text.strip()
     if not text or text in ("None assigned", "(null)", "None"):
         return ()
-    names: list[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
-        parts = re.split(r"(\[[^\]]*\])", item)
-        expanded = [""]
-        for part in parts:
-            if part.startswith("["):
-                choices: list[str] = []
-                for rng in part[1:-1].split(","):
-                    low, _, high = rng.partition("-")
-                    if high:
-                        width = len(low)
-                        choices += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
-                    else:
-                        choices.append(low)
-                expanded = [prefix + choice for prefix in expanded for choice in choices]
-            else:
-                expanded = [prefix + part for prefix in expanded]
-        names += expanded
-    return tuple(names)
+    items = re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text)
+    return tuple(name for item in items for name in _expand_item(item))
 
 
 def _time(text: str) -> str | None:
@@ -152,20 +156,31 @@ class JobStatus:
     def describe(self) -> str:
         """One line: ``job 84 FAILED (exit code 3) on n[1-4] after 7 s``."""
         text = f"job {self.job_id} {self.state}"
-        details = []
-        if self.reason and self.reason.lower() != "none":
-            details.append(self.reason)
-        if self.finished and self.exit_code is not None and (self.exit_code or self.state != "COMPLETED"):
-            details.append(f"exit code {self.exit_code}")
-        if self.signal:
-            details.append(f"signal {self.signal}")
+        details = self._details()
         if details:
             text += f" ({', '.join(details)})"
-        if self.nodelist and self.state != "PENDING":
+        if self.state == "PENDING":
+            return text
+        if self.nodelist:
             text += f" on {self.nodelist}"
-        if self.elapsed is not None and self.state != "PENDING":
+        if self.elapsed is not None:
             text += f" after {self.elapsed} s"
         return text
+
+    def _details(self) -> list[str]:
+        """What ``describe`` puts in parentheses: the reason, an exit code worth showing, the signal."""
+        shown = (
+            (self.reason, bool(self.reason) and self.reason.lower() != "none"),
+            (f"exit code {self.exit_code}", self._exit_code_worth_showing()),
+            (f"signal {self.signal}", bool(self.signal)),
+        )
+        return [text for text, show in shown if show]
+
+    def _exit_code_worth_showing(self) -> bool:
+        """A finished job's exit code, unless it is a completed job's 0."""
+        if not self.finished or self.exit_code is None:
+            return False
+        return bool(self.exit_code) or self.state != "COMPLETED"
 
     def as_dict(self) -> dict:
         """The status as JSON-ready data, with ``finished``; ``from_dict`` reads it back."""
@@ -348,6 +363,17 @@ def _slurm_message(stderr: str, command: str) -> str:
     return f"{command}: {line}"
 
 
+# scancel's errors about a job that already ended: cancelling it is not an error.
+_ALREADY_ENDED = ("already completing or completed", "Job/step already completing")
+
+
+def _scancel_errors(stderr: str) -> list[str]:
+    """scancel's error lines, but those saying the job had already ended."""
+    return [
+        line for line in stderr.splitlines() if "error:" in line and not any(ended in line for ended in _ALREADY_ENDED)
+    ]
+
+
 # What a user sets for Slurm's commands themselves. Every other SLURM_* variable in a job's
 # environment is Slurm's description of that job and its step.
 SUBMITTER_SETTINGS = frozenset(
@@ -492,12 +518,7 @@ class SlurmClient:
         args = [f"--signal={signal}"] if signal else []
         # scancel exits 0 even when it fails, and says why only when verbose: read its error lines.
         result = self._run("scancel", ["--verbose", *args, str(job_id)], check=False)
-        errors = [line for line in result.stderr.splitlines() if "error:" in line]
-        errors = [
-            line
-            for line in errors
-            if "already completing or completed" not in line and "Job/step already completing" not in line
-        ]
+        errors = _scancel_errors(result.stderr)
         if result.returncode != 0 or errors:
             raise SlurmError(_slurm_message("\n".join(errors) or result.stderr, "scancel"))
 
