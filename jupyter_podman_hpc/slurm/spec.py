@@ -151,6 +151,28 @@ class JobSpecError(InvalidInput):
     exit_code = 125
 
 
+# A duration field's seconds, and the bound it stays under when a larger field leads.
+_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_BOUNDS = {"h": 24, "m": 60, "s": 60}
+
+
+def _duration_fields(text: str) -> dict[str, int] | None:
+    """The fields (d, h, m, s) of the first --time form ``text`` matches; None if none does."""
+    for form in _TIME_FORMS:
+        match = form.fullmatch(text)
+        if match:
+            return {k: int(v) for k, v in match.groupdict().items() if v is not None}
+    return None
+
+
+def _check_bounds(fields: dict[str, int], text: str) -> None:
+    """ValueError when a field under the leading one is out of its range (``1:75``, ``2-25``)."""
+    leading = next(k for k in "dhms" if k in fields)
+    for key, bound in _BOUNDS.items():
+        if key in fields and key != leading and fields[key] >= bound:
+            raise ValueError(f"{key} out of range in {text!r}")
+
+
 def duration_seconds(text: str) -> int | None:
     """Seconds in a Slurm duration (``1-02:03:04``, ``05:06``, ``7``...); None for UNLIMITED.
 
@@ -160,17 +182,11 @@ def duration_seconds(text: str) -> int | None:
     text = text.strip()
     if text.upper() in UNLIMITED:
         return None
-    for form in _TIME_FORMS:
-        match = form.fullmatch(text)
-        if match:
-            parts = {k: int(v) for k, v in match.groupdict().items() if v is not None}
-            leading = next(k for k in "dhms" if k in parts)
-            limits = {"h": 24, "m": 60, "s": 60}
-            for key, limit in limits.items():
-                if key in parts and key != leading and parts[key] >= limit:
-                    raise ValueError(f"{key} out of range in {text!r}")
-            return parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600 + parts.get("m", 0) * 60 + parts.get("s", 0)
-    raise ValueError(text)
+    fields = _duration_fields(text)
+    if fields is None:
+        raise ValueError(text)
+    _check_bounds(fields, text)
+    return sum(fields.get(key, 0) * seconds for key, seconds in _SECONDS.items())
 
 
 def elapsed_seconds(text: str) -> int | None:
