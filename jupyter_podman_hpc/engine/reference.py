@@ -53,20 +53,36 @@ def normalize(text: str) -> str:
 
 def parse(text: str) -> Reference:
     """Parse a reference; short names get podman's ``localhost/`` domain."""
-    text = normalize(text)
-    if not isinstance(text, str) or not text or len(text) > 512 or text != text.strip():
-        raise InvalidReference(f"invalid image reference {text!r}")
+    text = _checked_text(normalize(text))
     match = _REFERENCE.match(text)
     if not match:
         raise InvalidReference(f"invalid image reference {text!r}: use [registry/]name[:tag][@digest]")
-    domain = match.group("domain")
-    path = match.group("path")
-    if domain and "." not in domain and ":" not in domain and domain != "localhost":
-        # "user/image": the first part is a path component, not a registry
-        if not re.fullmatch(_COMPONENT, domain):
-            raise InvalidReference(f"invalid image reference {text!r}: names are lower case")
-        path, domain = f"{domain}/{path}", None
-    return Reference(domain or "localhost", path, match.group("tag") or "", match.group("digest") or "")
+    domain, path = _registry_and_path(text, match.group("domain"), match.group("path"))
+    return Reference(domain, path, match.group("tag") or "", match.group("digest") or "")
+
+
+def _checked_text(text: str) -> str:
+    """``text`` if it can be a reference at all (a non-empty, bounded string without outer blanks)."""
+    if not isinstance(text, str) or not text or len(text) > 512 or text != text.strip():
+        raise InvalidReference(f"invalid image reference {text!r}")
+    return text
+
+
+def _names_a_registry(domain: str) -> bool:
+    """Whether a reference's first part is a registry (a dot, a port or ``localhost``), not a path component."""
+    return "." in domain or ":" in domain or domain == "localhost"
+
+
+def _registry_and_path(text: str, domain: str | None, path: str) -> tuple[str, str]:
+    """The registry (``localhost`` when none) and the path, with a first part that names no registry
+    ("user/image") moved back into the path."""
+    if not domain:
+        return "localhost", path
+    if _names_a_registry(domain):
+        return domain, path
+    if not re.fullmatch(_COMPONENT, domain):
+        raise InvalidReference(f"invalid image reference {text!r}: names are lower case")
+    return "localhost", f"{domain}/{path}"
 
 
 def is_image_id(text: str) -> bool:
