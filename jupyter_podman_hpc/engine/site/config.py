@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -372,31 +372,52 @@ def _expand(raw: Any, key: str, where: str, user: str, uid: int, env: Mapping[st
 
 def _coerce(key: str, value: Any, source: str) -> Any:
     where = f"{key} ({source})"
-    if key in _LIST_KEYS:
-        if isinstance(value, str):
-            # podman-hpc's convention for lists in variables and strings: commas.
-            return [item for item in value.split(",") if item != ""]
-        if isinstance(value, list) and all(isinstance(item, (str, int, float)) for item in value):
-            return [str(item) for item in value]
-        raise ConfigError(f"{where} must be a list of strings")
-    if key in _FLOAT_KEYS:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where} must be a number, not {value!r}")
-        if number <= 0:
-            raise ConfigError(f"{where} must be positive")
-        return number
-    if key in _BOOL_KEYS:
-        flag = truth(value)
-        if flag is not None:
-            return flag
-        raise ConfigError(f"{where} must be true or false, not {value!r}")
+    for keys, coerce in _COERCIONS:
+        if key in keys:
+            return coerce(value, where)
+    return _as_string(value, where)
+
+
+def _as_list(value: Any, where: str) -> list[str]:
+    if isinstance(value, str):
+        # podman-hpc's convention for lists in variables and strings: commas.
+        return [item for item in value.split(",") if item != ""]
+    if isinstance(value, list) and all(isinstance(item, (str, int, float)) for item in value):
+        return [str(item) for item in value]
+    raise ConfigError(f"{where} must be a list of strings")
+
+
+def _as_positive_float(value: Any, where: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} must be a number, not {value!r}")
+    if number <= 0:
+        raise ConfigError(f"{where} must be positive")
+    return number
+
+
+def _as_bool(value: Any, where: str) -> bool:
+    flag = truth(value)
+    if flag is not None:
+        return flag
+    raise ConfigError(f"{where} must be true or false, not {value!r}")
+
+
+def _as_string(value: Any, where: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, (str, int, float)):
         raise ConfigError(f"{where} must be a string")
     return str(value)
+
+
+# Which keys take which type, checked in this order (a key in none of them is a string).
+_COERCIONS: tuple[tuple[set[str], Callable[[Any, str], Any]], ...] = (
+    (_LIST_KEYS, _as_list),
+    (_FLOAT_KEYS, _as_positive_float),
+    (_BOOL_KEYS, _as_bool),
+)
 
 
 def _job_nodes(env: Mapping[str, str]) -> int:
