@@ -70,43 +70,38 @@ class Podman:
 
     def global_args(self, subcommand: str, squashed: bool | None = None, words: Sequence[str] = ()) -> list[str]:
         """Storage and engine flags, placed before the subcommand."""
-        c = self.config
         if squashed is None:
-            pair = " ".join([subcommand, *words[1:2]])
-            squashed = subcommand not in WITHOUT_SQUASHED and pair not in WITHOUT_SQUASHED
-        args: list[str] = []
-        if c.use_default_args:
-            args += [
-                "--root",
-                c.graph_root,
-                "--runroot",
-                c.run_root,
-                "--storage-opt",
-                f"mount_program={c.mount_program}",
-            ]
-            if c.cgroup_manager:
-                args += ["--cgroup-manager", c.cgroup_manager]
-            # podman refuses to start with a missing store: the user's own squashed
-            # store is made on first use (a long-running API service must see it
-            # from the start); a site store that is missing is left out, one we
-            # may not read is refused in one line (personal first: it wins names).
-            # Commands that do not see the stores (pull, build...) leave the file system alone.
-            if squashed and c.squash_dir:
-                make_store_dir(c.squash_dir)
-            stores = readable_stores(c) if squashed else []
-            if stores:
-                args += ["--storage-opt", f"additionalimagestore={','.join(stores)}"]
-            # the API service starts containers (and pulls) too
-            starts = subcommand in CONTAINER_STARTERS or (subcommand == "system" and "service" in words[1:2])
-            if starts or subcommand == "pull":
-                args += ["--storage-opt", "ignore_chown_errors=true"]
-            if starts:
-                args += ["--hooks-dir", c.hooks_dir]
-        if c.runtime:
-            args += ["--runtime", c.runtime]
-        if c.log_level:
-            args += ["--log-level", c.log_level]
+            squashed = _sees_squashed(subcommand, words)
+        args = self._storage_args(subcommand, squashed, words) if self.config.use_default_args else []
+        return args + _flags(("--runtime", self.config.runtime), ("--log-level", self.config.log_level))
+
+    def _storage_args(self, subcommand: str, squashed: bool, words: Sequence[str]) -> list[str]:
+        """podman-hpc's default storage flags: its graph and run roots, mount program, stores and hooks."""
+        c = self.config
+        args = ["--root", c.graph_root, "--runroot", c.run_root, "--storage-opt", f"mount_program={c.mount_program}"]
+        args += _flags(("--cgroup-manager", c.cgroup_manager))
+        args += self._store_args(squashed)
+        # the API service starts containers (and pulls) too
+        starts = subcommand in CONTAINER_STARTERS or (subcommand == "system" and "service" in words[1:2])
+        if starts or subcommand == "pull":
+            args += ["--storage-opt", "ignore_chown_errors=true"]
+        if starts:
+            args += ["--hooks-dir", c.hooks_dir]
         return args
+
+    def _store_args(self, squashed: bool) -> list[str]:
+        """The squashed stores as additional image stores, for a command that sees them."""
+        # podman refuses to start with a missing store: the user's own squashed
+        # store is made on first use (a long-running API service must see it
+        # from the start); a site store that is missing is left out, one we
+        # may not read is refused in one line (personal first: it wins names).
+        # Commands that do not see the stores (pull, build...) leave the file system alone.
+        if not squashed:
+            return []
+        if self.config.squash_dir:
+            make_store_dir(self.config.squash_dir)
+        stores = readable_stores(self.config)
+        return ["--storage-opt", f"additionalimagestore={','.join(stores)}"] if stores else []
 
     def run_defaults(self) -> list[str]:
         """Options every container started through podman-hpc gets."""
@@ -259,6 +254,18 @@ class Podman:
 
 
 _HELP_LINE = re.compile(r"^\s+(?:(-\w), )?(--[\w-]+)( \S+)?(?:\s{2,}|$)")
+
+
+def _sees_squashed(subcommand: str, words: Sequence[str]) -> bool:
+    """Whether a podman command may see the squashed stores (not one that writes images or reads
+    layer contents, ``WITHOUT_SQUASHED``, alone or with its second word)."""
+    pair = " ".join([subcommand, *words[1:2]])
+    return subcommand not in WITHOUT_SQUASHED and pair not in WITHOUT_SQUASHED
+
+
+def _flags(*pairs: tuple[str, str]) -> list[str]:
+    """``flag value`` for each pair whose value is set, in order."""
+    return [word for flag, value in pairs if value for word in (flag, value)]
 
 
 def parse_options(help_text: str) -> dict[str, bool]:
