@@ -108,31 +108,9 @@ def _strings(data: dict, key: str, path: Path) -> tuple[str, ...]:
 def load_module(path: Path) -> Module:
     """The module a site's YAML file defines, checked (keys, required name and env, bind and copy rules);
     ModuleError with one line naming the file otherwise."""
-    import yaml  # here, not at the top: a cached module set does not need it
-
-    from .config import yaml_problem
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ModuleError(f"cannot read module file {path}: {err.strerror or err}")
-    except yaml.YAMLError as err:
-        raise ModuleError(f"module file {path} is not valid YAML: {yaml_problem(err)}")
-    if not isinstance(data, dict):
-        raise ModuleError(f"module file {path} must be a mapping")
-    unknown = sorted(set(data) - FIELDS)
-    if unknown:
-        raise ModuleError(
-            f"module file {path}: unknown key '{unknown[0]}' (a module's keys: {', '.join(sorted(FIELDS))})"
-        )
-    for required in ("name", "env"):
-        if not isinstance(data.get(required), str) or not data[required]:
-            raise ModuleError(f"module file {path}: '{required}' is required")
-    for rule in _strings(data, "bind", path):
-        split_rule(rule, f"module file {path}: bind rule")
-    for rule in _strings(data, "copy", path):
-        if split_rule(rule, f"module file {path}: copy rule")[2]:
-            raise ModuleError(f"module file {path}: copy rule '{rule}': options such as ':ro' apply to bind rules only")
+    data = _read_yaml(path)
+    for check in _MODULE_CHECKS:
+        check(data, path)
     return Module(
         name=data["name"],
         env=data["env"],
@@ -148,6 +126,54 @@ def load_module(path: Path) -> Module:
         cdi_devices=_strings(data, "cdi_devices", path),
         path=str(path),
     )
+
+
+def _read_yaml(path: Path) -> Any:
+    """A module file's YAML data; ModuleError when it cannot be read or parsed."""
+    import yaml  # here, not at the top: a cached module set does not need it
+
+    from .config import yaml_problem
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ModuleError(f"cannot read module file {path}: {err.strerror or err}")
+    except yaml.YAMLError as err:
+        raise ModuleError(f"module file {path} is not valid YAML: {yaml_problem(err)}")
+
+
+def _check_mapping(data: Any, path: Path) -> None:
+    if not isinstance(data, dict):
+        raise ModuleError(f"module file {path} must be a mapping")
+
+
+def _check_keys(data: dict, path: Path) -> None:
+    unknown = sorted(set(data) - FIELDS)
+    if unknown:
+        raise ModuleError(
+            f"module file {path}: unknown key '{unknown[0]}' (a module's keys: {', '.join(sorted(FIELDS))})"
+        )
+
+
+def _check_required(data: dict, path: Path) -> None:
+    for required in ("name", "env"):
+        if not isinstance(data.get(required), str) or not data[required]:
+            raise ModuleError(f"module file {path}: '{required}' is required")
+
+
+def _check_binds(data: dict, path: Path) -> None:
+    for rule in _strings(data, "bind", path):
+        split_rule(rule, f"module file {path}: bind rule")
+
+
+def _check_copies(data: dict, path: Path) -> None:
+    for rule in _strings(data, "copy", path):
+        if split_rule(rule, f"module file {path}: copy rule")[2]:
+            raise ModuleError(f"module file {path}: copy rule '{rule}': options such as ':ro' apply to bind rules only")
+
+
+# A module file's checks, in the order they are made (the first that fails is the one reported).
+_MODULE_CHECKS = (_check_mapping, _check_keys, _check_required, _check_binds, _check_copies)
 
 
 def _cached_module(fields: dict[str, Any]) -> Module:
@@ -173,26 +199,13 @@ class ModuleSet:
         files = sorted(root.glob("*.yaml"))
         stamp = [[str(p), p.stat().st_mtime_ns, p.stat().st_size] for p in files]
         cache = Path(cache_dir, "modules-cache.json") if cache_dir else None
-        if cache is not None:
-            try:
-                cached = json.loads(cache.read_text())
-                if cached["directory"] == directory and cached["stamp"] == stamp:
-                    return cls(directory, tuple(_cached_module(m) for m in cached["modules"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
+        cached = _read_cache(cache, directory, stamp) if cache is not None else None
+        if cached is not None:
+            return cls(directory, cached)
         modules = tuple(load_module(p) for p in files)
-        names = [m.name for m in modules]
-        duplicate = next((n for n in names if names.count(n) > 1), None)
-        if duplicate:
-            raise ModuleError(f"two module files in {directory} define the module '{duplicate}'")
+        _refuse_duplicates(modules, directory)
         if cache is not None:
-            try:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(
-                    cache, json.dumps({"directory": directory, "stamp": stamp, "modules": [asdict(m) for m in modules]})
-                )
-            except OSError:
-                pass
+            _write_cache(cache, directory, stamp, modules)
         return cls(directory, modules)
 
     def __iter__(self):
@@ -214,23 +227,30 @@ class ModuleSet:
     def select(self, names: Iterable[str]) -> list[Module]:
         """The named modules, checked for conflicts and dependencies."""
         chosen: list[Module] = []
-        for name in names:
-            module = self.by_name(name)
+        for module in map(self.by_name, names):
             if module not in chosen:
                 chosen.append(module)
         enabled = {m.name for m in chosen}
         for module in chosen:
-            for other in module.conflicts:
-                if other in enabled:
-                    raise ModuleError(
-                        f"module '{module.name}' ({module.flag}) conflicts with '{other}' "
-                        f"({self.by_name(other).flag}): use only one of them"
-                    )
-            for needed in module.depends_on:
-                if needed not in enabled:
-                    flag = next((m.flag for m in self.modules if m.name == needed), f"'{needed}'")
-                    raise ModuleError(f"module '{module.name}' ({module.flag}) needs '{needed}': add {flag}")
+            self._refuse_conflicts(module, enabled)
+            self._refuse_missing(module, enabled)
         return chosen
+
+    def _refuse_conflicts(self, module: Module, enabled: set[str]) -> None:
+        """ModuleError when a module it conflicts with is enabled too."""
+        for other in module.conflicts:
+            if other in enabled:
+                raise ModuleError(
+                    f"module '{module.name}' ({module.flag}) conflicts with '{other}' "
+                    f"({self.by_name(other).flag}): use only one of them"
+                )
+
+    def _refuse_missing(self, module: Module, enabled: set[str]) -> None:
+        """ModuleError, naming the flag to add, when a module it depends on is not enabled."""
+        for needed in module.depends_on:
+            if needed not in enabled:
+                flag = next((m.flag for m in self.modules if m.name == needed), f"'{needed}'")
+                raise ModuleError(f"module '{module.name}' ({module.flag}) needs '{needed}': add {flag}")
 
     def podman_args(self, chosen: Iterable[Module], environ: Mapping[str, str] | None = None) -> list[str]:
         """The podman run arguments of the chosen modules, in order.
@@ -244,23 +264,66 @@ class ModuleSet:
         args: list[str] = []
         if any(module.copy for module in chosen):
             args += ["--annotation", f"{HOOK_ANNOTATION}=true", "--env", f"PODMANHPC_MODULES_DIR={self.directory}"]
-        if any(PRIVATE_SHM in rule for module in chosen for rule in module.bind):
-            env = {**env, PRIVATE_SHM: private_shm(env)}
-        if not env.get(hostslurm.SHIM_VARIABLE) and any(
-            hostslurm.SHIM_VARIABLE in rule for module in chosen for rule in module.bind
-        ):
-            shim = hostslurm.uid_shim(env)  # built once per user; None (logged) without a compiler
-            if shim:
-                env = {**env, hostslurm.SHIM_VARIABLE: shim}
+        env = _bind_environment(chosen, env)
         for module in chosen:
-            args += module.podman_args()
-            args += ["-e", f"{module.env}=1"]
-            for device in module.cdi_devices:
-                if cdi_kind_available(device.split("=", 1)[0]):
-                    args += ["--device", device]
-            for mount in resolve_binds(module.bind, self.directory, env):
-                args += ["-v", ":".join(filter(None, mount))]
+            args += _module_run_args(module, self.directory, env)
         return args
+
+
+def _read_cache(cache: Path, directory: str, stamp: list) -> tuple[Module, ...] | None:
+    """The modules the cache holds for these files (``stamp``), or None when it holds none that fit."""
+    try:
+        cached = json.loads(cache.read_text())
+        if cached["directory"] == directory and cached["stamp"] == stamp:
+            return tuple(_cached_module(m) for m in cached["modules"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _refuse_duplicates(modules: tuple[Module, ...], directory: str) -> None:
+    names = [m.name for m in modules]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate:
+        raise ModuleError(f"two module files in {directory} define the module '{duplicate}'")
+
+
+def _write_cache(cache: Path, directory: str, stamp: list, modules: tuple[Module, ...]) -> None:
+    """The parsed modules for the next load; a cache that cannot be written is only slower."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        record = {"directory": directory, "stamp": stamp, "modules": [asdict(m) for m in modules]}
+        atomic_write(cache, json.dumps(record))
+    except OSError:
+        pass
+
+
+def _binds_use(chosen: list[Module], variable: str) -> bool:
+    """Whether a bind rule of the chosen modules names ``variable``."""
+    return any(variable in rule for module in chosen for rule in module.bind)
+
+
+def _bind_environment(chosen: list[Module], env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with what the chosen modules' bind rules name and the engine provides: the user's private
+    shared-memory directory, the uid shim (unless the caller set one)."""
+    if _binds_use(chosen, PRIVATE_SHM):
+        env = {**env, PRIVATE_SHM: private_shm(env)}
+    if not env.get(hostslurm.SHIM_VARIABLE) and _binds_use(chosen, hostslurm.SHIM_VARIABLE):
+        shim = hostslurm.uid_shim(env)  # built once per user; None (logged) without a compiler
+        if shim:
+            env = {**env, hostslurm.SHIM_VARIABLE: shim}
+    return env
+
+
+def _module_run_args(module: Module, directory: str, env: Mapping[str, str]) -> list[str]:
+    """One module's podman run arguments: its own, its variable, its CDI devices, its binds."""
+    args = [*module.podman_args(), "-e", f"{module.env}=1"]
+    for device in module.cdi_devices:
+        if cdi_kind_available(device.split("=", 1)[0]):
+            args += ["--device", device]
+    for mount in resolve_binds(module.bind, directory, env):
+        args += ["-v", ":".join(filter(None, mount))]
+    return args
 
 
 def private_shm(environ: Mapping[str, str]) -> str:
@@ -324,29 +387,32 @@ def resolve_binds(rules: Iterable[str], modules_dir: str, env: Mapping[str, str]
     source's base name; a ``*`` in ``dst`` takes what the ``*`` of ``src``
     matched. Sources that match nothing are skipped.
     """
-    mounts: list[Mount] = []
-    for rule in rules:
-        src, dst, options = split_rule(rule)
-        src, dst = _expand(src, env), _expand(dst, env)
-        if "$" in src or "$" in dst:
-            continue  # a variable this environment does not set: nothing to mount
-        if not os.path.isabs(src):
-            src = os.path.abspath(os.path.join(modules_dir, src))
-        if dst and not os.path.isabs(dst):
-            raise ModuleError(f"bind rule '{rule}': the container path must be absolute")
-        matches = sorted(glob.glob(src))
-        prefix, star, suffix = src.partition("*")
-        for match in matches:
-            if not dst:
-                target = match
-            elif "*" in dst and star:
-                part = match[len(prefix) : len(match) - len(suffix) if suffix else None]
-                target = dst.replace("*", part)
-                if dst.endswith("/"):
-                    target += os.path.basename(match)
-            elif dst.endswith("/"):
-                target = dst + os.path.basename(match)
-            else:
-                target = dst
-            mounts.append(Mount(match, os.path.normpath(target), options))
-    return mounts
+    return [mount for rule in rules for mount in _resolve_rule(rule, modules_dir, env)]
+
+
+def _resolve_rule(rule: str, modules_dir: str, env: Mapping[str, str]) -> list[Mount]:
+    """The mounts of one bind rule: one per match of its (expanded) source."""
+    src, dst, options = split_rule(rule)
+    src, dst = _expand(src, env), _expand(dst, env)
+    if "$" in src or "$" in dst:
+        return []  # a variable this environment does not set: nothing to mount
+    if not os.path.isabs(src):
+        src = os.path.abspath(os.path.join(modules_dir, src))
+    if dst and not os.path.isabs(dst):
+        raise ModuleError(f"bind rule '{rule}': the container path must be absolute")
+    matches = sorted(glob.glob(src))
+    return [Mount(match, os.path.normpath(_target(src, dst, match)), options) for match in matches]
+
+
+def _target(src: str, dst: str, match: str) -> str:
+    """Where one match of a rule's source ``src`` goes in the container (before normalizing)."""
+    if not dst:
+        return match
+    prefix, star, suffix = src.partition("*")
+    if "*" in dst and star:
+        part = match[len(prefix) : len(match) - len(suffix) if suffix else None]
+        target = dst.replace("*", part)
+        return target + os.path.basename(match) if dst.endswith("/") else target
+    if dst.endswith("/"):
+        return dst + os.path.basename(match)
+    return dst
