@@ -81,25 +81,38 @@ def exec_env(exec_options: Sequence[str], environ: Mapping[str, str]) -> dict[st
     words = list(exec_options)
     while words:
         word = words.pop(0)
-        name, has_value, value = word.partition("=")
-        if name in ("-e", "--env"):
-            spec = value if has_value else (words.pop(0) if words else "")
-        elif word.startswith("-e") and len(word) > 2:
-            spec = word[2:]
-        elif name in ("-w", "--workdir"):
+        name, has_value, _ = word.partition("=")
+        if name in ("-w", "--workdir"):
             if not has_value and words:
                 words.pop(0)
             continue
-        else:
+        spec = _env_spec(word, words)
+        if spec is None:
             return None  # --user, --tty, --env-file, --privileged...: let podman do it
-        key, has_assignment, assigned = spec.partition("=")
-        if has_assignment:
-            env[key] = assigned
-        elif key.endswith("*"):
-            env.update({k: v for k, v in environ.items() if k.startswith(key[:-1])})
-        elif key in environ:
-            env[key] = environ[key]
+        _apply_env_spec(spec, environ, env)
     return env
+
+
+def _env_spec(word: str, words: list[str]) -> str | None:
+    """What an ``-e`` option sets (taking its value from ``words`` when it is the next word);
+    None for any other option."""
+    name, has_value, value = word.partition("=")
+    if name in ("-e", "--env"):
+        return value if has_value else (words.pop(0) if words else "")
+    if word.startswith("-e") and len(word) > 2:
+        return word[2:]
+    return None
+
+
+def _apply_env_spec(spec: str, environ: Mapping[str, str], env: dict[str, str]) -> None:
+    """Into ``env``, what one ``-e`` spec sets: NAME=VALUE, NAME from ``environ``, or PREFIX* from it."""
+    key, has_assignment, assigned = spec.partition("=")
+    if has_assignment:
+        env[key] = assigned
+    elif key.endswith("*"):
+        env.update({k: v for k, v in environ.items() if k.startswith(key[:-1])})
+    elif key in environ:
+        env[key] = environ[key]
 
 
 def _workdir(exec_options: Sequence[str]) -> str | None:
