@@ -70,39 +70,81 @@ def walk(root_fd: int, path: str, flags: int = DIRECTORY, mode: int = 0o600) -> 
     """``open_in_root`` without openat2: one component at a time, never following a symlink
     in the kernel; a symlink's text is resolved here, its absolute targets from the root and
     ``..`` never above it."""
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    stack = [os.dup(root_fd)]  # descriptors from the root down to the current directory
-    links = 0
+    walker = _Walker(root_fd, path, flags, mode)
     try:
-        while parts:
-            name = parts.pop(0)
-            if name == "..":
-                if len(stack) > 1:
-                    os.close(stack.pop())
-                continue
-            try:
-                target = os.readlink(name, dir_fd=stack[-1])
-            except OSError as err:
-                if err.errno == errno.ENOENT and parts:
-                    raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
-                target = None  # not a symlink (EINVAL), or a missing last component
-            if target is not None and (parts or not flags & os.O_NOFOLLOW):
-                links += 1
-                if links > MAX_LINKS:
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-                if target.startswith("/"):
-                    while len(stack) > 1:
-                        os.close(stack.pop())
-                parts[:0] = [p for p in target.split("/") if p not in ("", ".")]
-                continue
-            if parts:
-                stack.append(os.open(name, DIRECTORY | os.O_NOFOLLOW, dir_fd=stack[-1]))
-            else:
-                return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=stack[-1])
-        return os.open(".", flags | os.O_CLOEXEC, dir_fd=stack[-1])
+        return walker.open()
     finally:
-        for fd in stack:
+        for fd in walker.stack:
             os.close(fd)
+
+
+def _components(path: str) -> list[str]:
+    """A path's names, without the empty and ``.`` ones (``..`` kept: the walk resolves it)."""
+    return [p for p in path.split("/") if p not in ("", ".")]
+
+
+class _Walker:
+    """One walk's state: the names left, the descriptors from the root down to the current
+    directory, the symlinks followed so far."""
+
+    def __init__(self, root_fd: int, path: str, flags: int, mode: int):
+        self.path, self.flags, self.mode = path, flags, mode
+        self.parts = _components(path)
+        self.stack = [os.dup(root_fd)]
+        self.links = 0
+
+    def open(self) -> int:
+        """A descriptor of the path's last component (of the root for an empty path)."""
+        while self.parts:
+            fd = self._step(self.parts.pop(0))
+            if fd is not None:
+                return fd
+        return os.open(".", self.flags | os.O_CLOEXEC, dir_fd=self.stack[-1])
+
+    def _step(self, name: str) -> int | None:
+        """Resolve one name: up for ``..``, into a symlink's text, down into a directory, or
+        open the last component (its descriptor; None while names are left)."""
+        if name == "..":
+            self._up()
+            return None
+        target = self._link_target(name)
+        if target is not None and (self.parts or not self.flags & os.O_NOFOLLOW):
+            self._follow(target)
+            return None
+        return self._descend(name)
+
+    def _up(self) -> None:
+        """``..``: the parent directory, never above the root."""
+        if len(self.stack) > 1:
+            os.close(self.stack.pop())
+
+    def _link_target(self, name: str) -> str | None:
+        """The symlink's text, None if ``name`` is not one (EINVAL) or is a missing last component;
+        ENOENT for a missing directory on the way."""
+        try:
+            return os.readlink(name, dir_fd=self.stack[-1])
+        except OSError as err:
+            if err.errno == errno.ENOENT and self.parts:
+                raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), self.path) from None
+            return None
+
+    def _follow(self, target: str) -> None:
+        """Continue at a symlink's text: from the root when absolute, ELOOP past MAX_LINKS."""
+        self.links += 1
+        if self.links > MAX_LINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), self.path)
+        if target.startswith("/"):
+            while len(self.stack) > 1:
+                os.close(self.stack.pop())
+        self.parts[:0] = _components(target)
+
+    def _descend(self, name: str) -> int | None:
+        """Into a directory while names are left (never through a symlink); else the last
+        component's descriptor."""
+        if self.parts:
+            self.stack.append(os.open(name, DIRECTORY | os.O_NOFOLLOW, dir_fd=self.stack[-1]))
+            return None
+        return os.open(name, self.flags | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode, dir_fd=self.stack[-1])
 
 
 def make_dirs(root_fd: int, path: str, mode: int = 0o755) -> int:
