@@ -77,14 +77,24 @@ def _host_path(source: str) -> str:
 
 def _mount(value: str) -> Bind:
     fields = dict(item.partition("=")[::2] for item in value.split(","))
-    source = fields.get("source") or fields.get("src") or ""
-    target = fields.get("destination") or fields.get("dst") or fields.get("target") or ""
+    source = _first_set(fields, ("source", "src"))
+    target = _first_set(fields, ("destination", "dst", "target"))
     kind = fields.get("type", "")
-    if kind == "glob":  # what the pattern may match lies below the directory before its first wildcard
-        cut = min((i for i in map(source.find, GLOB_CHARACTERS) if i >= 0), default=len(source))
-        source = os.path.dirname(source[:cut]) if cut < len(source) else source
+    if kind == "glob":
+        source = _glob_base(source)
     host = kind in HOST_PATH_TYPES or (not kind and source.startswith("/"))
     return Bind(f"--mount {value}", _host_path(source) if host else "", target)
+
+
+def _first_set(fields: Mapping[str, str], names: Sequence[str]) -> str:
+    """The first non-empty value of a ``--mount`` field that has several names ('' for none)."""
+    return next((fields[name] for name in names if fields.get(name)), "")
+
+
+def _glob_base(pattern: str) -> str:
+    """What a glob pattern may match lies below the directory before its first wildcard."""
+    cut = min((i for i in map(pattern.find, GLOB_CHARACTERS) if i >= 0), default=len(pattern))
+    return os.path.dirname(pattern[:cut]) if cut < len(pattern) else pattern
 
 
 def reached_state(source: str, state_dirs: Sequence[str]) -> str:
@@ -118,15 +128,29 @@ def _capabilities(options: Sequence[tuple[str, str]], flag: str) -> set[str]:
     }
 
 
+def _given(options: Sequence[tuple[str, str]], flag: str, values: Sequence[str]) -> bool:
+    """Whether one of ``options`` is ``flag`` with one of ``values``."""
+    return any(given == flag and value in values for given, value in options)
+
+
 def host_pid_with_ptrace(options: Sequence[tuple[str, str]]) -> bool:
     """Whether ``options`` share the host's pid namespace and give the container SYS_PTRACE (podman
     merges --cap-add and --cap-drop, a named capability over ALL; --privileged gives every one)."""
-    if not any(flag == "--pid" and value == "host" for flag, value in options):
+    if not _given(options, "--pid", ("host",)):
         return False
     added, dropped = _capabilities(options, "--cap-add"), _capabilities(options, "--cap-drop")
-    privileged = any(flag == "--privileged" and value in ("", "true") for flag, value in options)
-    given = privileged or PTRACE in added or ("ALL" in added and PTRACE not in dropped)
-    return given and PTRACE not in dropped and not ("ALL" in dropped and PTRACE not in added)
+    privileged = _given(options, "--privileged", ("", "true"))
+    return _ptrace_added(privileged, added, dropped) and _ptrace_not_dropped(added, dropped)
+
+
+def _ptrace_added(privileged: bool, added: set[str], dropped: set[str]) -> bool:
+    """Whether the options give SYS_PTRACE: --privileged, by name, or with ALL unless dropped by name."""
+    return privileged or PTRACE in added or ("ALL" in added and PTRACE not in dropped)
+
+
+def _ptrace_not_dropped(added: set[str], dropped: set[str]) -> bool:
+    """Whether no --cap-drop takes SYS_PTRACE away (by name, or as ALL unless added by name)."""
+    return PTRACE not in dropped and not ("ALL" in dropped and PTRACE not in added)
 
 
 def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mapping[str, str]) -> list[str]:
@@ -134,10 +158,8 @@ def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mappi
     gets: the user's own /dev/shm when it would share the host's. InvalidInput, in one line, when one
     of its binds would reach the engine's state."""
     wanted = binds(options)
-    extra: list[str] = []
-    host_ipc = any(flag == "--ipc" and value == "host" for flag, value in options)
-    if host_ipc and not any(os.path.normpath(bind.target) == HOST_SHM for bind in wanted if bind.target):
-        extra = ["-v", f"{private_shm(environ)}:{HOST_SHM}"]
+    extra = _private_shm_for_host_ipc(options, wanted, environ)
+    if extra:
         wanted += binds([("-v", extra[1])])
     if host_pid_with_ptrace(options):
         raise InvalidInput(
@@ -145,7 +167,24 @@ def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mappi
             "and trace your processes on the host, their environment included: drop one of them "
             "(add --cap-drop=SYS_PTRACE to keep the other capabilities, as the MPI modules do)"
         )
-    state_dirs = protected(config)
+    _refuse_state_binds(wanted, protected(config))
+    return extra
+
+
+def _private_shm_for_host_ipc(
+    options: Sequence[tuple[str, str]], wanted: Sequence[Bind], environ: Mapping[str, str]
+) -> list[str]:
+    """``-v PRIVATE:/dev/shm`` for a container that shares the host's IPC namespace and mounts nothing
+    of its own at /dev/shm; [] otherwise."""
+    if not _given(options, "--ipc", ("host",)):
+        return []
+    if any(os.path.normpath(bind.target) == HOST_SHM for bind in wanted if bind.target):
+        return []
+    return ["-v", f"{private_shm(environ)}:{HOST_SHM}"]
+
+
+def _refuse_state_binds(wanted: Sequence[Bind], state_dirs: Sequence[str]) -> None:
+    """InvalidInput, in one line, for the first bind that would reach one of ``state_dirs``."""
     for bind in wanted:
         state = bind.source and reached_state(bind.source, state_dirs)
         if state:
@@ -154,4 +193,3 @@ def guard(config: SiteConfig, options: Sequence[tuple[str, str]], environ: Mappi
                 f"bind a directory of your own (--ipc=host alone shares /dev/shm between your "
                 f"containers)"
             )
-    return extra
