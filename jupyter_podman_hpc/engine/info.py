@@ -82,12 +82,22 @@ def unpacked_copies(site, release_job: bool = False) -> Iterator[str]:
     """Sweep the unpack cache (in podman's user namespace, where the trees' files can be removed
     and the overlays seen), then list what remains: size, last use, in use, job. ``release_job``:
     at a job's end on this node, also the copies this job made or used that no container holds."""
-    podman = site.podman
     cache = Path(site.config.squash_unpack_dir)
     if not cache.is_dir() or not any(cache.glob("*.ref")):
         yield f" unpacked copies: none in {cache}"
         return
-    result = podman.run(
+    result = _sweep(site.podman, release_job)
+    try:
+        swept = json.loads(result.stdout)
+    except ValueError:
+        yield f" unpacked copies: cannot sweep {cache}: {(result.stderr or result.stdout).strip()}"
+        return
+    yield from _swept_lines(swept, cache)
+
+
+def _sweep(podman, release_job: bool):
+    """The cache's sweep, run in podman's user namespace (its report on stdout, JSON)."""
+    return podman.run(
         podman.command(
             "unshare",
             sys.executable,
@@ -98,24 +108,28 @@ def unpacked_copies(site, release_job: bool = False) -> Iterator[str]:
         ),
         check=False,
     )
-    try:
-        swept = json.loads(result.stdout)
-    except ValueError:
-        yield f" unpacked copies: cannot sweep {cache}: {(result.stderr or result.stdout).strip()}"
-        return
+
+
+def _swept_lines(swept: dict, cache: Path) -> Iterator[str]:
+    """A sweep's report: the copies it removed and why, then those that remain."""
     for key, why in swept["removed"]:
         yield f" removed unpacked copy {key}: {why}"
     held = swept["copies"]
     yield f" unpacked copies: {len(held)} in {cache}, {sum(c['bytes'] for c in held) >> 20} MiB of RAM"
     now = time.time()
     for copy in held:
-        state = "in use" if copy["in_use"] else "unused"
-        job = f", job {copy['job']}" if copy["job"] else ""
-        node = f" on {copy['node']}" if copy["node"] else ""
-        yield (
-            f"  - {copy['key']} {copy['bytes'] >> 20} MiB, {state}, last used "
-            f"{(now - copy['last_use']) / 60:.0f} min ago{job}{node}: {copy['squash'] or '?'}"
-        )
+        yield _copy_line(copy, now)
+
+
+def _copy_line(copy: dict, now: float) -> str:
+    """One unpacked copy: key, size, in use or not, last use, job and node, squash file."""
+    state = "in use" if copy["in_use"] else "unused"
+    job = f", job {copy['job']}" if copy["job"] else ""
+    node = f" on {copy['node']}" if copy["node"] else ""
+    return (
+        f"  - {copy['key']} {copy['bytes'] >> 20} MiB, {state}, last used "
+        f"{(now - copy['last_use']) / 60:.0f} min ago{job}{node}: {copy['squash'] or '?'}"
+    )
 
 
 __all__ = ["read_path", "report", "unpacked_copies"]
