@@ -135,6 +135,66 @@ def _commented(line: str) -> str:
     return f"{indent}pass  # magic (not run): {line.strip()}"
 
 
+@dataclass
+class _MagicScan:
+    """What the code cells of a notebook hold: their IPython lines, their commented-out code
+    (by cell index, with ``magics="comment"``) and whether any hints at rich display."""
+
+    found: list[str] = field(default_factory=list)
+    code: dict[str, str] = field(default_factory=dict)
+    hints: bool = False
+
+
+def _scan_cells(cells, magics: str) -> _MagicScan:
+    """Every code cell's magics, in order."""
+    scan = _MagicScan()
+    for index, cell in enumerate(cells):
+        if cell.cell_type == "code":
+            _scan_cell(scan, str(index), cell.source, magics)
+    return scan
+
+
+def _scan_cell(scan: _MagicScan, key: str, source: str, magics: str) -> None:
+    transformed, lines = _magic_lines(source)
+    scan.found += lines
+    scan.hints = scan.hints or bool(_DISPLAY_HINT.search(source))
+    if magics == "comment" and lines:
+        scan.code[key] = (
+            "\n".join(_commented(line) if _MAGIC_CALL.search(line) else line for line in transformed.splitlines())
+            + "\n"
+        )
+
+
+def _ipython_mode(scan: _MagicScan, magics: str) -> str:
+    """require (magics run under IPython), prefer (the notebook displays things) or never."""
+    if scan.found and magics == "ipython":
+        return "require"
+    return "prefer" if scan.hints else "never"
+
+
+def _give_cell_ids(notebook) -> None:
+    """nbformat 4.5, and an id for every cell that has none."""
+    if notebook.nbformat_minor < 5:  # cell ids: nbformat 4.5
+        notebook.nbformat_minor = 5
+    for cell in notebook.cells:
+        if not cell.get("id"):
+            cell["id"] = uuid.uuid4().hex[:8]
+
+
+def _install_runner(staging: Path, plan: dict) -> None:
+    """The runner's files, its plan (``plan`` after the plan's version) and the ranks' out directories."""
+    for runner_file in RUNNER_FILES:
+        shutil.copyfile(Path(__file__).with_name(runner_file), staging / runner_file)
+    state = staging / STATE_DIR
+    state.mkdir(0o700)
+    # not imported with this module: the package's __init__ imports it, and the finish runs nbrunner with -m
+    from .nbrunner import PLAN_VERSION
+
+    (state / PLAN).write_text(json.dumps({"version": PLAN_VERSION, **plan}, indent=1) + "\n")
+    (staging / OUT_DIR).mkdir(0o700, exist_ok=True)  # made by the job's submit, or here for the runner alone
+    (staging / OUT_DIR / STATE_DIR).mkdir(0o700)
+
+
 def prepare(
     source: str | Path, staging: Path, *, magics: str = "ipython", parameters: Mapping[str, str] | None = None
 ) -> PreparedNotebook:
@@ -143,54 +203,22 @@ def prepare(
 
     source = Path(source)
     notebook = read_notebook(source)
-    warnings = []
     injected = inject_parameters(notebook, parameters or {})
-    if injected:
-        warnings.append(injected)
-    if notebook.nbformat_minor < 5:  # cell ids: nbformat 4.5
-        notebook.nbformat_minor = 5
-    for cell in notebook.cells:
-        if not cell.get("id"):
-            cell["id"] = uuid.uuid4().hex[:8]
-    found: list[str] = []
-    code: dict[str, str] = {}
-    hints = False
-    for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code":
-            continue
-        transformed, lines = _magic_lines(cell.source)
-        found += lines
-        hints = hints or bool(_DISPLAY_HINT.search(cell.source))
-        if magics == "comment" and lines:
-            code[str(index)] = (
-                "\n".join(_commented(line) if _MAGIC_CALL.search(line) else line for line in transformed.splitlines())
-                + "\n"
-            )
-    if magics == "comment" and found:
-        warnings.append(f"{len(found)} IPython magic/shell line(s) of {source.name} are commented out and will not run")
-    ipython = "require" if found and magics == "ipython" else "prefer" if hints else "never"
+    warnings = [injected] if injected else []
+    _give_cell_ids(notebook)
+    scan = _scan_cells(notebook.cells, magics)
+    if magics == "comment" and scan.found:
+        warnings.append(
+            f"{len(scan.found)} IPython magic/shell line(s) of {source.name} are commented out and will not run"
+        )
+    ipython = _ipython_mode(scan, magics)
     name = f"{source.stem}.ipynb"
     output = f"{source.stem}.out.ipynb"
     nbformat.write(notebook, str(staging / name))
-    for runner_file in RUNNER_FILES:
-        shutil.copyfile(Path(__file__).with_name(runner_file), staging / runner_file)
-    state = staging / STATE_DIR
-    state.mkdir(0o700)
-    # not imported with this module: the package's __init__ imports it, and the finish runs nbrunner with -m
-    from .nbrunner import PLAN_VERSION
-
-    plan = {
-        "version": PLAN_VERSION,
-        "notebook": name,
-        "out": OUT_DIR,
-        "output": output,
-        "ipython": ipython,
-        "code": code,
-    }
-    (state / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
-    (staging / OUT_DIR).mkdir(0o700, exist_ok=True)  # made by the job's submit, or here for the runner alone
-    (staging / OUT_DIR / STATE_DIR).mkdir(0o700)
-    return PreparedNotebook(name, output, ipython, tuple(found), tuple(warnings))
+    _install_runner(
+        staging, {"notebook": name, "out": OUT_DIR, "output": output, "ipython": ipython, "code": scan.code}
+    )
+    return PreparedNotebook(name, output, ipython, tuple(scan.found), tuple(warnings))
 
 
 def target(spec, staging: Path, directory: Path) -> tuple[RunTarget, dict]:
@@ -255,6 +283,22 @@ def output_info(directory: str | Path, run: Mapping) -> dict | None:
     return info
 
 
+def _describe_errors(errors: list, short: bool) -> str:
+    """Which cell failed on which rank, with the error unless ``short``."""
+    if short:
+        return "; ".join(f"cell {e.get('cell')} failed on rank {e.get('rank')}" for e in errors)
+    return "; ".join(
+        f"cell {e.get('cell')} failed on rank {e.get('rank')}: {e.get('ename')}: {e.get('evalue')}" for e in errors
+    )
+
+
+def _describe_cell(progress: dict, short: bool) -> str:
+    """The cell rank 0 is in, of how many."""
+    if short:
+        return f"cell {progress['cell']}/{progress.get('cells')}"
+    return f"rank 0 is in cell {progress['cell']} of {progress.get('cells')}"
+
+
 def describe_progress(info: dict | None, short: bool = False) -> str:
     """One line for the magic: where rank 0 is, or which cell failed on which rank (``short``:
     without the errors' messages, for a table)."""
@@ -263,18 +307,10 @@ def describe_progress(info: dict | None, short: bool = False) -> str:
     progress = info["progress"]
     errors = progress.get("errors") or []
     if errors:
-        if short:
-            return "; ".join(f"cell {e.get('cell')} failed on rank {e.get('rank')}" for e in errors)
-        return "; ".join(
-            f"cell {e.get('cell')} failed on rank {e.get('rank')}: {e.get('ename')}: {e.get('evalue')}" for e in errors
-        )
+        return _describe_errors(errors, short)
     state = progress.get("state")
     if state == "running" and progress.get("cell"):
-        return (
-            f"cell {progress['cell']}/{progress.get('cells')}"
-            if short
-            else f"rank 0 is in cell {progress['cell']} of {progress.get('cells')}"
-        )
+        return _describe_cell(progress, short)
     return state or ""
 
 
