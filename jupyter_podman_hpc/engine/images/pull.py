@@ -34,7 +34,7 @@ in /var/tmp.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .. import reference
@@ -80,39 +80,20 @@ def pull(
     """
     ref = reference.validate(ref)
     progress(Progress("pull", f"pulling {ref}"))
-    totals: dict[str, int] = {}
     with PrivateService(config, environ=environ) as service:
         api = service.client().api
-        response = api.post("/images/create", params={"fromImage": ref}, stream=True, compatible=True)
-        if response.status_code >= 400:
-            raise PullError(f"cannot pull {ref}: {response_error(response)}")
+        response = open_stream(
+            api,
+            "/images/create",
+            lambda why: PullError(f"cannot pull {ref}: {why}"),
+            params={"fromImage": ref},
+            compatible=True,
+        )
         with CancelWatch(cancel, lambda _: cut_connection(response, service)) as watch:
-            failure = None
-            try:
-                for event in Stream(response):
-                    if "error" in event or "errorDetail" in event:
-                        failure = error_text(event)
-                        break
-                    _pull_event(event, totals, progress)
-            except StreamBroken as err:
-                if watch.cancelled.is_set():
-                    raise Cancelled(f"the pull of {ref} was cancelled")
-                raise PullError(f"the pull of {ref} was interrupted: {err} (podman: {service.last_log_line()})")
-            except BaseException:
-                cut_connection(response, service)  # KeyboardInterrupt or a failing callback: podman drops the pull
-                raise
-            finally:
-                response.close()
+            failure = _read_pull(ref, service, response, watch, progress)
             if failure is not None:
-                full = _storage_full(config, ref, failure)
-                if full:
-                    raise StorageFull(full)
-                raise PullError(f"cannot pull {ref}: {_lost_registry(ref, failure) or failure}")
-            if watch.cancelled.is_set():
-                # The stream may end cleanly when cut: trust only an image that is there.
-                image_id = stored_image_id(api, ref)
-                if image_id is None:
-                    raise Cancelled(f"the pull of {ref} was cancelled")
+                raise _pull_failure(config, ref, failure)
+            _check_not_cancelled(api, ref, watch)
         image_id = stored_image_id(api, ref)
         if image_id is None:
             raise PullError(f"cannot pull {ref}: podman reported no error but stored no image")
@@ -120,26 +101,89 @@ def pull(
     return image_id
 
 
+def open_stream(api, path: str, refused: Callable[[str], EngineError], **request):
+    """POST ``request`` to ``path`` with a streamed response; ``refused(podman's message)`` is raised
+    when podman refuses it (shared by pull and build)."""
+    response = api.post(path, stream=True, **request)
+    if response.status_code >= 400:
+        raise refused(response_error(response))
+    return response
+
+
+def _read_pull(
+    ref: str, service: PrivateService, response, watch: CancelWatch, progress: ProgressCallback
+) -> str | None:
+    """Read the pull's stream, sending its progress, until it ends (None) or podman's error comes (that)."""
+    totals: dict[str, int] = {}
+    try:
+        for event in Stream(response):
+            if "error" in event or "errorDetail" in event:
+                return error_text(event)
+            _pull_event(event, totals, progress)
+    except StreamBroken as err:
+        if watch.cancelled.is_set():
+            raise Cancelled(f"the pull of {ref} was cancelled")
+        raise PullError(f"the pull of {ref} was interrupted: {err} (podman: {service.last_log_line()})")
+    except BaseException:
+        cut_connection(response, service)  # KeyboardInterrupt or a failing callback: podman drops the pull
+        raise
+    finally:
+        response.close()
+    return None
+
+
+def _pull_failure(config: SiteConfig, ref: str, failure: str) -> EngineError:
+    """The error for podman's ``failure`` of the pull: a full storage, a lost registry, or podman's words."""
+    full = _storage_full(config, ref, failure)
+    if full:
+        return StorageFull(full)
+    return PullError(f"cannot pull {ref}: {_lost_registry(ref, failure) or failure}")
+
+
+def _check_not_cancelled(api, ref: str, watch: CancelWatch) -> None:
+    """Cancelled, when the pull was cancelled and no image is stored: the stream may end cleanly when
+    cut, so only an image that is there counts."""
+    if watch.cancelled.is_set() and stored_image_id(api, ref) is None:
+        raise Cancelled(f"the pull of {ref} was cancelled")
+
+
 def _pull_event(event: Mapping, totals: dict[str, int], progress: ProgressCallback) -> None:
+    """Send the progress of one event of the pull's stream (none for an event without a status);
+    ``totals`` remembers each layer's size, which later events of the layer may not repeat."""
     status = str(event.get("status") or "").strip()
     layer = str(event.get("id") or "")
-    if not status:
-        return
-    detail = event.get("progressDetail") or {}
+    if status:
+        progress(_layer_progress(status, layer, event.get("progressDetail") or {}, totals))
+
+
+def _layer_progress(status: str, layer: str, detail: Mapping, totals: dict[str, int]) -> Progress:
     current, total = detail.get("current"), detail.get("total")
     if isinstance(total, int) and total > 0:
         totals[layer] = total
     known = totals.get(layer)
     if status == "Downloading" and isinstance(current, int):
-        progress(
-            Progress("pull", f"Downloading {layer}", current, total if isinstance(total, int) else known, item=layer)
-        )
-    elif status in ("Download complete", "Already exists", "Pull complete"):
-        progress(Progress("pull", f"{status} {layer}".strip(), known, known, item=layer))
-    elif status == "Pulling fs layer":
-        progress(Progress("pull", f"{status} {layer}", 0, None, item=layer))
-    else:
-        progress(Progress("pull", f"{status} {layer}".strip(), item=layer))
+        return Progress("pull", f"Downloading {layer}", current, total if isinstance(total, int) else known, item=layer)
+    return _BY_STATUS.get(status, _layer_status)(status, layer, known)
+
+
+def _layer_done(status: str, layer: str, known: int | None) -> Progress:
+    return Progress("pull", f"{status} {layer}".strip(), known, known, item=layer)
+
+
+def _layer_started(status: str, layer: str, known: int | None) -> Progress:
+    return Progress("pull", f"{status} {layer}", 0, None, item=layer)
+
+
+def _layer_status(status: str, layer: str, known: int | None) -> Progress:
+    return Progress("pull", f"{status} {layer}".strip(), item=layer)
+
+
+_BY_STATUS: dict[str, Callable[[str, str, int | None], Progress]] = {
+    "Download complete": _layer_done,
+    "Already exists": _layer_done,
+    "Pull complete": _layer_done,
+    "Pulling fs layer": _layer_started,
+}
 
 
 @dataclass(frozen=True)
@@ -200,8 +244,22 @@ def pull_and_squash(
     """
     ref = reference.normalize(ref)
     image_id = pull(config, ref, progress, cancel=cancel, environ=environ)
+    return squash_after("pulling", config, ref, image_id, progress, cancel, environ)
+
+
+def squash_after(
+    done: str,
+    config: SiteConfig,
+    ref: str,
+    image_id: str,
+    progress: ProgressCallback,
+    cancel: CancelHook,
+    environ: Mapping[str, str] | None,
+) -> PullResult:
+    """Squash ``ref``, just ``done`` ("pulling", "building"), unless cancelled meanwhile (shared by pull
+    and build)."""
     if cancel_requested(cancel):
-        raise Cancelled(f"cancelled after pulling {ref}, before squashing it")
+        raise Cancelled(f"cancelled after {done} {ref}, before squashing it")
     progress(Progress("squash", f"squashing {ref}"))
     return PullResult(image_id, migrate(Podman(config, environ), ref, progress))
 
