@@ -147,6 +147,89 @@ def srun_argv(spec: JobSpec, job_dir: str, modules: ModuleSet) -> list[str]:
     return argv
 
 
+def _checked_job_dir(job_dir: str | os.PathLike) -> str:
+    job_dir = str(job_dir)
+    _no_breaks("job directory", job_dir)
+    if not os.path.isabs(job_dir):
+        raise JobSpecError(f"the job directory must be an absolute path, not {job_dir!r}")
+    return job_dir
+
+
+def _check_target(target: RunTarget) -> None:
+    for word in (*target.argv, *target.finish):
+        _no_breaks("command", word)
+    _no_breaks("note", target.note)
+
+
+def _checked_bin_dir(bin_dir: str | None) -> str | None:
+    """``bin_dir``, found as ``podman_hpc_dir`` does when "auto"."""
+    if bin_dir == "auto":
+        bin_dir = podman_hpc_dir()
+    if bin_dir is not None:
+        _no_breaks("podman-hpc directory", bin_dir)
+    return bin_dir
+
+
+def _header_lines(spec: JobSpec, job_dir: str, target: RunTarget) -> list[str]:
+    """The shebang, the ``#SBATCH`` lines and the comments saying what the job is."""
+    lines = ["#!/bin/bash"]
+    lines += [f"#SBATCH {option}" for option in directives(spec, job_dir)]
+    lines += [
+        "",
+        f"# Written by jupyter-podman-hpc {__version__}: {spec.nodes} node(s) x {spec.tasks_per_node} "
+        f"task(s), {spec.mode} mode. Submit it again with: sbatch {shlex.quote(job_dir + '/job.sh')}",
+    ]
+    lines.append(
+        f"# Every rank sees this directory read-only and may write only {out_dir(job_dir)}/, "
+        f"{'its working directory' if not spec.workdir else 'and works in ' + spec.workdir}."
+    )
+    if target.note:
+        lines.append(f"# {target.note}")
+    return lines
+
+
+def _path_lines(bin_dir: str | None) -> list[str]:
+    if bin_dir is None:
+        return []
+    return [
+        "",
+        "# podman-hpc of the Python environment that wrote this script, first on PATH: sbatch",
+        "# passes the submitter's environment to the job, but a shell (or a Jupyter server)",
+        "# without that environment on its PATH may submit this script too, and every node",
+        "# then runs the same podman-hpc as the login node.",
+        f'export PATH={shlex.quote(bin_dir)}:"$PATH"',
+    ]
+
+
+def _environment_lines(spec: JobSpec) -> list[str]:
+    if not spec.environment:
+        return []
+    return [
+        "",
+        "# The job's environment: seen by podman-hpc on the nodes and passed into the containers.",
+        *(f"export {name}={shlex.quote(value)}" for name, value in spec.environment.items()),
+    ]
+
+
+def _step_lines(spec: JobSpec, job_dir: str, target: RunTarget, modules: ModuleSet, config: SiteConfig) -> list[str]:
+    """The srun step: srun's options, the launcher's, then the image and what each rank runs."""
+    srun = srun_argv(spec, job_dir, modules)
+    options, image_and_command = _launcher_parts(spec, job_dir, target, modules, config)
+    return ["", _quote(srun) + " \\", "    " + _quote(options) + " \\", "    " + _quote(image_and_command)]
+
+
+def _finish_lines(target: RunTarget) -> list[str]:
+    if not target.finish:
+        return []
+    return [
+        "status=$?",
+        "# Every rank's end into the output notebook, by this package's runner (not the job",
+        "# directory's copy, which the ranks ran): it reads what they wrote as data.",
+        _quote(target.finish) + ' "$status" || true',
+        'exit "$status"',
+    ]
+
+
 def render(
     spec: JobSpec,
     job_dir: str | os.PathLike,
@@ -164,58 +247,20 @@ def render(
     on PATH for ``podman-hpc`` ("auto": found as ``podman_hpc_dir`` does; None:
     rely on the submitter's PATH).
     """
-    job_dir = str(job_dir)
-    _no_breaks("job directory", job_dir)
-    if not os.path.isabs(job_dir):
-        raise JobSpecError(f"the job directory must be an absolute path, not {job_dir!r}")
+    job_dir = _checked_job_dir(job_dir)
     if config is None:
         config = load_config()
     if modules is None:
         modules = ModuleSet.load(config.modules_dir)
     target = target or default_target(spec, job_dir)
-    for word in (*target.argv, *target.finish):
-        _no_breaks("command", word)
-    _no_breaks("note", target.note)
-    if bin_dir == "auto":
-        bin_dir = podman_hpc_dir()
-    if bin_dir is not None:
-        _no_breaks("podman-hpc directory", bin_dir)
-
-    lines = ["#!/bin/bash"]
-    lines += [f"#SBATCH {option}" for option in directives(spec, job_dir)]
-    lines += [
+    _check_target(target)
+    bin_dir = _checked_bin_dir(bin_dir)
+    lines = [
+        *_header_lines(spec, job_dir, target),
+        *_path_lines(bin_dir),
+        *_environment_lines(spec),
+        *_step_lines(spec, job_dir, target, modules, config),
+        *_finish_lines(target),
         "",
-        f"# Written by jupyter-podman-hpc {__version__}: {spec.nodes} node(s) x {spec.tasks_per_node} "
-        f"task(s), {spec.mode} mode. Submit it again with: sbatch {shlex.quote(job_dir + '/job.sh')}",
     ]
-    lines.append(
-        f"# Every rank sees this directory read-only and may write only {out_dir(job_dir)}/, "
-        f"{'its working directory' if not spec.workdir else 'and works in ' + spec.workdir}."
-    )
-    if target.note:
-        lines.append(f"# {target.note}")
-    if bin_dir is not None:
-        lines += [
-            "",
-            "# podman-hpc of the Python environment that wrote this script, first on PATH: sbatch",
-            "# passes the submitter's environment to the job, but a shell (or a Jupyter server)",
-            "# without that environment on its PATH may submit this script too, and every node",
-            "# then runs the same podman-hpc as the login node.",
-            f'export PATH={shlex.quote(bin_dir)}:"$PATH"',
-        ]
-    if spec.environment:
-        lines += ["", "# The job's environment: seen by podman-hpc on the nodes and passed into the containers."]
-        lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.environment.items()]
-    srun = srun_argv(spec, job_dir, modules)
-    options, image_and_command = _launcher_parts(spec, job_dir, target, modules, config)
-    lines += ["", _quote(srun) + " \\", "    " + _quote(options) + " \\", "    " + _quote(image_and_command)]
-    if target.finish:
-        lines += [
-            "status=$?",
-            "# Every rank's end into the output notebook, by this package's runner (not the job",
-            "# directory's copy, which the ranks ran): it reads what they wrote as data.",
-            _quote(target.finish) + ' "$status" || true',
-            'exit "$status"',
-        ]
-    lines.append("")
     return "\n".join(lines)
