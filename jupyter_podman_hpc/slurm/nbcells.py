@@ -71,25 +71,44 @@ class PlainRunner:
         filename = "<cell %d>" % (index + 1)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         try:
-            tree = ast.parse(code, filename, "exec")
-            last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
-                last = ast.Expression(tree.body.pop().value)
-            exec(compile(tree, filename, "exec"), self.namespace)
-            if last is not None:
-                value = eval(compile(last, filename, "eval"), self.namespace)  # noqa: S307  the cell's own code
-                if value is not None:
-                    self.namespace["_"] = value
-                    if self.recorder is not None:
-                        self.recorder.display(rich_repr(value), kind="execute_result")
+            self._execute(code, filename)
         except BaseException as err:
             if isinstance(err, SystemExit) and not err.code:
                 raise
-            lines = traceback.format_exception(type(err), err, _user_frames(err.__traceback__))
-            sys.__stderr__.write("".join(lines))
-            sys.__stderr__.flush()
-            return type(err).__name__, str(err), [line.rstrip("\n") for line in lines]
+            return _reported(err)
         return None
+
+    def _execute(self, code, filename):
+        tree = ast.parse(code, filename, "exec")
+        last = _last_expression(tree, code)
+        exec(compile(tree, filename, "exec"), self.namespace)
+        if last is not None:
+            self._result(eval(compile(last, filename, "eval"), self.namespace))  # noqa: S307  the cell's own code
+
+    def _result(self, value):
+        """A last expression's value: the namespace's ``_``, and the cell's result on rank 0."""
+        if value is None:
+            return
+        self.namespace["_"] = value
+        if self.recorder is not None:
+            self.recorder.display(rich_repr(value), kind="execute_result")
+
+
+def _last_expression(tree, code):
+    """The cell's last statement taken out of ``tree`` as an expression, when it is one whose value a
+    notebook shows (not ended by ``;``); else None."""
+    if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
+        return ast.Expression(tree.body.pop().value)
+    return None
+
+
+def _reported(err):
+    """A cell's error, its traceback (from the cell's own frames) written to the rank's log:
+    (name, message, traceback lines)."""
+    lines = traceback.format_exception(type(err), err, _user_frames(err.__traceback__))
+    sys.__stderr__.write("".join(lines))
+    sys.__stderr__.flush()
+    return type(err).__name__, str(err), [line.rstrip("\n") for line in lines]
 
 
 def _user_frames(tb):
@@ -98,30 +117,43 @@ def _user_frames(tb):
     return tb
 
 
+def _first(found):
+    """A repr method's data, without the metadata of a (data, metadata) pair."""
+    return found[0] if isinstance(found, tuple) else found
+
+
+def _add_mimebundle(data, value):
+    """What ``value``'s ``_repr_mimebundle_`` gives, into ``data``."""
+    method = getattr(value, "_repr_mimebundle_", None)
+    if not callable(method):
+        return
+    try:
+        data.update(_first(method(include=None, exclude=None)) or {})
+    except Exception:  # noqa: BLE001 - a broken repr leaves text/plain
+        pass
+
+
+def _add_repr(data, mime, method):
+    """What a ``_repr_*_`` method gives, into ``data`` as ``mime``; nothing when it fails or gives None."""
+    try:
+        found = method()
+    except Exception:  # noqa: BLE001
+        return
+    found = _first(found)
+    if found is not None:
+        data[mime] = found
+
+
 def rich_repr(value):
     """What IPython's formatters would give for ``value``, from its ``_repr_*_`` methods."""
     data = {"text/plain": repr(value)}
     if isinstance(value, type):
         return data
-    method = getattr(value, "_repr_mimebundle_", None)
-    if callable(method):
-        try:
-            found = method(include=None, exclude=None)
-            found = found[0] if isinstance(found, tuple) else found
-            data.update(found or {})
-        except Exception:  # noqa: BLE001 - a broken repr leaves text/plain
-            pass
+    _add_mimebundle(data, value)
     for name, mime in REPR_METHODS:
         method = getattr(value, name, None)
-        if mime in data or not callable(method):
-            continue
-        try:
-            found = method()
-        except Exception:  # noqa: BLE001
-            continue
-        found = found[0] if isinstance(found, tuple) else found
-        if found is not None:
-            data[mime] = found
+        if mime not in data and callable(method):
+            _add_repr(data, mime, method)
     return data
 
 
