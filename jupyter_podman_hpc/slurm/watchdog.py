@@ -51,17 +51,29 @@ def runs_part(token: str, directory: Path, part: str) -> bool:
     if not token or not owner_alive(token):
         return False
     pid = int(token.partition(":")[0])
+    if not _leads_its_group(pid):
+        return False
+    runs = _runs_controller if part == "controller" else _runs_watchdog
+    return runs(cmdline(pid), directory)
+
+
+def _leads_its_group(pid: int) -> bool:
     try:
-        if os.getpgid(pid) != pid:
-            return False
+        return os.getpgid(pid) == pid
     except OSError:
         return False
-    argv = cmdline(pid)
-    if part == "controller":
-        profiles = [Path(arg.partition("=")[2]) for arg in argv if arg.startswith("--profile-dir=")]
-        return _follows(argv, "-m", "ipyparallel.controller") and any(
-            profile.name == PROFILE and _same_dir(str(profile.parent), directory) for profile in profiles
-        )
+
+
+def _runs_controller(argv: list[str], directory: Path) -> bool:
+    """``argv`` is ipyparallel's controller with this cluster's profile directory."""
+    profiles = [Path(arg.partition("=")[2]) for arg in argv if arg.startswith("--profile-dir=")]
+    return _follows(argv, "-m", "ipyparallel.controller") and any(
+        profile.name == PROFILE and _same_dir(str(profile.parent), directory) for profile in profiles
+    )
+
+
+def _runs_watchdog(argv: list[str], directory: Path) -> bool:
+    """``argv`` is the watchdog of this cluster's directory."""
     named = [value for flag, value in itertools.pairwise(argv) if flag == "--dir"]
     return _follows(argv, "-m", MODULE) and any(_same_dir(value, directory) for value in named)
 
