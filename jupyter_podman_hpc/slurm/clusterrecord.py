@@ -84,20 +84,21 @@ class ClusterRecord:
             record = cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
         except TypeError as err:
             raise ClusterError(f"{path} is not a cluster record: {err}")
-        wrong = [
-            name
-            for name, form in _FORMATS.items()
-            if not isinstance(getattr(record, name), str) or not re.fullmatch(form, getattr(record, name))
-        ]
-        if (
-            not isinstance(record.engines, int)
-            or record.state not in STATES
-            or not isinstance(record.created, (int, float))
-        ):
-            wrong.append("engines, state or created")
+        wrong = record._wrong_fields()
         if wrong:
             raise ClusterError(f"{path} is not a cluster record: bad {', '.join(wrong)}")
         return record
+
+    def _wrong_fields(self) -> list[str]:
+        """The fields of a record as read that are not of their form or type."""
+        wrong = [name for name, form in _FORMATS.items() if not _of_form(getattr(self, name), form)]
+        if not self._counts_sound():
+            wrong.append("engines, state or created")
+        return wrong
+
+    def _counts_sound(self) -> bool:
+        """The engine count a number, the state a known one, the creation time a number."""
+        return isinstance(self.engines, int) and self.state in STATES and isinstance(self.created, (int, float))
 
     def write(self, directory: Path) -> None:
         """Replace the record (0600) at once: the host's, then the copy in the job directory."""
@@ -117,6 +118,10 @@ class ClusterRecord:
         for key, value in changes.items():
             setattr(self, key, value)
         self.write(directory)
+
+
+def _of_form(value: object, form: str) -> bool:
+    return isinstance(value, str) and re.fullmatch(form, value) is not None
 
 
 def cluster_directories(root: Path) -> list[Path]:
