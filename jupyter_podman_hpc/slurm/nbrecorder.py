@@ -351,33 +351,38 @@ def merge_rank_files(plan, notebook, merged):
         return found
     meta = notebook["metadata"]["podman_hpc"]
     for name in names:
-        if not (name.startswith("rank-") and name.endswith(".json")) or name in merged:
-            continue
-        try:
-            index, report = rank_report(read_json(name, RANK_FILE_LIMIT, dir_fd=plan.state_fd), notebook)
-        except (OSError, ValueError, KeyError, IndexError, TypeError):
-            continue
-        merged.add(name)
-        info = notebook["cells"][index].setdefault("metadata", {}).setdefault("podman_hpc", {})
-        errors = info.setdefault("rank_errors", [])
-        if any(e.get("rank") == report["rank"] for e in errors):
-            continue
-        summary = {k: report[k] for k in ("rank", "node", "ename", "evalue")}
-        errors.append(summary)
-        header = "rank %s (on %s) raised this in this cell and stopped:" % (report["rank"], report["node"] or "?")
-        found.append(
-            (
-                index,
-                {
-                    "output_type": "error",
-                    "ename": report["ename"],
-                    "evalue": report["evalue"],
-                    "traceback": [header] + report["traceback"],
-                },
-            )
-        )
-        meta.setdefault("errors", []).append(dict(summary, cell=index + 1))
+        if name.startswith("rank-") and name.endswith(".json") and name not in merged:
+            _merge_rank_file(plan, notebook, meta, merged, name, found)
     return found
+
+
+def _merge_rank_file(plan, notebook, meta, merged, name, found):
+    """One rank's report ``name``: into its cell's and the notebook's errors, and into ``found`` for the
+    caller, unless its cell already holds that rank's error."""
+    try:
+        index, report = rank_report(read_json(name, RANK_FILE_LIMIT, dir_fd=plan.state_fd), notebook)
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return
+    merged.add(name)
+    info = notebook["cells"][index].setdefault("metadata", {}).setdefault("podman_hpc", {})
+    errors = info.setdefault("rank_errors", [])
+    if any(e.get("rank") == report["rank"] for e in errors):
+        return
+    summary = {k: report[k] for k in ("rank", "node", "ename", "evalue")}
+    errors.append(summary)
+    found.append((index, _error_output(report)))
+    meta.setdefault("errors", []).append(dict(summary, cell=index + 1))
+
+
+def _error_output(report):
+    """The error output a rank's report shows in its cell."""
+    header = "rank %s (on %s) raised this in this cell and stopped:" % (report["rank"], report["node"] or "?")
+    return {
+        "output_type": "error",
+        "ename": report["ename"],
+        "evalue": report["evalue"],
+        "traceback": [header] + report["traceback"],
+    }
 
 
 def rank_report(data, notebook):
