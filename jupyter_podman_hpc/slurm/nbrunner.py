@@ -131,48 +131,79 @@ def run(plan_path, args):
     ``sys.argv``: its code cells in order, rank 0 recording the output notebook; stops at the first cell
     that raises. The exit code: 0, or 1 when a cell failed."""
     plan = Plan(plan_path).open()
-    rank = int(os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) or 0)
-    size = int(os.environ.get("SLURM_NTASKS", "1") or 1)
+    rank, size = _rank_and_size()
     notebook = read_json(plan.notebook)
     sys.argv = [plan.notebook, *args]
-    recorder = Recorder(plan, notebook, rank, size) if rank == 0 else None
-    if recorder is not None:
-        signal.signal(signal.SIGTERM, recorder.on_signal)  # scancel, or the time limit
-        recorder.write()
-        threading.Thread(target=recorder.flush_forever, name="nbrunner-flush", daemon=True).start()
+    recorder = _start_recorder(plan, notebook, rank, size)
     sys.stdout = Tee(sys.stdout, "stdout", recorder)
     sys.stderr = Tee(sys.stderr, "stderr", recorder)
     runner = make_runner(plan, recorder)
     if isinstance(runner, SystemExit):
-        failure = ("ImportError", str(runner), [str(runner)])
-        first = next((i for i, c in enumerate(notebook["cells"]) if c.get("cell_type") == "code"), None)
-        return end(plan, recorder, rank, first, failure, notebook)
-    count = 0
+        return _without_ipython(plan, recorder, rank, runner, notebook)
+    for count, (index, code) in enumerate(_code_cells(plan, notebook), 1):
+        failure = _run_cell(runner, recorder, index, code, count)
+        if failure is not None:
+            return end(plan, recorder, rank, index, failure, notebook)
+    _record_finished(recorder)
+    return 0
+
+
+def _rank_and_size():
+    rank = int(os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) or 0)
+    size = int(os.environ.get("SLURM_NTASKS", "1") or 1)
+    return rank, size
+
+
+def _start_recorder(plan, notebook, rank, size):
+    """Rank 0's recorder, written once and then flushed on its own thread; None on the other ranks."""
+    if rank != 0:
+        return None
+    recorder = Recorder(plan, notebook, rank, size)
+    signal.signal(signal.SIGTERM, recorder.on_signal)  # scancel, or the time limit
+    recorder.write()
+    threading.Thread(target=recorder.flush_forever, name="nbrunner-flush", daemon=True).start()
+    return recorder
+
+
+def _without_ipython(plan, recorder, rank, missing, notebook):
+    """IPython is required and the image has none: the first code cell fails with ``missing``'s message."""
+    failure = ("ImportError", str(missing), [str(missing)])
+    first = next((i for i, c in enumerate(notebook["cells"]) if c.get("cell_type") == "code"), None)
+    return end(plan, recorder, rank, first, failure, notebook)
+
+
+def _code_cells(plan, notebook):
+    """(index, code) of each code cell with code to run, the plan's code (magics commented out) first."""
     for index, cell in enumerate(notebook["cells"]):
         if cell.get("cell_type") != "code":
             continue
         code = plan.code.get(index, cell_source(cell))
-        if not code.strip():
-            continue
-        count += 1
-        if recorder is not None:
-            recorder.start(index, count)
-        try:
-            failure = runner.run(code, index)
-        except SystemExit:  # sys.exit(0) in a cell: the notebook ends there, as a script would
-            if recorder is not None:
-                recorder.end("ok")
-                recorder.write(state="failed" if recorder.meta["errors"] else "completed")
-            raise
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if failure is not None:
-            return end(plan, recorder, rank, index, failure, notebook)
+        if code.strip():
+            yield index, code
+
+
+def _run_cell(runner, recorder, index, code, count):
+    """Run one cell, recorded on rank 0; None, or its failure."""
+    if recorder is not None:
+        recorder.start(index, count)
+    try:
+        failure = runner.run(code, index)
+    except SystemExit:  # sys.exit(0) in a cell: the notebook ends there, as a script would
         if recorder is not None:
             recorder.end("ok")
+        _record_finished(recorder)
+        raise
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if failure is None and recorder is not None:
+        recorder.end("ok")
+    return failure
+
+
+def _record_finished(recorder):
+    """Rank 0's record of a notebook that ran to its end (or to a ``sys.exit(0)``)."""
     if recorder is not None:
         recorder.write(state="failed" if recorder.meta["errors"] else "completed")
-    return 0
 
 
 def end(plan, recorder, rank, index, failure, notebook):
