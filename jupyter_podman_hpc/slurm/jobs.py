@@ -39,9 +39,10 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..engine.base.files import UntrustedFile, atomic_write, read_untrusted, read_untrusted_log
 from ..engine.errors import EngineError, ImageNotFound, NotFound
@@ -146,30 +147,144 @@ class JobRecord:
     def read(cls, path: Path) -> JobRecord:
         """The record in ``path``; JobNotFound when there is none, JobError naming the file when it cannot
         be read or is not a record (truncated, edited)."""
-        try:
-            data = json.loads(read_untrusted(path, RECORD_LIMIT))
-        except FileNotFoundError:
-            raise JobNotFound(f"{path.parent} is not a job directory (no {RECORD})")
-        except UntrustedFile as err:
-            raise JobError(f"cannot read the job record {path}: {err}: its job is not listed")
-        except OSError as err:
-            raise JobError(f"cannot read the job record {path}: {err.strerror or err}")
-        except ValueError as err:
-            where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
-            raise JobError(
-                f"job record {path} is not valid JSON{where}, truncated or edited: "
-                f"its job is not listed (the batch script and logs beside it are kept)"
-            )
+        data = _record_data(path)
+        for broken, what in _RECORD_CHECKS:
+            if broken(data):
+                raise JobError(f"job record {path} {what}: its job is not listed")
         known = set(cls.__dataclass_fields__)
-        if not isinstance(data, dict) or not {"id", "spec", "submitted"} <= set(data):
-            raise JobError(f"job record {path} lacks its id, spec or submit time: its job is not listed")
-        if not isinstance(data["spec"], dict) or not isinstance(data.get("run") or {}, dict):
-            raise JobError(f"job record {path} has a malformed spec or run: its job is not listed")
-        if not is_plain_name(data.get("script", SCRIPT)):
-            raise JobError(
-                f"job record {path} names a script that is not a file of its directory: its job is not listed"
-            )
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _record_data(path: Path) -> Any:
+    """The JSON value of a job record, read as data; JobNotFound or JobError when it cannot be."""
+    try:
+        return json.loads(read_untrusted(path, RECORD_LIMIT))
+    except FileNotFoundError:
+        raise JobNotFound(f"{path.parent} is not a job directory (no {RECORD})")
+    except UntrustedFile as err:
+        raise JobError(f"cannot read the job record {path}: {err}: its job is not listed")
+    except OSError as err:
+        raise JobError(f"cannot read the job record {path}: {err.strerror or err}")
+    except ValueError as err:
+        where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
+        raise JobError(
+            f"job record {path} is not valid JSON{where}, truncated or edited: "
+            f"its job is not listed (the batch script and logs beside it are kept)"
+        )
+
+
+# What makes a job record's data not a record, checked in this order: (broken, what the message says).
+_RECORD_CHECKS: tuple[tuple[Callable[[Any], bool], str], ...] = (
+    (
+        lambda data: not isinstance(data, dict) or not {"id", "spec", "submitted"} <= set(data),
+        "lacks its id, spec or submit time",
+    ),
+    (
+        lambda data: not isinstance(data["spec"], dict) or not isinstance(data.get("run") or {}, dict),
+        "has a malformed spec or run",
+    ),
+    (
+        lambda data: not is_plain_name(data.get("script", SCRIPT)),
+        "names a script that is not a file of its directory",
+    ),
+)
+
+
+# --- submitting, step by step ------------------------------------------------------------
+
+
+def _site_for(spec: JobSpec, client: SlurmClient, config: SiteConfig | None) -> tuple[SiteConfig, ModuleSet]:
+    """The site's config and modules for ``spec``; its modules and its image checked to be there."""
+    # The nodes see the submitter's environment and, over it, the one the script exports.
+    config = config or load_config({**(client.env or os.environ), **spec.environment})
+    modules = ModuleSet.load(config.modules_dir)
+    spec.check_modules(modules)
+    if find_squashed(config, spec.image) is None:
+        raise ImageNotFound(
+            f"image {spec.image} is not in the squashed store {config.squash_dir}, where the "
+            "nodes run it from: squash it first (podman-hpc migrate, or pull)"
+        )
+    return config, modules
+
+
+def _made_root(root: str | Path | None, client: SlurmClient) -> Path:
+    """The jobs directory, made if missing."""
+    root = Path(root) if root is not None else default_root(client.env)
+    try:
+        make_root(root)
+    except OSError as err:
+        raise JobError(f"cannot create the jobs directory {root}: {err.strerror}")
+    return root
+
+
+def _write_directory(
+    spec: JobSpec, root: Path, modules: ModuleSet, config: SiteConfig, progress: ProgressCallback
+) -> tuple[Path, JobRecord]:
+    """A new job directory under ``root``, written in a staging directory renamed at once; nothing left
+    behind when it fails."""
+    name = _new_id()
+    directory = root / name
+    staging = root / f".{name}.tmp"
+    try:
+        record = _stage(spec, staging, directory, modules, config, progress)
+        os.rename(staging, directory)
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise JobError(f"cannot write the job directory {directory}: {err.strerror or err}")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory, record
+
+
+def _stage(
+    spec: JobSpec, staging: Path, directory: Path, modules: ModuleSet, config: SiteConfig, progress: ProgressCallback
+) -> JobRecord:
+    """The job's inputs, batch script and record, in ``staging`` (to become ``directory``)."""
+    staging.mkdir(DIR_MODE)
+    os.chmod(staging, DIR_MODE)  # whatever the umask: the record holds the job's secrets
+    (staging / OUT_DIR).mkdir(DIR_MODE)
+    os.chmod(staging / OUT_DIR, DIR_MODE)
+    target, run = _prepare_inputs(spec, staging, directory)
+    run["out"] = OUT_DIR
+    for note in run.get("warnings", []):
+        progress(Progress("job", note))
+    script = render(spec, directory, target=target, modules=modules, config=config)
+    _atomic_write(staging / SCRIPT, script, SCRIPT_MODE)
+    record = JobRecord(id=directory.name, spec=spec.as_dict(), submitted=_now(), run=run)
+    _atomic_write(staging / RECORD, record.as_json())
+    return record
+
+
+def _submit_directory(client: SlurmClient, directory: Path, record: JobRecord) -> None:
+    """sbatch the job directory's script, then record the job id; the directory removed (and the job
+    cancelled) when either fails."""
+    try:
+        record.job_id = client.submit(directory / SCRIPT, cwd=str(directory))
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)  # sbatch refused it: no job, no directory
+        raise
+    try:
+        _atomic_write(directory / RECORD, record.as_json())
+    except OSError as err:
+        try:
+            client.cancel(record.job_id)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise JobError(f"job {record.job_id} was cancelled: its record could not be written ({err.strerror or err})")
+
+
+def _live_statuses(client: SlurmClient, live: list[str]) -> dict[str, JobStatus]:
+    """Slurm's statuses of the unfinished jobs ``live``; none when Slurm cannot be reached."""
+    try:
+        return client.statuses(live) if live else {}
+    except SlurmError:
+        return {}  # Slurm unreachable: the jobs are still listed, without a live status
+
+
+def _pause(delay: float, deadline: float | None) -> float:
+    """The next poll's pause: ``delay``, cut short at the deadline."""
+    return delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
 
 
 class Job:
@@ -226,60 +341,12 @@ class Job:
     ) -> Job:
         """Write the job directory, submit it with sbatch, and return the job."""
         client = client or SlurmClient()
-        # The nodes see the submitter's environment and, over it, the one the script exports.
-        config = config or load_config({**(client.env or os.environ), **spec.environment})
-        modules = ModuleSet.load(config.modules_dir)
-        spec.check_modules(modules)
-        if find_squashed(config, spec.image) is None:
-            raise ImageNotFound(
-                f"image {spec.image} is not in the squashed store {config.squash_dir}, where the "
-                "nodes run it from: squash it first (podman-hpc migrate, or pull)"
-            )
-        root = Path(root) if root is not None else default_root(client.env)
-        try:
-            make_root(root)
-        except OSError as err:
-            raise JobError(f"cannot create the jobs directory {root}: {err.strerror}")
+        config, modules = _site_for(spec, client, config)
+        root = _made_root(root, client)
         _remove_stale_staging(root)
-        name = _new_id()
-        directory = root / name
-        staging = root / f".{name}.tmp"
-        try:
-            staging.mkdir(DIR_MODE)
-            os.chmod(staging, DIR_MODE)  # whatever the umask: the record holds the job's secrets
-            (staging / OUT_DIR).mkdir(DIR_MODE)
-            os.chmod(staging / OUT_DIR, DIR_MODE)
-            target, run = _prepare_inputs(spec, staging, directory)
-            run["out"] = OUT_DIR
-            for note in run.get("warnings", []):
-                progress(Progress("job", note))
-            script = render(spec, directory, target=target, modules=modules, config=config)
-            _atomic_write(staging / SCRIPT, script, SCRIPT_MODE)
-            record = JobRecord(id=name, spec=spec.as_dict(), submitted=_now(), run=run)
-            _atomic_write(staging / RECORD, record.as_json())
-            os.rename(staging, directory)
-        except OSError as err:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise JobError(f"cannot write the job directory {directory}: {err.strerror or err}")
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        directory, record = _write_directory(spec, root, modules, config, progress)
         progress(Progress("job", f"submitting {directory / SCRIPT}"))
-        try:
-            record.job_id = client.submit(directory / SCRIPT, cwd=str(directory))
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)  # sbatch refused it: no job, no directory
-            raise
-        try:
-            _atomic_write(directory / RECORD, record.as_json())
-        except OSError as err:
-            try:
-                client.cancel(record.job_id)
-            finally:
-                shutil.rmtree(directory, ignore_errors=True)
-            raise JobError(
-                f"job {record.job_id} was cancelled: its record could not be written ({err.strerror or err})"
-            )
+        _submit_directory(client, directory, record)
         job = cls(directory, record, client)
         progress(Progress("job", f"submitted job {job.id}", item=job.id))
         return job
@@ -323,7 +390,17 @@ class Job:
         """
         client = client or SlurmClient()
         root = Path(root) if root is not None else default_root(client.env)
-        jobs = []
+        jobs = [job for job in cls._readable(root, client, problems) if job._recover_job_id()]
+        jobs.sort(key=lambda j: (j.submitted, j.directory.name))
+        if status:
+            found = _live_statuses(client, [j.id for j in jobs if not j.record.final])
+            for job in jobs:
+                job._take_status(found)
+        return jobs
+
+    @classmethod
+    def _readable(cls, root: Path, client: SlurmClient, problems: list[str] | None) -> Iterator[Job]:
+        """The jobs under ``root`` whose records can be read; a line in ``problems`` for each other."""
         for directory in job_directories(root):
             try:
                 job = cls(directory, client=client)
@@ -331,24 +408,16 @@ class Job:
                 if problems is not None:
                     problems.append(str(err))
                 continue
-            if job._recover_job_id():
-                jobs.append(job)
-        jobs.sort(key=lambda j: (j.submitted, j.directory.name))
-        if status:
-            live = [j.id for j in jobs if not j.record.final]
-            try:
-                found = client.statuses(live) if live else {}
-            except SlurmError:
-                found = {}  # Slurm unreachable: the jobs are still listed, without a live status
-            for job in jobs:
-                job._status = (
-                    JobStatus.from_dict({**job.record.final, "source": "record"})
-                    if job.record.final
-                    else found.get(job.id)
-                )
-                if job._status is not None and not job.record.final:
-                    job._remember(job._status)
-        return jobs
+            yield job
+
+    def _take_status(self, found: Mapping[str, JobStatus]) -> None:
+        """The status ``list`` found: the record's once finished, else Slurm's (remembered if final)."""
+        if self.record.final:
+            self._status = JobStatus.from_dict({**self.record.final, "source": "record"})
+            return
+        self._status = found.get(self.id)
+        if self._status is not None:
+            self._remember(self._status)
 
     @classmethod
     def find(cls, job_id: str | int, root: str | Path | None = None, *, client: SlurmClient | None = None) -> Job:
@@ -423,29 +492,33 @@ class Job:
         last: tuple = ()
         failures = 0
         while True:
-            try:
-                status = self.status()
-                failures = 0
-            except SlurmError:
-                failures += 1  # a busy slurmctld: try again a few times
-                if failures >= 5:
-                    raise
-                status = None
+            status, failures = self._poll(failures)
             if status is not None:
-                seen = (status.state, status.reason, status.nodelist)
-                if seen != last:
-                    progress(
-                        Progress("job", status.describe(), item=self.id, current=1 if status.finished else 0, total=1)
-                    )
-                    last = seen
+                last = self._report(status, last, progress)
                 if status.finished:
                     return status
             if deadline is not None and time.monotonic() >= deadline:
                 current = status or self._status or JobStatus(self.id, "UNKNOWN")
                 raise JobTimeout(f"job {self.id} is still {current.state} after {timeout:g} s", current)
-            pause = delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
-            time.sleep(pause)
+            time.sleep(_pause(delay, deadline))
             delay = min(delay * 2, poll_interval)
+
+    def _poll(self, failures: int) -> tuple[JobStatus | None, int]:
+        """The status and the count of Slurm's failures in a row; the fifth failure is raised."""
+        try:
+            return self.status(), 0
+        except SlurmError:
+            failures += 1  # a busy slurmctld: try again a few times
+            if failures >= 5:
+                raise
+            return None, failures
+
+    def _report(self, status: JobStatus, last: tuple, progress: ProgressCallback) -> tuple:
+        """A Progress event when the state, reason or nodes changed since ``last``; what was seen."""
+        seen = (status.state, status.reason, status.nodelist)
+        if seen != last:
+            progress(Progress("job", status.describe(), item=self.id, current=1 if status.finished else 0, total=1))
+        return seen
 
     def cancel(self) -> None:
         """``scancel`` the job (a job that already ended is left as it is)."""
