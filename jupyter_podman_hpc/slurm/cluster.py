@@ -44,6 +44,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -280,59 +281,68 @@ class Cluster:
             registered = len(ipp_client.ids)
             now = time.monotonic()
             if now >= next_status or registered == total:
-                status = self.job.status()
+                state = self._job_state(registered, total)
                 next_status = now + 1.0
-                if status.finished and registered < total:
-                    raise ClusterError(self._engines_failed(status.describe()))
-                state = status.state
-                raised = _raised(self.directory / CONTROLLER_LOG)
-                if raised:  # a scheduler process died; the controller serves on, without it
-                    raise ClusterError(f"the IPython Parallel controller failed ({raised}); the cluster was stopped")
-            if (registered, state) != seen:  # a new engine, or the job's state changed
-                seen = (registered, state)
-                progress(
-                    Progress(
-                        "cluster",
-                        f"{registered}/{total} engines registered (job {self.job_id} {state})",
-                        current=registered,
-                        total=total,
-                        item=self.job_id,
-                    )
-                )
+            seen = self._report_engines(registered, total, state, seen, progress)
             if registered >= total:
                 return
-            if now > deadline:
-                raise ClusterError(
-                    f"only {registered} of {total} engines registered within {timeout:g} s "
-                    f"(job {self.job_id} {state}): the cluster was stopped"
-                )
-            if self._watchdog is not None and self._watchdog.poll() is not None:
-                raise ClusterError(
-                    "the IPython Parallel controller exited: "
-                    + (_tail(self.directory / CONTROLLER_LOG) or "see its log")
-                )
+            self._check_still_starting(registered, total, state, now > deadline, timeout)
             time.sleep(0.1)
+
+    def _job_state(self, registered: int, total: int) -> str:
+        """The job's state; ClusterError when it ended before every engine registered, or when the
+        controller's log says a scheduler process died (the controller serves on, without it)."""
+        status = self.job.status()
+        if status.finished and registered < total:
+            raise ClusterError(self._engines_failed(status.describe()))
+        raised = _raised(self.directory / CONTROLLER_LOG)
+        if raised:
+            raise ClusterError(f"the IPython Parallel controller failed ({raised}); the cluster was stopped")
+        return status.state
+
+    def _report_engines(
+        self, registered: int, total: int, state: str, seen: tuple | None, progress: ProgressCallback
+    ) -> tuple:
+        """A Progress event when a new engine registered or the job's state changed since ``seen``."""
+        if (registered, state) != seen:
+            progress(
+                Progress(
+                    "cluster",
+                    f"{registered}/{total} engines registered (job {self.job_id} {state})",
+                    current=registered,
+                    total=total,
+                    item=self.job_id,
+                )
+            )
+        return (registered, state)
+
+    def _check_still_starting(self, registered: int, total: int, state: str, late: bool, timeout: float) -> None:
+        """ClusterError when the engines are ``late`` or the controller exited."""
+        if late:
+            raise ClusterError(
+                f"only {registered} of {total} engines registered within {timeout:g} s "
+                f"(job {self.job_id} {state}): the cluster was stopped"
+            )
+        if self._watchdog is not None and self._watchdog.poll() is not None:
+            raise ClusterError(
+                "the IPython Parallel controller exited: " + (_tail(self.directory / CONTROLLER_LOG) or "see its log")
+            )
 
     def _engines_failed(self, described: str) -> str:
         """One line on why the job ended before every engine registered: the first rank's last words."""
-        said = []
-        for rank, text in self.job.logs("err").items():
-            lines = [line.strip() for line in text.splitlines() if line.strip() and not _noise(line)]
-            if lines:
-                said.append((rank, lines))
+        said = _last_words(self.job.logs("err"))
         missing = [line for _, lines in said for line in lines if "No module named" in line]
         if missing:
             return (
                 f"the engines could not start in {self.job.spec.image} ({missing[0]}): the image needs "
                 "ipyparallel (and mpi4py for an MPI module); the cluster was stopped"
             )
-        if said:
-            rank, lines = said[0]
-            why = f"rank {rank}: {lines[-1]}"
-        else:
-            batch = [line.strip() for line in self.job.batch_log().splitlines() if line.strip()]
-            why = batch[-1] if batch else "no output"
+        why = f"rank {said[0][0]}: {said[0][1][-1]}" if said else self._batch_last_line()
         return f"the engines' {described} before they all registered ({why}); the cluster was stopped"
+
+    def _batch_last_line(self) -> str:
+        batch = [line.strip() for line in self.job.batch_log().splitlines() if line.strip()]
+        return batch[-1] if batch else "no output"
 
     # --- using ------------------------------------------------------------------
 
@@ -413,6 +423,16 @@ class Cluster:
             "job_state": status.state if status else None,
             "nodelist": status.nodelist if status else "",
         }
+
+
+def _last_words(logs: Mapping[int, str]) -> list[tuple[int, list[str]]]:
+    """(rank, its lines) of each rank that said something besides noise, in rank order."""
+    said = []
+    for rank, text in logs.items():
+        lines = [line.strip() for line in text.splitlines() if line.strip() and not _noise(line)]
+        if lines:
+            said.append((rank, lines))
+    return said
 
 
 def _noise(line: str) -> bool:
