@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ... import stepsocket
@@ -47,21 +48,7 @@ def per_process_run(
     context = step_context(podman.config, environ)
     name = f"{context.container_name(os.getuid())}.{context.local_id}"
     ours = not any(flag_name([o]) in ("--name", "--pidfile") for o in options)
-    named: list[str] = []
-    reaper = None
-    if ours:
-        sweep_killed_tasks(podman)
-        pidfile = _pidfile(podman, name)
-        named = ["--name", name, "--pidfile", str(pidfile)]
-        # srun's or scancel's signal waits until the reaper exists: ended in between, this task would leave
-        # a lock file that no reaper removes (the reaper keeps them blocked: its start is in the step's tree)
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)
-        try:
-            # held, through the reaper's inherited copy too, until this process and its reaper have both ended
-            held_flock(pidfile.parent, _lockfile(pidfile).name, fcntl.LOCK_EX)
-            reaper = _start_reaper(podman, name, pidfile)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    named, reaper = _own_container(podman, name) if ours else ([], None)
     passthrough = pmi_fd_passthrough(environ)
     log_driver = log_driver_args(options, podman.options("run"))
     argv = podman.run_command(
@@ -75,17 +62,48 @@ def per_process_run(
     if ours:
         code = task_code(code, passed, lambda: _exists(podman, name))
     if reaper is not None:
-        # "d": podman ended on its own and took the container along; anything else: remove it. A podman
-        # killed or signalled while it started the container (a step cancelled at its start) leaves conmon
-        # to start it and write the pid file after podman is gone: no pid file yet is no proof then.
-        done = code < 128 and not ending(passed) and not _running(pidfile)
-        try:
-            os.write(reaper, b"d" if done else b"r")
-        except BrokenPipeError:
-            pass  # the reaper was killed: once this task ends too, the node's next task sweeps what is left
-        if done:
-            pidfile.unlink(missing_ok=True)  # else the reaper's, after the removal: never before it
+        _tell_reaper(reaper, code, passed)
     return code
+
+
+@dataclass(frozen=True)
+class _Reaper:
+    """A task's reaper: the pipe the task tells it through, the container's pid file."""
+
+    pipe: int
+    pidfile: Path
+
+
+def _own_container(podman: Podman, name: str) -> tuple[list[str], _Reaper]:
+    """For a container the task names itself: the node's killed tasks swept first, its name and pid
+    file options, and its reaper started under the task's lock."""
+    sweep_killed_tasks(podman)
+    pidfile = _pidfile(podman, name)
+    named = ["--name", name, "--pidfile", str(pidfile)]
+    # srun's or scancel's signal waits until the reaper exists: ended in between, this task would leave
+    # a lock file that no reaper removes (the reaper keeps them blocked: its start is in the step's tree)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)
+    try:
+        # held, through the reaper's inherited copy too, until this process and its reaper have both ended
+        held_flock(pidfile.parent, _lockfile(pidfile).name, fcntl.LOCK_EX)
+        reaper = _start_reaper(podman, name, pidfile)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    return named, _Reaper(reaper, pidfile)
+
+
+def _tell_reaper(reaper: _Reaper, code: int, passed: Sequence[int]) -> None:
+    """The reaper's word at the task's end: "d", podman ended on its own and took the container along;
+    "r", remove it."""
+    # A podman killed or signalled while it started the container (a step cancelled at its start) leaves
+    # conmon to start it and write the pid file after podman is gone: no pid file yet is no proof then.
+    done = code < 128 and not ending(passed) and not _running(reaper.pidfile)
+    try:
+        os.write(reaper.pipe, b"d" if done else b"r")
+    except BrokenPipeError:
+        pass  # the reaper was killed: once this task ends too, the node's next task sweeps what is left
+    if done:
+        reaper.pidfile.unlink(missing_ok=True)  # else the reaper's, after the removal: never before it
 
 
 def log_driver_args(options: Sequence[str], run_table: Mapping[str, bool]) -> list[str]:
