@@ -280,6 +280,25 @@ def join_and_run(
     if the process is not in a container or the kernel refuses a step after that.
     """
     proc = open_process(pidfd)
+    kinds = _faithful_namespaces(proc)
+    env = {**_environ(proc), **(env_overrides or {})}
+    cwd = workdir or os.readlink("cwd", dir_fd=proc)
+    limits = _limits(proc)
+    out_of_reach()  # before the container's processes can see it as one of theirs
+    _join_cgroups(proc)
+    _enter(pidfd, proc, kinds)
+    root = _open_root(proc)
+    credentials = _credentials(proc)  # now seen from inside the container's user namespace
+    os.close(proc)
+    _change_root(root, cwd)
+    _set_limits(limits)
+    _assume(credentials)
+    return _fork_exec(command, env)
+
+
+def _faithful_namespaces(proc: int) -> list[str]:
+    """The namespaces of a container this task can join faithfully; CannotJoin for one it cannot
+    reproduce (a security label, a seccomp filter), JoinFailed for a process that is no container."""
     if _lsm_label(proc) not in ("", "unconfined"):
         raise CannotJoin("the container has a security label")
     if _status(proc).get("Seccomp", "0") != "0":
@@ -287,29 +306,38 @@ def join_and_run(
     kinds = _namespaces(proc)
     if "mnt" not in kinds:
         raise JoinFailed("the step monitor's process shares this task's mount namespace: it is no container")
-    env = {**_environ(proc), **(env_overrides or {})}
-    cwd = workdir or os.readlink("cwd", dir_fd=proc)
-    limits = _limits(proc)
-    out_of_reach()  # before the container's processes can see it as one of theirs
-    _join_cgroups(proc)
-    _enter(pidfd, proc, kinds)
+    return kinds
+
+
+def _open_root(proc: int) -> int:
+    """The container's root directory, opened once inside its namespaces."""
     try:
         # only now: a rootless container's root is a FUSE mount, which
         # refuses processes outside the user namespace that mounted it
-        root = os.open("root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+        return os.open("root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
     except OSError as err:
         raise JoinFailed(f"opening the container's root: {err.strerror}")
-    credentials = _credentials(proc)  # now seen from inside the container's user namespace
-    os.close(proc)
+
+
+def _change_root(root: int, cwd: str) -> None:
+    """Into the container's root, then to its working directory."""
     os.fchdir(root)
     os.chroot(".")
     os.close(root)
     os.chdir(cwd)
+
+
+def _set_limits(limits: dict[int, tuple[int, int]]) -> None:
+    """The container's resource limits, each that this task may set."""
     for which, (soft, hard) in limits.items():
         try:
             resource.setrlimit(which, (soft, hard))
         except (ValueError, OSError):
             pass
+
+
+def _assume(credentials: Credentials) -> None:
+    """The container process's umask, capabilities, groups and ids, in the order the kernel allows."""
     os.umask(credentials.umask)
     _drop_bounding_set(credentials.caps["CapBnd"])
     os.setgroups(list(credentials.groups))
@@ -319,7 +347,11 @@ def join_and_run(
     os.setresuid(credentials.uid, credentials.uid, credentials.uid)
     if credentials.no_new_privs:
         _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    child = os.fork()  # the pid namespace applies to children
+
+
+def _fork_exec(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """``command`` run in a child (the pid namespace applies to children); its exit code."""
+    child = os.fork()
     if child == 0:
         default_signals()  # as podman exec starts it
         error = _exec(list(command), env)
