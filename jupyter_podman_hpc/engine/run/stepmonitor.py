@@ -325,35 +325,51 @@ class StepMonitor:
         idle_limit = max(self.podman.config.wait_timeout * 6, 60.0)
         last_change = time.monotonic()
         while self.finished < self.tasks:
-            timeout = None if self.buffers else max(0.0, idle_limit - (time.monotonic() - last_change))
-            events = self.selector.select(timeout)
+            events = self.selector.select(self._select_timeout(idle_limit, last_change))
             if not events and not self.buffers:
                 self._log(f"no task connected for {idle_limit:.0f} s: removing the container")
                 return
             for key, _ in events:
                 if key.fileobj == self.step_daemon:
-                    if self.finished < self.tasks:
-                        self._log(
-                            f"the step ended on this node with {self.tasks - self.finished} of its "
-                            f"{self.tasks} tasks not finished here ({len(self.buffers)} connections "
-                            f"still open): removing the container"
-                        )
+                    self._log_step_end()
                     return
-                if key.fileobj is self.listener:
-                    self._accept()
-                    continue
-                connection = key.fileobj
-                assert isinstance(connection, socket.socket)  # the others are the tasks' (_accept)
-                if not self._read(connection):  # the task ended
-                    self.selector.unregister(connection)
-                    del self.buffers[connection]
-                    if connection in self.counted:
-                        self.counted.discard(connection)
-                        self.finished += 1
-                    connection.close()
+                if self._handle(key.fileobj):
                     last_change = time.monotonic()
             if "ready" not in self.state and not self.buffers:
                 return
+
+    def _select_timeout(self, idle_limit: float, last_change: float) -> float | None:
+        """How long to wait for the next event: while no task is connected, what is left of ``idle_limit``."""
+        return None if self.buffers else max(0.0, idle_limit - (time.monotonic() - last_change))
+
+    def _log_step_end(self) -> None:
+        """The step's end on this node, with how many of its tasks had not finished here."""
+        if self.finished < self.tasks:
+            self._log(
+                f"the step ended on this node with {self.tasks - self.finished} of its "
+                f"{self.tasks} tasks not finished here ({len(self.buffers)} connections "
+                f"still open): removing the container"
+            )
+
+    def _handle(self, fileobj: object) -> bool:
+        """A new connection accepted, or a task's messages answered; whether a task ended."""
+        if fileobj is self.listener:
+            self._accept()
+            return False
+        assert isinstance(fileobj, socket.socket)  # the others are the tasks' (_accept)
+        if self._read(fileobj):
+            return False
+        self._drop(fileobj)  # the task ended
+        return True
+
+    def _drop(self, connection: socket.socket) -> None:
+        """A task's closed connection forgotten; the task finished if it had asked for anything."""
+        self.selector.unregister(connection)
+        del self.buffers[connection]
+        if connection in self.counted:
+            self.counted.discard(connection)
+            self.finished += 1
+        connection.close()
 
     def _accept(self) -> None:
         try:
