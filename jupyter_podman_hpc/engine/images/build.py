@@ -32,7 +32,6 @@ from pathlib import Path
 
 from .. import reference
 from ..errors import EngineError, InvalidInput
-from ..podman import Podman
 from ..progress import Progress, ProgressCallback, ignore
 from ..service.rest import PrivateService
 from ..service.stream import (
@@ -41,15 +40,12 @@ from ..service.stream import (
     CancelWatch,
     Stream,
     StreamBroken,
-    cancel_requested,
     cut_connection,
     error_text,
-    response_error,
     stored_image_id,
 )
 from ..site.config import SiteConfig
-from .migrate import migrate
-from .pull import PullResult
+from .pull import PullResult, open_stream, squash_after
 
 TAIL_LINES = 20  # lines of a failed step's output kept in BuildError
 CANCEL_GRACE = 3.0  # seconds a cancelled build may take to end before its connection is cut
@@ -108,7 +104,15 @@ class BuildLog:
         self.step: Step | None = None
         self.step_output: deque[str] = deque(maxlen=tail)
         self.image_id = ""
+        self.error: str | None = None  # podman's error text, once the stream has sent one
         self._partial = ""
+
+    def event(self, event: Mapping) -> None:
+        """Take one event of the build's stream: its text (to ``feed``), or podman's error (to ``error``)."""
+        if "stream" in event:
+            self.feed(str(event["stream"]))
+        if "error" in event or "errorDetail" in event:
+            self.error = error_text(event)
 
     def feed(self, text: str) -> None:
         """Take the next chunk of podman build's output: each line it completes goes to ``line``, the rest
@@ -198,71 +202,106 @@ def build(
     lines of the step's output); ``tag`` is then left as it was before.
     """
     reference.parse(tag)
-    if containerfile is None or not str(containerfile).strip():
-        raise InvalidInput("the Containerfile is empty: give at least a FROM line")
-    args = {str(k): str(v) for k, v in (build_args or {}).items()}
-    for key in args:
-        if not key or "=" in key:
-            raise InvalidInput(f"invalid build argument name {key!r}")
-    context = Path(context_dir).expanduser() if context_dir is not None else None
-    if context is not None and not context.is_dir():
-        raise InvalidInput(f"the build context {context} is not a directory")
+    _check_containerfile(containerfile)
+    args = _build_args(build_args)
+    context = _context(context_dir)
 
     name = f".podman-hpc-containerfile-{os.urandom(6).hex()}"
-    params: dict[str, object] = {"dockerfile": name, "t": tag, "rm": True, "forcerm": True, "layers": True}
-    if args:
-        params["buildargs"] = json.dumps(args)
-    if config.network:
-        params["networkmode"] = config.network
-    if no_cache:
-        params["nocache"] = True
-
+    params = _build_params(config, name, tag, args, no_cache)
     log = BuildLog(progress)
     with _context_tar(context, containerfile, name) as body, PrivateService(config, environ=environ) as service:
         api = service.client().api
         before = stored_image_id(api, tag)
-        response = api.post(
-            "/build", params=params, data=body, headers={"Content-Type": "application/x-tar"}, stream=True
+        response = open_stream(
+            api,
+            "/build",
+            lambda why: BuildError(f"build of {tag} failed: {why}"),
+            params=params,
+            data=body,
+            headers={"Content-Type": "application/x-tar"},
         )
-        if response.status_code >= 400:
-            raise BuildError(f"build of {tag} failed: {response_error(response)}")
-        error = None
         events = Stream(response)
         with CancelWatch(cancel, lambda watch: _stop_build(service, response, watch.done)) as watch:
-            try:
-                for event in events:
-                    if "stream" in event:
-                        log.feed(str(event["stream"]))
-                    if "error" in event or "errorDetail" in event:
-                        error = error_text(event)
-                log.flush()
-            except StreamBroken as err:
-                if not watch.cancelled.is_set():
-                    raise BuildError(
-                        f"build of {tag} was interrupted: {err} (podman: {service.last_log_line()})",
-                        step=_line(log.step),
-                        output="\n".join(log.step_output),
-                    )
-            except BaseException:
-                # KeyboardInterrupt, or the progress callback failed: stop the build before re-raising.
-                _abort_build(service, response, events)
-                raise
-            finally:
-                response.close()
-        if watch.cancelled.is_set() and not (log.image_id and error is None):
+            _read_build(tag, service, response, events, watch, log)
+        failure = _failure(tag, log, watch.cancelled.is_set())
+        if failure is not None:
             _restore_tag(api, tag, before)
-            where = f" at {log.step.line}" if log.step else ""
-            raise Cancelled(f"the build of {tag} was cancelled{where}")
-        if error is not None or not log.image_id:
-            _restore_tag(api, tag, before)
-            if error is None:
-                raise BuildError(
-                    f"build of {tag} ended without an image", step=_line(log.step), output="\n".join(log.step_output)
-                )
-            raise log.failure(error, tag)
+            raise failure
         image_id = log.image_id
     progress(Progress("build", f"built {tag} ({image_id[:12]})", 1, 1))
     return image_id
+
+
+def _check_containerfile(containerfile: str) -> None:
+    if containerfile is None or not str(containerfile).strip():
+        raise InvalidInput("the Containerfile is empty: give at least a FROM line")
+
+
+def _build_args(build_args: Mapping[str, str] | None) -> dict[str, str]:
+    """The build arguments as strings; InvalidInput for a name podman could not take."""
+    args = {str(k): str(v) for k, v in (build_args or {}).items()}
+    for key in args:
+        if not key or "=" in key:
+            raise InvalidInput(f"invalid build argument name {key!r}")
+    return args
+
+
+def _context(context_dir: str | os.PathLike | None) -> Path | None:
+    """The build context's directory (None for none); InvalidInput when it is not a directory."""
+    if context_dir is None:
+        return None
+    context = Path(context_dir).expanduser()
+    if not context.is_dir():
+        raise InvalidInput(f"the build context {context} is not a directory")
+    return context
+
+
+def _build_params(config: SiteConfig, name: str, tag: str, args: dict[str, str], no_cache: bool) -> dict[str, object]:
+    """The query of ``POST /build``: the settings every build has, then those set for this one."""
+    params: dict[str, object] = {"dockerfile": name, "t": tag, "rm": True, "forcerm": True, "layers": True}
+    optional = {
+        "buildargs": json.dumps(args) if args else None,
+        "networkmode": config.network,
+        "nocache": True if no_cache else None,
+    }
+    params.update({key: value for key, value in optional.items() if value})
+    return params
+
+
+def _read_build(tag: str, service: PrivateService, response, events: Stream, watch: CancelWatch, log: BuildLog) -> None:
+    """Read the build's stream into ``log`` until it ends, or was cut because the build was cancelled."""
+    try:
+        for event in events:
+            log.event(event)
+        log.flush()
+    except StreamBroken as err:
+        if not watch.cancelled.is_set():
+            raise BuildError(
+                f"build of {tag} was interrupted: {err} (podman: {service.last_log_line()})",
+                step=_line(log.step),
+                output="\n".join(log.step_output),
+            )
+    except BaseException:
+        # KeyboardInterrupt, or the progress callback failed: stop the build before re-raising.
+        _abort_build(service, response, events)
+        raise
+    finally:
+        response.close()
+
+
+def _failure(tag: str, log: BuildLog, cancelled: bool) -> EngineError | None:
+    """Why the build that ``log`` read gave no image (None when it gave one): cancelled, podman's
+    error, or no image id at the end."""
+    if cancelled and not (log.image_id and log.error is None):
+        where = f" at {log.step.line}" if log.step else ""
+        return Cancelled(f"the build of {tag} was cancelled{where}")
+    if log.error is not None:
+        return log.failure(log.error, tag)
+    if not log.image_id:
+        return BuildError(
+            f"build of {tag} ended without an image", step=_line(log.step), output="\n".join(log.step_output)
+        )
+    return None
 
 
 def build_and_squash(
@@ -282,10 +321,7 @@ def build_and_squash(
     image_id = build(
         config, containerfile, tag, context_dir, build_args, progress, cancel=cancel, no_cache=no_cache, environ=environ
     )
-    if cancel_requested(cancel):
-        raise Cancelled(f"cancelled after building {tag}, before squashing it")
-    progress(Progress("squash", f"squashing {tag}"))
-    return PullResult(image_id, migrate(Podman(config, environ), tag, progress))
+    return squash_after("building", config, tag, image_id, progress, cancel, environ)
 
 
 def _line(step: Step | None) -> str:
@@ -347,43 +383,63 @@ def _restore_tag(api, tag: str, before: str | None) -> None:
 @contextlib.contextmanager
 def _context_tar(context: Path | None, containerfile: str, name: str) -> Iterator[io.BufferedRandom]:
     """The build context as a tar file, plus the Containerfile under ``name``, excluded from COPY."""
-    ignore_name = ".containerignore"
-    ignore_text = ""
-    if context is not None:
-        for candidate in (".containerignore", ".dockerignore"):
-            path = context / candidate
-            if path.is_file():
-                ignore_name, ignore_text = candidate, path.read_text(errors="replace")
-                break
+    ignore_name, ignore_text = _ignore_file(context)
+    with tempfile.TemporaryFile(prefix="podman-hpc-context-") as body:
+        with tarfile.open(fileobj=body, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            if context is not None:
+                _add_context(tar, context, skip=(ignore_name, name))
+            _add_file(tar, name, containerfile.encode())
+            _add_file(tar, ignore_name, _ignore_data(ignore_name, ignore_text, name))
+        body.seek(0)
+        yield body
+
+
+_IGNORE_FILES = (".containerignore", ".dockerignore")  # the first the context has is the one that counts
+
+
+def _ignore_file(context: Path | None) -> tuple[str, str]:
+    """The name and text of the context's ignore file; with none, ``.containerignore`` and no text."""
+    if context is None:
+        return _IGNORE_FILES[0], ""
+    for candidate in _IGNORE_FILES:
+        path = context / candidate
+        if path.is_file():
+            return candidate, path.read_text(errors="replace")
+    return _IGNORE_FILES[0], ""
+
+
+def _ignore_data(ignore_name: str, ignore_text: str, name: str) -> bytes:
+    """The ignore file in the tar: the context's own, which also leaves out the Containerfile ``name``."""
     lines = [ignore_text.rstrip("\n")] if ignore_text.strip() else []
     lines.append(name)
     if not ignore_text:
         lines.append(ignore_name)  # our own ignore file stays out of the image too
-    ignore_data = ("\n".join(lines) + "\n").encode()
+    return ("\n".join(lines) + "\n").encode()
 
-    def normalize(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if not (info.isfile() or info.isdir() or info.issym() or info.islnk()):
-            return None  # sockets, fifos, devices
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        return info
 
-    with tempfile.TemporaryFile(prefix="podman-hpc-context-") as body:
-        with tarfile.open(fileobj=body, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            if context is not None:
-                for entry in sorted(os.listdir(context)):
-                    if entry in (ignore_name, name):
-                        continue
-                    try:
-                        tar.add(context / entry, arcname=entry, filter=normalize)
-                    except OSError as err:
-                        raise EngineError(f"cannot read the build context: {err.strerror}: {err.filename}")
-            for member, data in ((name, containerfile.encode()), (ignore_name, ignore_data)):
-                info = tarfile.TarInfo(member)
-                info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-                tar.addfile(info, io.BytesIO(data))
-        body.seek(0)
-        yield body
+def _add_context(tar: tarfile.TarFile, context: Path, skip: tuple[str, ...]) -> None:
+    for entry in sorted(os.listdir(context)):
+        if entry in skip:
+            continue
+        try:
+            tar.add(context / entry, arcname=entry, filter=_normalize)
+        except OSError as err:
+            raise EngineError(f"cannot read the build context: {err.strerror}: {err.filename}")
+
+
+def _normalize(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """A context file as it goes into the tar: owned by root, or left out if not a file, directory or link."""
+    if not (info.isfile() or info.isdir() or info.issym() or info.islnk()):
+        return None  # sockets, fifos, devices
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _add_file(tar: tarfile.TarFile, member: str, data: bytes) -> None:
+    info = tarfile.TarInfo(member)
+    info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+    tar.addfile(info, io.BytesIO(data))
 
 
 __all__ = ["BuildError", "BuildLog", "Cancelled", "Step", "build", "build_and_squash", "parse_step"]
