@@ -66,46 +66,62 @@ def list_images(podman: Podman) -> list[ImageInfo]:
     """
     stores = readable_stores(podman.config)
     local = json.loads(podman("images", "--format", "json", squashed=False).stdout or "[]")
+    squashed = _squashed_by_id(stores)
+    personal = stores[0] if stores and stores[0] == podman.config.squash_dir else None
+    infos = [_local_info(image, squashed, personal) for image in local]
+    local_ids = {info.id for info in infos}
+    infos += [
+        _squashed_info(image, directory, personal)
+        for image, directory in squashed.values()
+        if image.id not in local_ids
+    ]
+    return sorted(_mark_shadowed(infos), key=lambda i: i.created, reverse=True)
+
+
+def _squashed_by_id(stores: list[str]) -> dict[str, tuple[StoredImage, str]]:
+    """Each squashed image with the store it is listed from: the first, in precedence, that has it."""
     squashed: dict[str, tuple[StoredImage, str]] = {}
     for directory in stores:
         for image in SquashStore(directory).images():
             squashed.setdefault(image.id, (image, directory))
-    personal = stores[0] if stores and stores[0] == podman.config.squash_dir else None
+    return squashed
+
+
+def _local_info(image: dict, squashed: dict[str, tuple[StoredImage, str]], personal: str | None) -> ImageInfo:
+    """A node-local image from ``podman images``, with the names and store of its squashed copy if any."""
+    stored, directory = squashed.get(image["Id"], (None, ""))
+    return ImageInfo(
+        id=image["Id"],
+        names=sorted(set(image.get("Names") or []) | set(stored.names if stored else ())),
+        size=int(image.get("Size") or 0),
+        created=_created(image.get("Created")),
+        local=True,
+        squashed=stored is not None,
+        store=directory,
+        additional=bool(directory) and directory != personal,
+    )
+
+
+def _squashed_info(image: StoredImage, directory: str, personal: str | None) -> ImageInfo:
+    """A squashed image that is not node-local."""
+    return ImageInfo(
+        id=image.id,
+        names=list(image.names),
+        size=image.size,
+        created=image.created,
+        local=False,
+        squashed=True,
+        store=directory,
+        additional=directory != personal,
+    )
+
+
+def _mark_shadowed(infos: list[ImageInfo]) -> list[ImageInfo]:
+    """The images, one per id, each with the names an earlier one has (``shadowed``)."""
     found: dict[str, ImageInfo] = {}
     claimed: set[str] = set()
-
-    def add(info: ImageInfo) -> None:
+    for info in infos:
         shadowed = [name for name in info.names if name in claimed]
         claimed.update(info.names)
         found[info.id] = ImageInfo(**{**asdict(info), "shadowed": shadowed})
-
-    for image in local:
-        names = image.get("Names") or []
-        stored, directory = squashed.get(image["Id"], (None, ""))
-        add(
-            ImageInfo(
-                id=image["Id"],
-                names=sorted(set(names) | set(stored.names if stored else ())),
-                size=int(image.get("Size") or 0),
-                created=_created(image.get("Created")),
-                local=True,
-                squashed=stored is not None,
-                store=directory,
-                additional=bool(directory) and directory != personal,
-            )
-        )
-    for image, directory in squashed.values():
-        if image.id not in found:
-            add(
-                ImageInfo(
-                    id=image.id,
-                    names=list(image.names),
-                    size=image.size,
-                    created=image.created,
-                    local=False,
-                    squashed=True,
-                    store=directory,
-                    additional=directory != personal,
-                )
-            )
-    return sorted(found.values(), key=lambda i: i.created, reverse=True)
+    return list(found.values())
