@@ -72,13 +72,8 @@ def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> Mi
     store.init()
     inspected = local_image(podman, ref)
     if inspected is None:
-        already = store.find(ref)
-        if already is not None:
-            return MigrateResult(already, squashed=False)
-        raise ImageNotFound(f"image {ref} not found in the local storage: pull or build it first")
-    image_id = inspected["Id"]
-    if not is_id(image_id):
-        raise EngineError(f"podman gave {image_id!r} as the id of {ref}: not an image id")
+        return _squashed_already(store, ref)
+    image_id = _image_id(inspected, ref)
     graph = GraphRoot(config.graph_root)
     record = graph.image_record(image_id)
     chain = graph.layer_chain(record["layer"])
@@ -90,20 +85,57 @@ def migrate(podman: Podman, ref: str, progress: ProgressCallback = ignore) -> Mi
             if store.has_complete(image_id, verified):
                 progress(Progress("squash", f"{ref} is already squashed", 1, 1))
                 return MigrateResult(store.add_names(image_id, names), squashed=False)
-            link = store.link_of(top) or graph.link(top)
-            recorded = store.squash_digests(top)  # an image sharing the top layer shares its squash file
-            digest = store.squash_digest_now(link, verified) if recorded else ""
-            if digest not in recorded:
-                store.remove_stale_temporaries(link)
-                digest = _squash_into(store, link, podman, ref, image_id, graph, chain, verified, progress)
-            store.write_skeleton(graph, image_id, chain)
-            stored = store.publish(record, chain, digest)
+            stored = _squash_and_publish(store, podman, ref, image_id, graph, record, chain, verified, progress)
     except OSError as err:
-        if err.errno in _FULL:
-            raise _store_full(store.root, ref) from None
-        raise EngineError(f"cannot squash {ref} into {store.root}: {_why(err)}") from None
+        raise _store_error(store.root, ref, err) from None
     progress(Progress("squash", f"squashed {ref}", 1, 1))
     return MigrateResult(stored, squashed=True)
+
+
+def _squashed_already(store: SquashStore, ref: str) -> MigrateResult:
+    """``ref``, not in the local storage, as the store has it; ImageNotFound when it has not."""
+    already = store.find(ref)
+    if already is None:
+        raise ImageNotFound(f"image {ref} not found in the local storage: pull or build it first")
+    return MigrateResult(already, squashed=False)
+
+
+def _image_id(inspected: dict, ref: str) -> str:
+    image_id = inspected["Id"]
+    if not is_id(image_id):
+        raise EngineError(f"podman gave {image_id!r} as the id of {ref}: not an image id")
+    return image_id
+
+
+def _squash_and_publish(
+    store: SquashStore,
+    podman: Podman,
+    ref: str,
+    image_id: str,
+    graph: GraphRoot,
+    record: dict,
+    chain: list[dict],
+    verified: VerifiedFiles,
+    progress: ProgressCallback,
+) -> StoredImage:
+    """Squash the image (unless a squash file of its top layer is there and vouched for) and publish its
+    records; under the image's and the layer's locks."""
+    top = record["layer"]
+    link = store.link_of(top) or graph.link(top)
+    recorded = store.squash_digests(top)  # an image sharing the top layer shares its squash file
+    digest = store.squash_digest_now(link, verified) if recorded else ""
+    if digest not in recorded:
+        store.remove_stale_temporaries(link)
+        digest = _squash_into(store, link, podman, ref, image_id, graph, chain, verified, progress)
+    store.write_skeleton(graph, image_id, chain)
+    return store.publish(record, chain, digest)
+
+
+def _store_error(root: Path, ref: str, err: OSError) -> EngineError:
+    """The error for an OSError while squashing: the store is full, or what failed."""
+    if err.errno in _FULL:
+        return _store_full(root, ref)
+    return EngineError(f"cannot squash {ref} into {root}: {_why(err)}")
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
