@@ -202,21 +202,29 @@ def kill_conmon(container: str) -> list[int]:
     table = {info["pid"]: info["ppid"] for info in infos if info["ppid"] is not None}
     doomed: list[int] = []
     for info in infos:
-        args = info["cmdline"] or []
-        if (
-            info["name"] == "conmon"
-            and _ours(info)
-            and "-n" in args
-            and args[args.index("-n") + 1 : args.index("-n") + 2] == [container]
-        ):
+        if _is_our_conmon_of(info, container):
             doomed += [info["pid"], *descendants(info["pid"], table)]
     doomed += [pid for pid in _orphaned_runc_inits(infos) if pid not in doomed]
-    for pid in doomed:
+    _kill_each(doomed)
+    return doomed
+
+
+def _is_our_conmon_of(info: dict, container: str) -> bool:
+    """Whether the process ``info`` is this user's conmon of container ``container`` (conmon's ``-n``)."""
+    args = info["cmdline"] or []
+    if info["name"] != "conmon" or not _ours(info) or "-n" not in args:
+        return False
+    at = args.index("-n")
+    return args[at + 1 : at + 2] == [container]
+
+
+def _kill_each(pids: Iterable[int]) -> None:
+    """SIGKILL each of ``pids``; one already gone (or not ours to kill) is passed over."""
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    return doomed
 
 
 def orphaned_runc_inits() -> list[int]:
