@@ -50,6 +50,9 @@ def flocked(path: str | Path, mode: int = 0o644) -> Iterator[None]:
         os.close(fd)
 
 
+_OPEN_AGAIN = -1  # no descriptor: the directory went between making it and opening the file in it
+
+
 def held_flock(directory: Path, name: str, how: int, create: bool = True) -> int | None:
     """An open descriptor of ``directory/name`` locked ``how``, still linked there once locked (another
     process may have removed the file a waiter held open). With ``create`` the directory and file are made
@@ -58,27 +61,49 @@ def held_flock(directory: Path, name: str, how: int, create: bool = True) -> int
     while True:
         if create:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
-        except OSError as err:
-            if not create:
-                return None  # nothing there to lock
-            if isinstance(err, FileNotFoundError):  # the directory went between the two calls
-                continue
-            raise
-        try:
-            fcntl.flock(fd, how)
-        except BlockingIOError:
-            os.close(fd)
+        fd = _open_to_lock(path, create)
+        if fd is None:
             return None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False)):
-                return fd
-        except FileNotFoundError:
-            pass
+        if fd == _OPEN_AGAIN:
+            continue
+        if not _locked(fd, how):
+            return None
+        if _still_linked(fd, path):
+            return fd
         os.close(fd)
         if not create:
             return None
+
+
+def _open_to_lock(path: Path, create: bool) -> int | None:
+    """``path`` opened to be locked (made, with ``create``), never through a link; None without ``create``
+    when it cannot be opened (nothing there to lock), ``_OPEN_AGAIN`` when its directory went."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+    except OSError as err:
+        if not create:
+            return None
+        if isinstance(err, FileNotFoundError):
+            return _OPEN_AGAIN
+        raise
+
+
+def _locked(fd: int, how: int) -> bool:
+    """Whether ``fd`` is now locked ``how``; False (and ``fd`` closed) if LOCK_NB found it taken."""
+    try:
+        fcntl.flock(fd, how)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    return True
+
+
+def _still_linked(fd: int, path: Path) -> bool:
+    """Whether ``path`` is still the file ``fd`` holds (not removed, or replaced, while we waited)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+    except FileNotFoundError:
+        return False
 
 
 def waited_flock(directory: Path, name: str, how: int) -> int:
