@@ -94,26 +94,7 @@ def _refused(path: Path, err: OSError, what: str) -> OSError:
 @contextlib.contextmanager
 def _open_untrusted(path: Path, beneath: Path | None) -> Iterator[tuple[int, os.stat_result]]:
     """``path`` open for reading and its fstat, a regular file; below ``beneath`` no link is followed."""
-    parts = path.relative_to(beneath).parts if beneath is not None else (str(path),)
-    if not parts or ".." in parts:
-        raise ValueError(f"{path} is not a file below {beneath}")
-    dir_fd = os.open(beneath, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if beneath is not None else None
-    try:
-        for part in parts[:-1]:
-            assert dir_fd is not None  # a path of more than one part is only walked below ``beneath``
-            try:
-                child = os.open(part, _UNTRUSTED_DIR, dir_fd=dir_fd)
-            except OSError as err:
-                raise _refused(Path(part), err, "is a symbolic link or not a directory") from None
-            os.close(dir_fd)
-            dir_fd = child
-        try:
-            fd = os.open(parts[-1], _UNTRUSTED_READ, dir_fd=dir_fd)
-        except OSError as err:
-            raise _refused(path, err, "is a symbolic link") from None
-    finally:
-        if dir_fd is not None:
-            os.close(dir_fd)
+    fd = _open_below(path, beneath, _parts_below(path, beneath))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -121,6 +102,43 @@ def _open_untrusted(path: Path, beneath: Path | None) -> Iterator[tuple[int, os.
         yield fd, st
     finally:
         os.close(fd)
+
+
+def _parts_below(path: Path, beneath: Path | None) -> tuple[str, ...]:
+    """The names to walk from ``beneath`` down to ``path`` (``path`` whole without ``beneath``);
+    ValueError when ``path`` is not a file below it."""
+    parts = path.relative_to(beneath).parts if beneath is not None else (str(path),)
+    if not parts or ".." in parts:
+        raise ValueError(f"{path} is not a file below {beneath}")
+    return parts
+
+
+def _open_below(path: Path, beneath: Path | None, parts: tuple[str, ...]) -> int:
+    """The file ``parts`` names below ``beneath``, open for reading, each directory on the way
+    opened without following a link; the directories are closed again."""
+    dir_fd = os.open(beneath, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if beneath is not None else None
+    try:
+        for part in parts[:-1]:
+            dir_fd = _open_child_dir(dir_fd, part)
+        try:
+            return os.open(parts[-1], _UNTRUSTED_READ, dir_fd=dir_fd)
+        except OSError as err:
+            raise _refused(path, err, "is a symbolic link") from None
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+
+
+def _open_child_dir(dir_fd: int | None, part: str) -> int:
+    """The directory ``part`` of ``dir_fd``, not through a link; ``dir_fd`` is closed once it is open
+    (left open, for the caller to close, when it is refused)."""
+    assert dir_fd is not None  # a path of more than one part is only walked below ``beneath``
+    try:
+        child = os.open(part, _UNTRUSTED_DIR, dir_fd=dir_fd)
+    except OSError as err:
+        raise _refused(Path(part), err, "is a symbolic link or not a directory") from None
+    os.close(dir_fd)
+    return child
 
 
 def _read_at_most(fd: int, limit: int) -> bytes:
