@@ -54,6 +54,33 @@ class Options:
     version: bool = False
 
 
+# The global options that take no value, and the Options field each one sets.
+_SWITCHES = {"-h": "help", "--help": "help", "-v": "version", "--version": "version"}
+
+
+def _set_squash_dir(options: Options, value: str) -> None:
+    options.squash_dir = value
+
+
+def _add_stores(options: Options, value: str) -> None:
+    options.additional_stores += [s for s in value.split(",") if s]
+
+
+def _set_log_level(options: Options, value: str) -> None:
+    options.log_level = value
+
+
+# The global options that take a value (``--name=value`` or ``--name value``), and what each does with it.
+_VALUED = {"--squash-dir": _set_squash_dir, "--additional-stores": _add_stores, "--log-level": _set_log_level}
+
+
+def _next_value(name: str, args: list[str]) -> str:
+    """The argument after option ``name``, taken from ``args``; UsageError if there is none."""
+    if not args:
+        raise UsageError(f"{name} needs a value")
+    return args.pop(0)
+
+
 def parse_globals(args: list[str]) -> tuple[Options, list[str]]:
     """The options given before the subcommand (``--squash-dir``, ``--additional-stores``, ``--log-level``,
     ``--help``, ``--version``) and the arguments after them; UsageError for an option that lacks its
@@ -62,21 +89,10 @@ def parse_globals(args: list[str]) -> tuple[Options, list[str]]:
     while args and args[0].startswith("-"):
         arg = args.pop(0)
         name, has_value, value = arg.partition("=")
-        if name in ("-h", "--help"):
-            options.help = True
-        elif name in ("-v", "--version"):
-            options.version = True
-        elif name in ("--squash-dir", "--additional-stores", "--log-level"):
-            if not has_value:
-                if not args:
-                    raise UsageError(f"{name} needs a value")
-                value = args.pop(0)
-            if name == "--squash-dir":
-                options.squash_dir = value
-            elif name == "--additional-stores":
-                options.additional_stores += [s for s in value.split(",") if s]
-            else:
-                options.log_level = value
+        if name in _SWITCHES:
+            setattr(options, _SWITCHES[name], True)
+        elif name in _VALUED:
+            _VALUED[name](options, value if has_value else _next_value(name, args))
         else:
             raise UsageError(f"unknown option {arg} (podman options go after the command)")
     return options, args
