@@ -181,18 +181,9 @@ def _read(directory: Path) -> ContainerKernel | None:
     """The kernelspec in ``directory`` if it is one of ours; None for another kind of kernel.
     BrokenKernelSpec when its kernel.json is not JSON, not an object, or ours with malformed fields."""
     path = directory / "kernel.json"
-    try:
-        spec = json.loads(path.read_text())
-    except OSError as err:
-        raise BrokenKernelSpec(f"kernelspec {path} cannot be read: {err.strerror or err}")
-    except ValueError as err:
-        where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
-        raise BrokenKernelSpec(f"kernelspec {path} is not valid JSON{where}: fix or remove it")
-    if not isinstance(spec, dict):
-        raise BrokenKernelSpec(f"kernelspec {path} is not a JSON object: fix or remove it")
-    metadata = spec.get("metadata") or {}
-    provisioner = metadata.get("kernel_provisioner") if isinstance(metadata, dict) else None
-    if not isinstance(provisioner, dict) or provisioner.get("provisioner_name") != PROVISIONER_NAME:
+    spec = _json_object(path)
+    provisioner = _our_provisioner(spec)
+    if provisioner is None:
         return None
     config = provisioner.get("config") or {}
     problem = _config_problem(config)
@@ -200,6 +191,38 @@ def _read(directory: Path) -> ContainerKernel | None:
         raise BrokenKernelSpec(
             f"kernelspec {path}: {problem}: install it again (jupyter podman-hpc kernel install) or remove it"
         )
+    return _container_kernel(directory, spec, config)
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``; BrokenKernelSpec when it cannot be read, is not JSON or not an object."""
+    try:
+        spec = json.loads(path.read_text())
+    except OSError as err:
+        raise BrokenKernelSpec(f"kernelspec {path} cannot be read: {err.strerror or err}")
+    except ValueError as err:
+        raise BrokenKernelSpec(f"kernelspec {path} is not valid JSON{_json_error_place(err)}: fix or remove it")
+    if not isinstance(spec, dict):
+        raise BrokenKernelSpec(f"kernelspec {path} is not a JSON object: fix or remove it")
+    return spec
+
+
+def _json_error_place(err: ValueError) -> str:
+    """Where in the file a JSON error is (`` (line L, column C)``), or '' for an error that does not say."""
+    return f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
+
+
+def _our_provisioner(spec: dict) -> dict | None:
+    """The kernel_provisioner object of a kernelspec if it names ours; None for another kind of kernel."""
+    metadata = spec.get("metadata") or {}
+    provisioner = metadata.get("kernel_provisioner") if isinstance(metadata, dict) else None
+    if isinstance(provisioner, dict) and provisioner.get("provisioner_name") == PROVISIONER_NAME:
+        return provisioner
+    return None
+
+
+def _container_kernel(directory: Path, spec: dict, config: dict) -> ContainerKernel:
+    """The kernel that one of our kernelspecs describes (its provisioner config already checked)."""
     return ContainerKernel(
         name=directory.name,
         display_name=str(spec.get("display_name", "")),
