@@ -80,15 +80,23 @@ def integer(data: dict, key: str, *, default: int | None = None, low: int, high:
     return value
 
 
+def _both_strings(key: object, value: object) -> bool:
+    return isinstance(key, str) and isinstance(value, str)
+
+
+def _breaks_a_line(text: str) -> bool:
+    """Whether ``text`` holds a newline or a NUL character."""
+    return "\n" in text or "\0" in text
+
+
 def string_map(data: dict, key: str) -> dict[str, str]:
     """``data[key]`` as an object of strings with no newline or NUL in them (a missing key: {}); BadRequest
     otherwise."""
     value = data.get(key) or {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+    if not isinstance(value, dict) or not all(_both_strings(k, v) for k, v in value.items()):
         raise BadRequest(f"'{key}' must be an object of strings")
-    for k, v in value.items():
-        if "\n" in k or "\n" in v or "\0" in k or "\0" in v:
-            raise BadRequest(f"'{key}' has a value with a newline")
+    if any(_breaks_a_line(k) or _breaks_a_line(v) for k, v in value.items()):
+        raise BadRequest(f"'{key}' has a value with a newline")
     return value
 
 
