@@ -220,23 +220,38 @@ class TaskEventsHandler(Base):
             raise web.HTTPError(404, reason=f"no task {task_id}")
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
-        last = self.request.headers.get("Last-Event-ID") or self.get_argument("after", "-1")
+        last = self._last_event_id()
         try:
-            last = int(last)
-        except ValueError:
-            raise web.HTTPError(400, reason="Last-Event-ID must be a number")
-        try:
-            while True:
-                events = await self.backend.tasks.events_after(task, last)
-                for event in events:
-                    self.write(f"id: {event.id}\nevent: {event.kind}\ndata: {json.dumps(event.data)}\n\n")
-                    last = event.id
-                await self.flush()
-                if task.state in FINISHED and not [e for e in task.events if e.id > last]:
-                    break
+            await self._stream(task, last)
         except StreamClosedError:
             return
         self.finish()
+
+    def _last_event_id(self) -> int:
+        """The id of the last event the client has (``Last-Event-ID``, else ``?after=``, else -1); 400 if
+        it is not a number."""
+        last = self.request.headers.get("Last-Event-ID") or self.get_argument("after", "-1")
+        try:
+            return int(last)
+        except ValueError:
+            raise web.HTTPError(400, reason="Last-Event-ID must be a number")
+
+    async def _stream(self, task, last: int) -> None:
+        """Send the task's events after ``last`` as they come, until the task has finished and every
+        event of it has been sent."""
+        while True:
+            last = await self._send_events_after(task, last)
+            if task.state in FINISHED and not any(e.id > last for e in task.events):
+                return
+
+    async def _send_events_after(self, task, last: int) -> int:
+        """Send (and flush) the task's next events after ``last``, once there are some or the task has
+        finished; the id of the last event sent."""
+        for event in await self.backend.tasks.events_after(task, last):
+            self.write(f"id: {event.id}\nevent: {event.kind}\ndata: {json.dumps(event.data)}\n\n")
+            last = event.id
+        await self.flush()
+        return last
 
 
 class JobsHandler(Base):
@@ -267,24 +282,27 @@ class JobsHandler(Base):
         """The limits the server sets, and notebook/script paths resolved inside its root."""
         limits = self.backend.settings
         spec = dict(body)
-        if "nodes" in spec:
-            v.integer(spec, "nodes", low=1, high=limits.max_nodes)
-        if "tasks_per_node" in spec:
-            v.integer(spec, "tasks_per_node", low=1, high=limits.max_tasks_per_node)
+        for key, high in (("nodes", limits.max_nodes), ("tasks_per_node", limits.max_tasks_per_node)):
+            if key in spec:
+                v.integer(spec, key, low=1, high=high)
         for key in ("notebook", "python_script"):
             if spec.get(key) is not None:
-                path = v.inside_root(self.backend.root_dir, v.string(spec, key), key)
-                if not path.is_file():
-                    raise v.BadRequest(f"'{key}': {spec[key]} is not a file", 404)
-                spec[key] = str(path)
+                spec[key] = self._file_inside_root(spec, key)
         for key in ("command", "args", "modules", "extra_directives"):
-            if key in spec and spec[key] is not None:
+            if spec.get(key) is not None:
                 v.string_list(spec, key)
-        if "environment" in spec:
-            v.string_map(spec, "environment")
-        if "parameters" in spec:  # names and Python literals: JobSpec checks them (a 400 naming the bad one)
-            v.string_map(spec, "parameters")
+        # parameters: names and Python literals, which JobSpec checks (a 400 naming the bad one)
+        for key in ("environment", "parameters"):
+            if key in spec:
+                v.string_map(spec, key)
         return spec
+
+    def _file_inside_root(self, spec: dict, key: str) -> str:
+        """``spec[key]`` resolved inside the server's root; 404 if it is not a file there."""
+        path = v.inside_root(self.backend.root_dir, v.string(spec, key), key)
+        if not path.is_file():
+            raise v.BadRequest(f"'{key}': {spec[key]} is not a file", 404)
+        return str(path)
 
 
 class JobHandler(Base):
