@@ -366,23 +366,8 @@ class Backend:
         directories, the run modes."""
         config = self.site()
         s = self.settings
-        try:
-            modules = [
-                m.describe()
-                for m in ModuleSet.load(config.modules_dir, cache_dir=config.run_root)
-                if m.cli_arg and not m.hidden
-            ]
-        except EngineError as err:
-            modules, module_error = [], str(err)
-        else:
-            module_error = None
-        try:
-            from ..slurm import SlurmClient
-
-            partitions = [p.as_dict() for p in SlurmClient(env=self.environ()).partitions()]
-            slurm_error = None
-        except EngineError as err:
-            partitions, slurm_error = [], str(err)
+        modules, module_error = self._ui_modules(config)
+        partitions, slurm_error = self._ui_partitions()
         default_partition = s.default_partition or next((p["name"] for p in partitions if p.get("default")), "")
         return {
             "defaults": {
@@ -406,3 +391,22 @@ class Backend:
             "job_root": str(self.job_root()),
             "modes": ["podman-exec", "per-process"],
         }
+
+    @staticmethod
+    def _ui_modules(config: SiteConfig) -> tuple[list[dict], str | None]:
+        """The site's modules a user can ask for by name, described; or none and the error that kept them
+        from being read."""
+        try:
+            modules = ModuleSet.load(config.modules_dir, cache_dir=config.run_root)
+            return [m.describe() for m in modules if m.cli_arg and not m.hidden], None
+        except EngineError as err:
+            return [], str(err)
+
+    def _ui_partitions(self) -> tuple[list[dict], str | None]:
+        """Slurm's partitions; or none and the error that kept them from being read."""
+        try:
+            from ..slurm import SlurmClient
+
+            return [p.as_dict() for p in SlurmClient(env=self.environ()).partitions()], None
+        except EngineError as err:
+            return [], str(err)
