@@ -101,47 +101,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _install(args: argparse.Namespace) -> int:
+    """``kernel install IMAGE``: install the kernelspec and say where."""
+    kernel = kernelspec.install(
+        args.image,
+        name=args.name,
+        display_name=args.display_name,
+        modules=args.module,
+        prefix=args.prefix,
+        sys_prefix=args.sys_prefix,
+        podman_args=args.podman_arg,
+        python=args.python,
+        pool=args.pool,
+        slurm=args.slurm,
+    )
+    print(f"installed kernel {kernel.name} ({kernel.display_name}) in {kernel.path}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    """``kernel list``: the container kernels, as JSON or a table; a warning on stderr for each
+    kernelspec that could not be read."""
+    problems: list[str] = []
+    kernels = kernelspec.list_kernels(args.prefix, problems)
+    for problem in problems:  # the others are listed all the same
+        print(f"{PROG}: warning: {problem}", file=sys.stderr)
+    if args.json:
+        print(json.dumps([k.as_dict() for k in kernels], indent=1))
+        return 0
+    rows = [("NAME", "IMAGE", "MODULES", "POOL", "PATH")]
+    rows += [(k.name, k.image, ",".join(k.modules) or "-", _pool_text(k.pool), k.path) for k in kernels]
+    print(text_table(rows))
+    return 0
+
+
+def _pool_text(pool: int | None) -> str:
+    """A kernel's pool size in the table ("-": the server's default)."""
+    return "-" if pool is None else str(pool)
+
+
+def _remove(args: argparse.Namespace) -> int:
+    """``kernel remove NAME``: remove the kernelspec and say from where."""
+    kernel = kernelspec.remove(args.name, args.prefix)
+    print(f"removed kernel {kernel.name} from {kernel.path}")
+    return 0
+
+
+ACTIONS = {"install": _install, "list": _list, "remove": _remove}
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Carry out the parsed command (install, list or remove a container kernel), printing what it did; the
     exit code."""
     if args.command != "kernel":
         parser.print_help()
         return 0 if args.command is None else 2
-    if args.action == "install":
-        kernel = kernelspec.install(
-            args.image,
-            name=args.name,
-            display_name=args.display_name,
-            modules=args.module,
-            prefix=args.prefix,
-            sys_prefix=args.sys_prefix,
-            podman_args=args.podman_arg,
-            python=args.python,
-            pool=args.pool,
-            slurm=args.slurm,
-        )
-        print(f"installed kernel {kernel.name} ({kernel.display_name}) in {kernel.path}")
-        return 0
-    if args.action == "list":
-        problems: list[str] = []
-        kernels = kernelspec.list_kernels(args.prefix, problems)
-        for problem in problems:  # the others are listed all the same
-            print(f"{PROG}: warning: {problem}", file=sys.stderr)
-        if args.json:
-            print(json.dumps([k.as_dict() for k in kernels], indent=1))
-            return 0
-        rows = [("NAME", "IMAGE", "MODULES", "POOL", "PATH")]
-        rows += [
-            (k.name, k.image, ",".join(k.modules) or "-", "-" if k.pool is None else str(k.pool), k.path)
-            for k in kernels
-        ]
-        print(text_table(rows))
-        return 0
-    if args.action == "remove":
-        kernel = kernelspec.remove(args.name, args.prefix)
-        print(f"removed kernel {kernel.name} from {kernel.path}")
-        return 0
-    raise UsageError(f"usage: {PROG} kernel install|list|remove ... (see `{PROG} kernel --help`)")
+    action = ACTIONS.get(args.action)
+    if action is None:
+        raise UsageError(f"usage: {PROG} kernel install|list|remove ... (see `{PROG} kernel --help`)")
+    return action(args)
 
 
 def main(argv: list[str] | None = None) -> int:
