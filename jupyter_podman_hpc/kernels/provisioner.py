@@ -208,28 +208,48 @@ class PodmanHPCProvisioner(LocalProvisioner):
         env = dict(kwargs.get("env") or os.environ)
         cwd = kwargs.get("cwd")
         spec_file = self._pool_spec_file(cmd)
-        pool = pools.find(pools.spec_key(spec_file) or "") if spec_file else None
-        entry = pool.take(cwd or home()) if pool is not None else None
-        if entry is not None and self._hand_over(entry, cmd, env, cwd):
-            self.log.info(
-                "podman-hpc: kernel %s adopts pooled container %s (image %s)", self.kernel_id, entry.name, self.image
-            )
-        else:
-            if entry is not None:  # it cannot take this kernel: start on demand
-                await asyncio.to_thread(self._podman.remove_containers, entry.name)
-                entry = None
-            argv, podman_env = self.build_command(cmd, env, cwd)
-            self.log.info(
-                "podman-hpc: starting kernel %s in %s (image %s)", self.kernel_id, self.container_name, self.image
-            )
-            self._attach(self._spawn(argv, podman_env, self.container_name, ()), cwd)
+        if not await self._adopt_pooled(spec_file, cmd, env, cwd):
+            self._start_own(cmd, env, cwd)
         await self._wait_until_listening()
         if spec_file is not None:
             # refilled, or made by this kernelspec's first kernel, once this kernel is up (not beside its start)
-            pool = self._open_pool(spec_file, cwd)
-            if pool is not None:
-                pool.refill()
+            self._refill_pool(spec_file, cwd)
         return self.connection_info
+
+    async def _adopt_pooled(self, spec_file: Path | None, cmd: list[str], env: dict[str, str], cwd: str | None) -> bool:
+        """Hand this kernel to a container of its kernelspec's pool; False if the pool has none ready or the
+        one it had cannot take this kernel (that one is removed: the kernel starts on demand)."""
+        assert self._podman is not None
+        entry = self._take_pooled(spec_file, cwd)
+        if entry is None:
+            return False
+        if self._hand_over(entry, cmd, env, cwd):
+            self.log.info(
+                "podman-hpc: kernel %s adopts pooled container %s (image %s)", self.kernel_id, entry.name, self.image
+            )
+            return True
+        await asyncio.to_thread(self._podman.remove_containers, entry.name)
+        return False
+
+    @staticmethod
+    def _take_pooled(spec_file: Path | None, cwd: str | None) -> pools.Pooled | None:
+        """A ready container of this kernelspec's pool in this process, if it has one."""
+        pool = pools.find(pools.spec_key(spec_file) or "") if spec_file else None
+        return pool.take(cwd or home()) if pool is not None else None
+
+    def _start_own(self, cmd: list[str], env: dict[str, str], cwd: str | None) -> None:
+        """Start this kernel's own container."""
+        argv, podman_env = self.build_command(cmd, env, cwd)
+        self.log.info(
+            "podman-hpc: starting kernel %s in %s (image %s)", self.kernel_id, self.container_name, self.image
+        )
+        self._attach(self._spawn(argv, podman_env, self.container_name, ()), cwd)
+
+    def _refill_pool(self, spec_file: Path, cwd: str | None) -> None:
+        """Refill this kernelspec's pool, or make it if this is its first kernel."""
+        pool = self._open_pool(spec_file, cwd)
+        if pool is not None:
+            pool.refill()
 
     def _spawn(
         self, argv: Sequence[str], podman_env: dict[str, str], name: str, dirs: Sequence[str], interactive: bool = False
